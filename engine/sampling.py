@@ -1,0 +1,150 @@
+"""Sampling settings and the sampler, built from small pure filters over logits.
+
+Every filter takes and returns a 1-D float32 logits tensor; removed entries become -inf.
+The sampler returns the chosen id together with the distribution it was drawn from, so
+the top-k the panels show and the chosen token's logprob come from one tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    temperature: float = 0.7
+    """0 is greedy: always the most probable token."""
+    top_k: int = 0
+    """Keep only the k most probable tokens; 0 keeps all."""
+    top_p: float = 1.0
+    """Keep the smallest set whose probabilities sum to at least p; 1 keeps all."""
+    min_p: float = 0.0
+    """Drop tokens less probable than min_p times the most probable one; 0 keeps all."""
+    repetition_penalty: float = 1.0
+    """Divide positive (multiply negative) logits of tokens already in the context; 1 is off."""
+    seed: int | None = None
+    """Seed for each turn's random draws; None draws a fresh one."""
+    max_new_tokens: int = 512
+    """Stop an answer after this many tokens."""
+
+    def __post_init__(self) -> None:
+        _check("temperature", self.temperature, 0.0, 5.0)
+        _check("top_k", self.top_k, 0, 1_000_000)
+        _check("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _check("min_p", self.min_p, 0.0, 1.0)
+        _check("repetition_penalty", self.repetition_penalty, 0.0, 10.0, low_open=True)
+        _check("max_new_tokens", self.max_new_tokens, 1, 1_000_000)
+        if self.seed is not None:
+            _check("seed", self.seed, 0, 2**63 - 1)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def _check(name: str, value: float, low: float, high: float, low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    bad_low = value <= low if low_open else value < low
+    if bad_low or value > high:
+        bracket = "(" if low_open else "["
+        raise ValueError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value:g}")
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL-style penalty on every token id in `seen`."""
+    if penalty == 1.0 or seen.numel() == 0:
+        return logits
+    picked = logits[seen]
+    logits = logits.clone()
+    logits[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Divide by the temperature; 0 (greedy) leaves the model's own distribution."""
+    return logits if temperature in (0.0, 1.0) else logits / temperature
+
+
+def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    if k <= 0 or k >= logits.numel():
+        return logits
+    kth = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True)
+    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+    # Drop a token when the mass before it already reaches p; the top token always stays.
+    drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= p
+    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    if min_p <= 0.0:
+        return logits
+    probs = torch.softmax(logits, dim=-1)
+    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+
+
+@dataclass(frozen=True)
+class Draw:
+    """A sampled token and the top of the distribution it came from (on the host)."""
+
+    id: int
+    logprob: float
+    top_ids: list[int]
+    top_probs: list[float]
+
+
+class Sampler:
+    """Turns one step's logits into a token, given the current settings."""
+
+    def __init__(self, settings: SamplingSettings, device: str | torch.device, show_top_k: int = 10):
+        self.settings = settings
+        self.show_top_k = show_top_k
+        self.generator = torch.Generator(device=device)
+        self.reseed()
+
+    def reseed(self) -> None:
+        seed = self.settings.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+        self.generator.manual_seed(seed)
+
+    def distribution(self, logits: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities of the final distribution (after every filter)."""
+        s = self.settings
+        logits = logits.float()
+        logits = apply_repetition_penalty(logits, seen, s.repetition_penalty)
+        logits = apply_temperature(logits, s.temperature)
+        logits = apply_top_k(logits, s.top_k)
+        logits = apply_top_p(logits, s.top_p)
+        logits = apply_min_p(logits, s.min_p)
+        return torch.log_softmax(logits, dim=-1)
+
+    def sample(self, logits: torch.Tensor, seen: torch.Tensor) -> Draw:
+        logprobs = self.distribution(logits, seen)
+        if self.settings.temperature == 0.0:
+            chosen = torch.argmax(logprobs)
+        else:
+            chosen = torch.multinomial(logprobs.exp(), 1, generator=self.generator)[0]
+        top = torch.topk(logprobs, min(self.show_top_k, logprobs.numel()))
+        # One host copy per step: the chosen id, its logprob and the top-k (ids are exact
+        # in float32 below 2**24, far above any vocabulary size).
+        packed = torch.cat([chosen.view(1).to(logprobs.dtype), logprobs[chosen].view(1), top.values.exp(), top.indices.to(logprobs.dtype)])
+        values = packed.tolist()
+        k = top.values.numel()
+        return Draw(
+            id=int(values[0]),
+            logprob=values[1],
+            top_probs=values[2 : 2 + k],
+            top_ids=[int(v) for v in values[2 + k :]],
+        )

@@ -1,0 +1,189 @@
+"""The inference thread: it alone owns the model and the cache.
+
+Callers talk to it through a command queue and hear back only through events passed to
+`emit` (from the worker thread; the TUI turns them into thread-safe messages). Cancel and
+sampling changes bypass the queue so they reach an answer in progress at the next token.
+"""
+
+from __future__ import annotations
+
+import gc
+import queue
+import threading
+import traceback
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator
+
+import torch
+
+from . import models
+from .events import Event, Failed, ModelLoading, ModelReady, Notice, PhaseChanged
+from .precision import PrecisionError, cpu_note
+from .sampling import SamplingSettings
+from .session import ChatSession
+
+
+@dataclass(frozen=True)
+class Load:
+    spec: str
+    precision: str
+    device: str
+
+
+@dataclass(frozen=True)
+class Send:
+    text: str
+
+
+@dataclass(frozen=True)
+class Regenerate:
+    pass
+
+
+@dataclass(frozen=True)
+class Edit:
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class NewChat:
+    system_prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+Command = Load | Send | Regenerate | Edit | NewChat | _Stop
+
+
+class InferenceWorker:
+    """Runs commands one at a time on a daemon thread and emits events."""
+
+    def __init__(
+        self,
+        emit: Callable[[Event], None],
+        sampling: SamplingSettings | None = None,
+        system_prompt: str | None = None,
+        context: int | None = None,
+    ):
+        self.emit = emit
+        self.sampling = sampling or SamplingSettings()
+        self.system_prompt = system_prompt
+        self.context = context
+        self.session: ChatSession | None = None
+        self.commands: queue.Queue[Command] = queue.Queue()
+        self.busy = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="llmchat-inference", daemon=True)
+        self._thread.start()
+
+    # -- the calls the UI makes (any thread) -------------------------------------
+    def load(self, spec: str, precision: str = "fp32", device: str = "auto") -> None:
+        self.commands.put(Load(spec, precision, device))
+
+    def send(self, text: str) -> None:
+        self.commands.put(Send(text))
+
+    def regenerate(self) -> None:
+        self.commands.put(Regenerate())
+
+    def edit(self, index: int, text: str) -> None:
+        self.commands.put(Edit(index, text))
+
+    def new_chat(self, system_prompt: str | None = None) -> None:
+        self.commands.put(NewChat(system_prompt))
+
+    def cancel(self) -> None:
+        """Stop the answer in progress after the current token; the partial answer stays."""
+        if self.session is not None:
+            self.session.cancel.set()
+
+    def set_sampling(self, settings: SamplingSettings) -> None:
+        """Takes effect at the next token, also in the middle of an answer."""
+        self.sampling = settings
+        if self.session is not None:
+            self.session.sampling = settings
+
+    def update_sampling(self, **changes) -> SamplingSettings:
+        """Validate and apply changed fields; raises ValueError with the allowed range."""
+        settings = replace(self.sampling, **changes)
+        self.set_sampling(settings)
+        return settings
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self.cancel()
+        self.commands.put(_Stop())
+        self._thread.join(timeout)
+
+    @property
+    def pending(self) -> int:
+        return self.commands.qsize()
+
+    # -- the thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            command = self.commands.get()
+            if isinstance(command, _Stop):
+                return
+            self.busy.set()
+            try:
+                for event in self._execute(command):
+                    self.emit(event)
+            except Exception as e:  # keep the thread alive whatever happens
+                traceback.print_exc()
+                self.emit(Failed(f"{type(e).__name__}: {e}".splitlines()[0]))
+                self.emit(PhaseChanged("idle"))
+            finally:
+                self.busy.clear()
+
+    def _execute(self, command: Command) -> Iterator[Event]:
+        if isinstance(command, Load):
+            yield from self._load(command)
+            return
+        if isinstance(command, NewChat):
+            self.system_prompt = command.system_prompt
+            if self.session is not None:
+                self.session.reset(command.system_prompt)
+            return
+        if self.session is None:
+            yield Failed("no model is loaded; load one first")
+            return
+        if isinstance(command, Send):
+            yield from self.session.send(command.text)
+        elif isinstance(command, Regenerate):
+            yield from self.session.regenerate()
+        elif isinstance(command, Edit):
+            yield from self.session.edit(command.index, command.text)
+
+    def _load(self, command: Load) -> Iterator[Event]:
+        try:
+            loaded = models.load(
+                command.spec,
+                command.precision,
+                command.device,
+                # Loading runs on this thread, so progress can go straight out.
+                progress=lambda stage, fraction: self.emit(ModelLoading(stage, fraction)),
+            )
+        except (models.ModelError, PrecisionError, ValueError) as e:
+            yield Failed(str(e))
+            return
+        except torch.OutOfMemoryError:
+            yield Failed(f"out of memory loading {command.spec} at {command.precision}; try int8 or nf4")
+            return
+        if self.session is None:
+            self.session = ChatSession(loaded, self.sampling, self.system_prompt, self.context)
+        else:
+            old = self.session.loaded
+            self.session.use_model(loaded)
+            del old
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        yield ModelReady(loaded.info)
+        if loaded.info.device == "cpu":
+            note = cpu_note(loaded.info.precision)
+            if note:
+                yield Notice(note)
+

@@ -1,0 +1,1 @@
+"""Textual CSS themes shipped with llmchat (data files only)."""

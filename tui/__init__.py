@@ -1,0 +1,1 @@
+"""llmchat's terminal front end: the Textual app and the `llmchat` command line."""
