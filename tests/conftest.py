@@ -1,0 +1,24 @@
+import pytest
+
+from tests.tiny import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """An HF directory holding a tiny random Llama and its tokenizer."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_model_dir):
+    from engine import models
+
+    return models.load(str(tiny_model_dir), "fp32", "cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real default model (SmolLM2-135M-Instruct), loaded once per test run."""
+    from engine import models
+
+    return models.load(models.DEFAULT_MODEL, "fp32", "cpu")

@@ -1,0 +1,60 @@
+"""A tiny random-weight Llama with a byte-level BPE tokenizer, built in seconds for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+CORPUS = [
+    "The capital of France is Paris. The capital of Germany is Berlin.",
+    "How does inference work? Prefill then decode, one token at a time.",
+    "unhappiness happiness happy unhappy the a an of to in is it",
+    "추론은 어떻게 작동하나요? 🤖 x² ∑ café naïve",
+] * 20
+
+
+def build_tiny_model(directory: Path, layers: int = 2, hidden: int = 64, seed: int = 0) -> Path:
+    """Write an HF model directory (config, random weights, tokenizer) and return it."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    bpe.train_from_iterator(CORPUS, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    # Random weights are near-uniform; sharpen them so top-k and greedy choices are distinct.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
