@@ -7,6 +7,7 @@ once into a cached HF directory, so later starts take about a second instead of 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import logging
@@ -217,3 +218,61 @@ def describe(
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return (text[0] if text else type(error).__name__)[:300]
+
+
+SMOLLM2_135M_ARCH = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+    num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+    rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
+    bos_token_id=1, eos_token_id=2, pad_token_id=2,
+)
+"""The built-in model's architecture, for random-weight speed runs where its package is absent."""
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def load_random(spec: str, precision: str = "fp32", device: str = "auto", progress: Progress | None = None) -> LoadedModel:
+    """The architecture of `spec` with random weights and a synthetic word-level tokenizer.
+
+    Speed does not depend on the weights' values, so this measures a model whose files are
+    not on this machine. Built once into the cache dir, then loaded like any HF directory.
+    """
+    from transformers import AutoConfig, LlamaConfig
+
+    if spec == DEFAULT_MODEL:
+        config = LlamaConfig(**SMOLLM2_135M_ARCH)
+    else:
+        source = resolve(spec)
+        if source.kind == "gguf":
+            raise ModelError("random weights need an HF directory or a hub id for the architecture")
+        config = AutoConfig.from_pretrained(source.location)
+    key = hashlib.sha256(config.to_json_string().encode()).hexdigest()[:16]
+    target = Path(platformdirs.user_cache_dir("llmchat")) / "models" / f"random-{key}"
+    if not (target / "config.json").is_file():
+        _write_random(config, target)
+    loaded = load(str(target), precision, device, progress)
+    loaded.info = dataclasses.replace(loaded.info, spec=spec, name=f"{spec} (random weights)")
+    return loaded
+
+
+def _write_random(config, target: Path) -> None:
+    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
+    vocab = {token: i for i, token in enumerate(specials)}
+    vocab.update({f"t{i}": i for i in range(len(specials), config.vocab_size)})
+    words = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=words, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<unk>"
+    )
+    tokenizer.chat_template = CHATML
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    staging = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    os.replace(staging, target)

@@ -149,7 +149,6 @@ class ChatSession:
     # -- one turn ----------------------------------------------------------------
     def answer(self) -> Iterator[Event]:
         """Prefill what the cache lacks, then decode an answer to the last user message."""
-        started = time.perf_counter()
         self.cancel.clear()
         ids, trimmed = self._fit()
         if ids is None:
@@ -159,25 +158,30 @@ class ChatSession:
             return
         if trimmed:
             yield trimmed
+        text, stats = yield from self.run(ids)
+        self.messages.append(Message("assistant", text))
+        yield PhaseChanged("idle")
+        yield TurnFinished(stats, text)
+
+    def run(self, ids: list[int], stop_at_eos: bool = True) -> Iterator[Event]:
+        """Reuse the cache for `ids`, prefill the rest, decode; returns (text, stats).
+
+        `stop_at_eos=False` decodes exactly max_new_tokens (the benchmark compares equal lengths).
+        """
+        started = time.perf_counter()
         reused = self.cache.reuse(ids)
         new_ids = ids[reused:]
         yield PromptTokens(tuple(ids), self.namer.pieces(ids), reused)
         yield PhaseChanged("prefill", len(new_ids), reused)
         with torch.inference_mode():
-            prefill_started = time.perf_counter()
             logits = yield from self._prefill(new_ids)
-            prefill_s = time.perf_counter() - prefill_started
+            prefill_s = time.perf_counter() - started
             yield self.cache_event()
             if logits is None:
-                stats = self._stats(ids, reused, [], prefill_s, "cancelled")
-                self.messages.append(Message("assistant", ""))
-                yield TurnFinished(stats, "")
-                return
-            text, latencies, stop = yield from self._decode(logits, ids, started)
-        self.messages.append(Message("assistant", text))
+                return "", self._stats(ids, reused, [], prefill_s, "cancelled")
+            text, latencies, stop = yield from self._decode(logits, ids, started, stop_at_eos)
         yield self.cache_event()
-        yield PhaseChanged("idle")
-        yield TurnFinished(self._stats(ids, reused, latencies, prefill_s, stop), text)
+        return text, self._stats(ids, reused, latencies, prefill_s, stop)
 
     def _prefill(self, new_ids: list[int]) -> Iterator[Event]:
         """Feed the new prompt tokens in chunks; return the last position's logits (None if cancelled)."""
@@ -197,7 +201,9 @@ class ChatSession:
         self.cache.appended(ids)
         return out.logits[0, -1]
 
-    def _decode(self, logits: torch.Tensor, prompt_ids: list[int], started: float) -> Iterator[Event]:
+    def _decode(
+        self, logits: torch.Tensor, prompt_ids: list[int], started: float, stop_at_eos: bool
+    ) -> Iterator[Event]:
         """Sample, emit, and feed tokens until a stop; returns (text, latencies, stop reason)."""
         sampler = Sampler(self.sampling, self.device, self.show_top_k)
         context_ids = list(prompt_ids)  # what the repetition penalty looks at
@@ -209,7 +215,7 @@ class ChatSession:
         while True:
             sampler.settings = self.sampling
             draw = sampler.sample(logits, self._seen(context_ids, sampler.settings))
-            finished = draw.id in self.stop_ids
+            finished = stop_at_eos and draw.id in self.stop_ids
             text = "" if finished else detok.add(draw.id)
             now = time.perf_counter()
             latencies.append(now - last)

@@ -139,6 +139,47 @@ def ask(
         raise typer.Exit(1)
 
 
+@app.command()
+def bench(
+    model: str = ModelOpt,
+    precision: list[str] = typer.Option(["fp32"], "--precision", "-p", help="Repeat for several precisions."),
+    device: str = DeviceOpt,
+    prompt_lengths: str = typer.Option("16,128,512", "--prompt-lengths", help="Comma-separated prefill lengths."),
+    decode_tokens: int = typer.Option(64, "--decode-tokens", help="Tokens decoded per timed run."),
+    repeats: int = typer.Option(3, "--repeats", help="Timed runs per measurement (median reported)."),
+    turns: int = typer.Option(3, "--turns", help="Turns in the multi-turn reuse measurement."),
+    long_context: int = typer.Option(0, "--long-context", help="Also compare ITL at this context length with ~100."),
+    random_weights: bool = typer.Option(False, "--random-weights", help="The model's architecture with random weights."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+) -> None:
+    """Measure prefill, decode, multi-turn reuse and memory against transformers' generate."""
+    from engine import bench as bench_engine
+    from engine.models import ModelError
+    from engine.precision import PrecisionError
+
+    config = bench_engine.BenchConfig(
+        model=model,
+        precisions=tuple(precision),
+        device=device,
+        prompt_lengths=tuple(int(x) for x in prompt_lengths.split(",") if x.strip()),
+        decode_tokens=decode_tokens,
+        repeats=repeats,
+        turns=turns,
+        long_context=long_context,
+        random_weights=random_weights,
+    )
+    try:
+        result = bench_engine.run(config, report=lambda line: typer.echo(line, err=True))
+    except (ModelError, PrecisionError) as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        from tui.bench_table import print_tables
+
+        print_tables(result)
+
+
 def stats_line(stats) -> str:
     return (
         f"[{stats.prompt_tokens} prompt tokens, {stats.reused_tokens} reused, {stats.prefilled_tokens} prefilled | "

@@ -1,0 +1,308 @@
+"""The headless benchmark: our instrumented loop against transformers' `generate`, same run.
+
+Everything is measured in one process, interleaved, so the ratios hold on a noisy machine:
+prefill (TTFT, tok/s) at several prompt lengths, decode tok/s and ITL for our loop and for
+`model.generate` (timed per token through a streamer), multi-turn reuse (turn-N TTFT with
+the cache against a fresh full prefill), and decode against the memory-bandwidth bound.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from . import models
+from .events import TokenSampled, TurnFinished
+from .models import LoadedModel
+from .sampling import SamplingSettings
+from .session import ChatSession
+
+FILLER = (
+    "The history of computing is a story of abstraction layered on abstraction, from switches and "
+    "vacuum tubes to transistors, integrated circuits, operating systems, compilers and networks. "
+)
+QUESTIONS = (
+    "What is the capital of France?",
+    "Name three rivers in Europe.",
+    "Why is the sky blue? Answer briefly.",
+    "What is two plus two?",
+)
+
+Report = Callable[[str], None]
+
+
+@dataclass
+class BenchConfig:
+    model: str = models.DEFAULT_MODEL
+    precisions: tuple[str, ...] = ("fp32",)
+    device: str = "auto"
+    prompt_lengths: tuple[int, ...] = (16, 128, 512)
+    decode_tokens: int = 64
+    repeats: int = 3
+    turns: int = 3
+    long_context: int = 0
+    """If > 0, also compare ITL at this many tokens of context against ITL at ~100."""
+    random_weights: bool = False
+    """Same architecture, random values: speed does not depend on the weights' values."""
+
+
+@dataclass
+class PrecisionResult:
+    precision: str
+    device: str
+    weight_bytes: int
+    kv_bytes_per_token: int
+    prefill: list[dict] = field(default_factory=list)
+    decode: dict = field(default_factory=dict)
+    generate: dict = field(default_factory=dict)
+    multi_turn: dict = field(default_factory=dict)
+    long_context: dict = field(default_factory=dict)
+    peak_memory_bytes: int = 0
+    bandwidth_bound_tok_s: float = 0.0
+
+    @property
+    def decode_vs_generate(self) -> float:
+        ours, theirs = self.decode.get("tok_s", 0.0), self.generate.get("tok_s", 0.0)
+        return ours / theirs if theirs else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "precision": self.precision,
+            "device": self.device,
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "prefill": self.prefill,
+            "decode": self.decode,
+            "generate": self.generate,
+            "decode_vs_generate": round(self.decode_vs_generate, 3),
+            "multi_turn": self.multi_turn,
+            "long_context": self.long_context,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "bandwidth_bound_tok_s": round(self.bandwidth_bound_tok_s, 1),
+            "fraction_of_bound": round(self.decode.get("tok_s", 0.0) / self.bandwidth_bound_tok_s, 3)
+            if self.bandwidth_bound_tok_s
+            else 0.0,
+        }
+
+
+def prompt_ids(tokenizer, length: int) -> list[int]:
+    """Exactly `length` ids of ordinary English text."""
+    ids: list[int] = []
+    while len(ids) < length:
+        ids += tokenizer(FILLER, add_special_tokens=False)["input_ids"]
+    return ids[:length]
+
+
+def _ms(values: list[float]) -> dict:
+    ordered = sorted(values)
+    return {
+        "itl_ms_p50": round(statistics.median(ordered) * 1000, 3),
+        "itl_ms_p90": round(ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))] * 1000, 3),
+    }
+
+
+def _greedy(loaded: LoadedModel, max_new: int) -> ChatSession:
+    return ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=max_new))
+
+
+def measure_ours(loaded: LoadedModel, ids: list[int], new_tokens: int) -> tuple[TurnFinished, list[float]]:
+    """One fresh-cache run of our loop; returns the stats and the per-token ITLs."""
+    session = _greedy(loaded, new_tokens)
+    latencies: list[float] = []
+    runner = session.run(ids, stop_at_eos=False)
+    try:
+        while True:
+            event = next(runner)
+            if isinstance(event, TokenSampled):
+                latencies.append(event.latency_s)
+    except StopIteration as done:
+        text, stats = done.value
+    return TurnFinished(stats, text), latencies[1:]
+
+
+class _Timestamps:
+    """A `generate` streamer that records when each new token arrives."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self._prompt_seen:  # the first call carries the prompt
+            self._prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def measure_generate(loaded: LoadedModel, ids: list[int], new_tokens: int) -> tuple[float, list[float]]:
+    """transformers' `model.generate`, greedy, exactly `new_tokens`: (TTFT, ITLs)."""
+    inputs = torch.tensor([ids], device=next(loaded.model.parameters()).device)
+    stamps = _Timestamps()
+    started = time.perf_counter()
+    with torch.inference_mode():
+        loaded.model.generate(
+            inputs,
+            attention_mask=torch.ones_like(inputs),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            streamer=stamps,
+            pad_token_id=loaded.tokenizer.pad_token_id or 0,
+        )
+    times = [started] + stamps.times
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return gaps[0], gaps[1:]
+
+
+def bench_prefill(loaded: LoadedModel, lengths: tuple[int, ...], repeats: int) -> list[dict]:
+    rows = []
+    for length in lengths:
+        ids = prompt_ids(loaded.tokenizer, length)
+        runs = [measure_ours(loaded, ids, 1)[0].stats for _ in range(repeats)]
+        ttft = statistics.median(s.ttft_s for s in runs)
+        rows.append(
+            {
+                "prompt_tokens": length,
+                "ttft_ms": round(ttft * 1000, 2),
+                "prefill_tok_s": round(statistics.median(s.prefill_tok_s for s in runs), 1),
+            }
+        )
+    return rows
+
+
+def bench_decode(loaded: LoadedModel, tokens: int, repeats: int) -> tuple[dict, dict]:
+    """Ours and generate's decode on the same 32-token prompt, interleaved run by run."""
+    ids = prompt_ids(loaded.tokenizer, 32)
+    measure_ours(loaded, ids, 4)  # warm-up: first calls allocate and pick kernels
+    measure_generate(loaded, ids, 4)
+    ours_itl: list[list[float]] = []
+    theirs_itl: list[list[float]] = []
+    ours_ttft, theirs_ttft = [], []
+    for _ in range(repeats):
+        finished, itl = measure_ours(loaded, ids, tokens)
+        ours_itl.append(itl)
+        ours_ttft.append(finished.stats.ttft_s)
+        ttft, itl = measure_generate(loaded, ids, tokens)
+        theirs_itl.append(itl)
+        theirs_ttft.append(ttft)
+
+    def summary(itls: list[list[float]], ttfts: list[float]) -> dict:
+        # Per-run decode rate, then the median run: robust to one noisy run.
+        rates = sorted(len(itl) / sum(itl) for itl in itls)
+        flat = [x for itl in itls for x in itl]
+        return {
+            "tok_s": round(statistics.median(rates), 2),
+            "ttft_ms": round(statistics.median(ttfts) * 1000, 2),
+            **_ms(flat),
+            "tokens": tokens,
+        }
+
+    return summary(ours_itl, ours_ttft), summary(theirs_itl, theirs_ttft)
+
+
+def bench_multi_turn(loaded: LoadedModel, turns: int, answer_tokens: int = 32) -> dict:
+    """Turn-N TTFT with the cache reused against the same conversation prefilled from scratch."""
+    session = _greedy(loaded, answer_tokens)
+    last = None
+    for question in QUESTIONS[:turns]:
+        for event in session.send(question):
+            if isinstance(event, TurnFinished):
+                last = event.stats
+    history = list(session.messages[:-1])  # the last turn again, from an empty cache
+    fresh = _greedy(loaded, answer_tokens)
+    fresh.messages = history
+    fresh_stats = None
+    for event in fresh.answer():
+        if isinstance(event, TurnFinished):
+            fresh_stats = event.stats
+    return {
+        "turn": turns,
+        "prompt_tokens": last.prompt_tokens,
+        "reused_tokens": last.reused_tokens,
+        "ttft_ms_reused": round(last.ttft_s * 1000, 2),
+        "ttft_ms_fresh": round(fresh_stats.ttft_s * 1000, 2),
+        "speedup": round(fresh_stats.ttft_s / last.ttft_s, 2) if last.ttft_s else 0.0,
+    }
+
+
+def bench_long_context(loaded: LoadedModel, context: int, weight_bytes: int, tokens: int = 16) -> dict:
+    """ITL at ~100 and at `context` tokens, with the ratio the bytes read per token predict."""
+    per_token = loaded.info.kv_bytes_per_token
+    result = {}
+    for label, length in (("short", 100), ("long", context)):
+        _, itl = measure_ours(loaded, prompt_ids(loaded.tokenizer, length), tokens)
+        result[f"itl_ms_{label}"] = round(statistics.median(itl) * 1000, 3)
+        result[f"context_{label}"] = length
+    measured = result["itl_ms_long"] / result["itl_ms_short"]
+    predicted = (weight_bytes + per_token * context) / (weight_bytes + per_token * 100)
+    result.update(measured_ratio=round(measured, 3), predicted_ratio=round(predicted, 3))
+    return result
+
+
+def measure_bandwidth(device: str, megabytes: int = 512) -> float:
+    """Bytes/s for reading a large buffer once (the memory bound a decode step pays)."""
+    data = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+    data.sum()
+    best = float("inf")
+    for _ in range(5):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        data.sum().item()
+        best = min(best, time.perf_counter() - started)
+    return data.numel() * 4 / best
+
+
+def peak_memory_bytes(device: str) -> int:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
+    device = models.resolve_device(config.device)
+    bandwidth = measure_bandwidth(device)
+    report(f"measured memory bandwidth: {bandwidth / 1e9:.1f} GB/s")
+    results = []
+    for precision in config.precisions:
+        report(f"loading {config.model} at {precision} on {device}{' (random weights)' if config.random_weights else ''}")
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        if config.random_weights:
+            loaded = models.load_random(config.model, precision, device)
+        else:
+            loaded = models.load(config.model, precision, device)
+        info = loaded.info
+        result = PrecisionResult(precision, device, info.weight_bytes, info.kv_bytes_per_token)
+        report(f"[{precision}] prefill at {config.prompt_lengths} tokens")
+        result.prefill = bench_prefill(loaded, config.prompt_lengths, config.repeats)
+        report(f"[{precision}] decode {config.decode_tokens} tokens: ours vs model.generate, interleaved")
+        result.decode, result.generate = bench_decode(loaded, config.decode_tokens, config.repeats)
+        report(f"[{precision}] multi-turn reuse over {config.turns} turns")
+        result.multi_turn = bench_multi_turn(loaded, config.turns)
+        if config.long_context:
+            report(f"[{precision}] ITL at {config.long_context} tokens of context")
+            result.long_context = bench_long_context(loaded, config.long_context, info.weight_bytes)
+        per_token_bytes = info.weight_bytes + info.kv_bytes_per_token * 64
+        result.bandwidth_bound_tok_s = bandwidth / per_token_bytes
+        result.peak_memory_bytes = peak_memory_bytes(device)
+        results.append(result.as_dict())
+        del loaded
+        gc.collect()
+    return {
+        "model": config.model,
+        "device": device,
+        "random_weights": config.random_weights,
+        "bandwidth_gb_s": round(bandwidth / 1e9, 2),
+        "torch_threads": torch.get_num_threads(),
+        "results": results,
+    }

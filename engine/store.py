@@ -1,0 +1,571 @@
+"""Saved conversations: SQLite in WAL mode, messages as a tree, full-text search.
+
+Every message is committed in its own transaction before the call returns, so a crash or
+`kill -9` loses nothing that was shown as finished. Messages form a tree (each has a
+parent), so an edit or a regeneration adds a sibling and the old branch stays; the
+conversation's `leaf_id` says which branch is current. A file this version cannot read (a
+corrupt one, one written by a newer llmchat, a foreign database) raises StoreError and is
+never modified: callers show the one-line message and carry on without a store.
+
+Nothing here imports torch, so `llmchat conversations ...` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator
+
+import platformdirs
+
+DATA_DIR_ENV = "LLMCHAT_DATA_DIR"
+"""Environment variable that moves the data directory (tests point it at a tmp dir)."""
+
+DB_NAME = "conversations.db"
+SCHEMA_VERSION = 1
+"""Stored in PRAGMA user_version; a file with a higher number is refused, never rewritten."""
+
+EXPORT_FORMAT = "llmchat-conversation"
+TITLE_CHARS = 60
+
+_SCHEMA_V1 = """
+CREATE TABLE conversations (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    title         TEXT NOT NULL DEFAULT '',
+    created       REAL NOT NULL,
+    updated       REAL NOT NULL,
+    model         TEXT,
+    precision     TEXT,
+    system_prompt TEXT,
+    leaf_id       INTEGER
+);
+CREATE TABLE messages (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    parent_id       INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+    role            TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+    content         TEXT NOT NULL,
+    created         REAL NOT NULL,
+    model           TEXT,
+    precision       TEXT,
+    sampling        TEXT,
+    stop            TEXT,
+    prompt_tokens   INTEGER,
+    reused_tokens   INTEGER,
+    tokens          INTEGER,
+    ttft_s          REAL,
+    itl_p50_s       REAL,
+    itl_p90_s       REAL,
+    prefill_tok_s   REAL,
+    decode_tok_s    REAL
+);
+CREATE INDEX messages_by_conversation ON messages(conversation_id);
+CREATE INDEX messages_by_parent ON messages(parent_id);
+CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id');
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+"""
+
+MIGRATIONS = (_SCHEMA_V1,)
+"""MIGRATIONS[n] takes a file from user_version n to n + 1."""
+
+_RECORD_FIELDS = (
+    "model", "precision", "sampling", "stop", "prompt_tokens", "reused_tokens", "tokens",
+    "ttft_s", "itl_p50_s", "itl_p90_s", "prefill_tok_s", "decode_tok_s",
+)  # fmt: skip
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class AnswerRecord:
+    """How an answer was made (enough to reproduce it) and how fast it came."""
+
+    model: str
+    precision: str
+    sampling: dict[str, Any]
+    """The SamplingSettings fields, seed included."""
+    stop: str
+    prompt_tokens: int
+    reused_tokens: int
+    tokens: int
+    """Generated tokens."""
+    ttft_s: float
+    itl_p50_s: float
+    itl_p90_s: float
+    prefill_tok_s: float
+    decode_tok_s: float
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    id: int
+    conversation_id: int
+    parent_id: int | None
+    role: str
+    content: str
+    created: float
+    record: AnswerRecord | None
+    """Set for answers; None for user messages."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: int
+    title: str
+    created: float
+    updated: float
+    model: str | None
+    """The model of the latest answer (or the one it was started with)."""
+    precision: str | None
+    system_prompt: str | None
+    leaf_id: int | None
+    """The last message of the current branch."""
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    """One row of the conversation list."""
+
+    id: int
+    title: str
+    updated: float
+    turns: int
+    """User messages on the current branch."""
+    model: str | None
+    precision: str | None
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    conversation_id: int
+    title: str
+    message_id: int
+    role: str
+    snippet: str
+    """The matching text with the match wrapped in [ and ]."""
+
+
+def data_dir(override: str | os.PathLike | None = None) -> Path:
+    """Where the store lives: the argument, else $LLMCHAT_DATA_DIR, else the user data dir."""
+    if override is not None:
+        return Path(override).expanduser()
+    if os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV]).expanduser()
+    return Path(platformdirs.user_data_dir("llmchat"))
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def _explain(error: sqlite3.Error, path: Path) -> StoreError:
+    """A one-line StoreError that says what is wrong and that nothing was changed."""
+    text = _one_line(error)
+    lowered = text.lower()
+    if "not a database" in lowered or "malformed" in lowered:
+        reason = "is not a readable llmchat database (corrupt?); it was left untouched, move it away to start afresh"
+    elif "locked" in lowered or "busy" in lowered:
+        reason = "is locked by another process; try again in a moment"
+    elif "readonly" in lowered or "unable to open" in lowered:
+        reason = f"cannot be opened for writing ({text}); check the directory's permissions"
+    else:
+        reason = f"failed: {text}"
+    return StoreError(f"conversation store {path} {reason}")
+
+
+def _title_from(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def fts_query(text: str) -> str:
+    """User text as a safe FTS5 query: every word must appear; the last may be a prefix."""
+    words = [w.replace('"', '""') for w in text.split()]
+    if not words:
+        return ""
+    terms = [f'"{w}"' for w in words]
+    terms[-1] += "*"
+    return " ".join(terms)
+
+
+class Store:
+    """One SQLite file of conversations; safe to share between threads and processes."""
+
+    def __init__(self, directory: str | os.PathLike | None = None, timeout_s: float = 5.0):
+        self.directory = data_dir(directory)
+        self.path = self.directory / DB_NAME
+        self._lock = threading.RLock()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create the data directory {self.directory}: {e.strerror or e}") from None
+        try:
+            self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise _explain(e, self.path) from None
+        try:
+            self._open(timeout_s)
+        except sqlite3.Error as e:
+            self._db.close()
+            raise _explain(e, self.path) from None
+        except StoreError:
+            self._db.close()
+            raise
+
+    def _open(self, timeout_s: float) -> None:
+        """Check the file before changing anything in it, then migrate it to our schema."""
+        self._db.row_factory = sqlite3.Row
+        self._db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"conversation store {self.path} was written by a newer llmchat (format {version}, this one "
+                f"reads up to {SCHEMA_VERSION}); it was left untouched: upgrade llmchat or set {DATA_DIR_ENV}"
+            )
+        if version == 0 and self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+            raise StoreError(f"{self.path} is a database llmchat did not write; it was left untouched")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = FULL")
+        self._db.execute("PRAGMA foreign_keys = ON")
+        if version < SCHEMA_VERSION:
+            self._migrate()
+
+    def _migrate(self) -> None:
+        with self._write() as db:
+            # Read again inside the write lock: another process may have migrated meanwhile.
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            for script in MIGRATIONS[version:]:
+                for statement in _statements(script):
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transactions ---------------------------------------------------------------
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, committed (durably) before the block's caller goes on."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.Error as e:
+                raise _explain(e, self.path) from None
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                yield self._db
+            except sqlite3.Error as e:
+                raise _explain(e, self.path) from None
+
+    # -- conversations ----------------------------------------------------------------
+    def create_conversation(
+        self, model: str | None = None, precision: str | None = None, system_prompt: str | None = None, title: str = ""
+    ) -> Conversation:
+        """A new, empty conversation (its title comes from the first user message if not given)."""
+        now = time.time()
+        with self._write() as db:
+            cursor = db.execute(
+                "INSERT INTO conversations (title, created, updated, model, precision, system_prompt)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (title, now, now, model, precision, system_prompt),
+            )
+            conversation_id = cursor.lastrowid
+        return self.conversation(conversation_id)
+
+    def conversation(self, conversation_id: int) -> Conversation:
+        with self._read() as db:
+            row = db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"no conversation {conversation_id}")
+        return Conversation(**dict(row))
+
+    def resolve(self, ref: str | int) -> int:
+        """A conversation id from `ref`: an id, or 'last' for the most recently updated one."""
+        if str(ref) == "last":
+            with self._read() as db:
+                row = db.execute("SELECT id FROM conversations ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
+            if row is None:
+                raise StoreError("there are no saved conversations yet")
+            return row["id"]
+        try:
+            conversation_id = int(ref)
+        except ValueError:
+            raise StoreError(f"{ref!r} is not a conversation id; use a number or 'last'") from None
+        return self.conversation(conversation_id).id
+
+    def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
+        """Most recently updated first, with the number of turns on each current branch."""
+        with self._read() as db:
+            rows = db.execute(
+                _PATH_CTE + """
+                SELECT c.id, c.title, c.updated, c.model, c.precision,
+                       (SELECT count(*) FROM path p WHERE p.conversation_id = c.id AND p.role = 'user') AS turns
+                FROM conversations c ORDER BY c.updated DESC, c.id DESC LIMIT ?""",
+                (-1 if limit is None else limit,),
+            ).fetchall()
+        return [ConversationSummary(**dict(row)) for row in rows]
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        with self._write() as db:
+            changed = db.execute(
+                "UPDATE conversations SET title = ?, updated = ? WHERE id = ?", (title.strip(), time.time(), conversation_id)
+            ).rowcount
+        if not changed:
+            raise StoreError(f"no conversation {conversation_id}")
+
+    def delete(self, conversation_id: int) -> None:
+        """Delete a conversation, all its branches, and its saved KV cache file."""
+        with self._write() as db:
+            changed = db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount
+        if not changed:
+            raise StoreError(f"no conversation {conversation_id}")
+        self.cache_path(conversation_id).unlink(missing_ok=True)
+
+    def cache_path(self, conversation_id: int) -> Path:
+        """Where the conversation's KV cache file lives: next to the database."""
+        return self.directory / "kv-caches" / f"conversation-{conversation_id}.safetensors"
+
+    # -- messages -----------------------------------------------------------------
+    def add_message(
+        self,
+        conversation_id: int,
+        role: str,
+        content: str,
+        parent_id: int | None | str = "leaf",
+        record: AnswerRecord | None = None,
+    ) -> StoredMessage:
+        """Append a finished message and make it the current leaf; committed when this returns.
+
+        `parent_id` defaults to the current leaf (read in the same transaction, so two writers
+        extend the branch one after the other); pass an id, or None for a new first message,
+        to start a sibling branch (an edit or a regeneration).
+        """
+        if role not in ("user", "assistant"):
+            raise StoreError(f"role must be user or assistant, got {role!r}")
+        now = time.time()
+        values = _record_values(record)
+        with self._write() as db:
+            conversation = db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+            if conversation is None:
+                raise StoreError(f"no conversation {conversation_id}")
+            parent = conversation["leaf_id"] if parent_id == "leaf" else parent_id
+            self._check_parent(db, conversation_id, parent)
+            message_id = db.execute(
+                f"INSERT INTO messages (conversation_id, parent_id, role, content, created, {', '.join(_RECORD_FIELDS)})"
+                f" VALUES (?, ?, ?, ?, ?, {', '.join('?' * len(_RECORD_FIELDS))})",
+                (conversation_id, parent, role, content, now, *values),
+            ).lastrowid
+            title = conversation["title"] or (_title_from(content) if role == "user" else "")
+            model = record.model if record else conversation["model"]
+            precision = record.precision if record else conversation["precision"]
+            db.execute(
+                "UPDATE conversations SET leaf_id = ?, updated = ?, title = ?, model = ?, precision = ? WHERE id = ?",
+                (message_id, now, title, model, precision, conversation_id),
+            )
+        return self.message(message_id)
+
+    @staticmethod
+    def _check_parent(db: sqlite3.Connection, conversation_id: int, parent_id: int | None) -> None:
+        if parent_id is None:
+            return
+        row = db.execute("SELECT conversation_id FROM messages WHERE id = ?", (parent_id,)).fetchone()
+        if row is None or row["conversation_id"] != conversation_id:
+            raise StoreError(f"message {parent_id} is not in conversation {conversation_id}")
+
+    def delete_message(self, message_id: int) -> None:
+        """Remove a message that has no replies (a prompt the model refused); its parent becomes the leaf."""
+        with self._write() as db:
+            row = db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if row is None:
+                return
+            if db.execute("SELECT 1 FROM messages WHERE parent_id = ?", (message_id,)).fetchone():
+                raise StoreError(f"message {message_id} has replies; delete the conversation instead")
+            db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+            db.execute(
+                "UPDATE conversations SET leaf_id = ? WHERE id = ? AND leaf_id = ?",
+                (row["parent_id"], row["conversation_id"], message_id),
+            )
+
+    def message(self, message_id: int) -> StoredMessage:
+        with self._read() as db:
+            row = db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"no message {message_id}")
+        return _message(row)
+
+    def path(self, conversation_id: int, leaf_id: int | None | str = "leaf") -> list[StoredMessage]:
+        """The messages from the first to `leaf_id` (default: the current leaf), in order."""
+        if leaf_id == "leaf":
+            leaf_id = self.conversation(conversation_id).leaf_id
+        if leaf_id is None:
+            return []
+        with self._read() as db:
+            rows = db.execute(
+                """WITH RECURSIVE up(id, depth) AS (
+                       SELECT id, 0 FROM messages WHERE id = ? AND conversation_id = ?
+                       UNION ALL
+                       SELECT m.parent_id, up.depth + 1 FROM messages m JOIN up ON m.id = up.id
+                       WHERE m.parent_id IS NOT NULL)
+                   SELECT m.* FROM up JOIN messages m ON m.id = up.id ORDER BY up.depth DESC""",
+                (leaf_id, conversation_id),
+            ).fetchall()
+        return [_message(row) for row in rows]
+
+    def messages(self, conversation_id: int) -> list[StoredMessage]:
+        """Every message of every branch, oldest first."""
+        with self._read() as db:
+            rows = db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
+        return [_message(row) for row in rows]
+
+    # -- branches ---------------------------------------------------------------------
+    def siblings(self, message_id: int) -> list[StoredMessage]:
+        """The versions of a turn: messages with the same parent (this one included), oldest first."""
+        target = self.message(message_id)
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT * FROM messages WHERE conversation_id = ? AND parent_id IS ? AND role = ? ORDER BY id",
+                (target.conversation_id, target.parent_id, target.role),
+            ).fetchall()
+        return [_message(row) for row in rows]
+
+    def switch_branch(self, message_id: int) -> list[StoredMessage]:
+        """Make the branch through `message_id` current, down to its newest leaf; returns the new path."""
+        target = self.message(message_id)
+        with self._write() as db:
+            leaf = message_id
+            while child := db.execute(
+                "SELECT id FROM messages WHERE parent_id = ? ORDER BY id DESC LIMIT 1", (leaf,)
+            ).fetchone():
+                leaf = child["id"]
+            db.execute(
+                "UPDATE conversations SET leaf_id = ?, updated = ? WHERE id = ?", (leaf, time.time(), target.conversation_id)
+            )
+        return self.path(target.conversation_id, leaf)
+
+    # -- search and export -------------------------------------------------------------
+    def search(self, text: str, limit: int = 50) -> list[SearchHit]:
+        """Messages matching every word of `text` (the last word as a prefix), best first."""
+        query = fts_query(text)
+        if not query:
+            return []
+        with self._read() as db:
+            rows = db.execute(
+                """SELECT m.conversation_id, c.title, m.id AS message_id, m.role,
+                          snippet(messages_fts, 0, '[', ']', '…', 12) AS snippet
+                   FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid
+                   JOIN conversations c ON c.id = m.conversation_id
+                   WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?""",
+                (query, limit),
+            ).fetchall()
+        return [SearchHit(**dict(row)) for row in rows]
+
+    def export_json(self, conversation_id: int) -> dict[str, Any]:
+        """Everything, every branch included: the conversation, its messages with parents, the current path."""
+        conversation = self.conversation(conversation_id)
+        return {
+            "format": EXPORT_FORMAT,
+            "version": SCHEMA_VERSION,
+            "conversation": asdict(conversation),
+            "current_path": [m.id for m in self.path(conversation_id)],
+            "messages": [asdict(m) for m in self.messages(conversation_id)],
+        }
+
+    def export_markdown(self, conversation_id: int) -> str:
+        """The current branch as Markdown, each answer followed by how it was made."""
+        conversation = self.conversation(conversation_id)
+        lines = [f"# {conversation.title or 'Untitled conversation'}", ""]
+        lines.append(f"*Conversation {conversation.id}, started {_date(conversation.created)}*")
+        lines.append("")
+        if conversation.system_prompt:
+            lines += ["## System", "", conversation.system_prompt, ""]
+        for message in self.path(conversation_id):
+            lines += [f"## {message.role.capitalize()}", "", message.content, ""]
+            if message.record:
+                lines += [f"*{describe_record(message.record)}*", ""]
+        return "\n".join(lines)
+
+
+def describe_record(record: AnswerRecord) -> str:
+    """One line: model, precision, sampling, speed and why the answer stopped."""
+    sampling = ", ".join(f"{k} {v}" for k, v in record.sampling.items() if v is not None)
+    return (
+        f"{record.model} · {record.precision} · {sampling} · TTFT {record.ttft_s * 1000:.0f} ms · "
+        f"{record.decode_tok_s:.1f} tok/s · {record.tokens} tokens · stop: {record.stop}"
+    )
+
+
+def _date(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
+
+
+def _record_values(record: AnswerRecord | None) -> tuple:
+    if record is None:
+        return (None,) * len(_RECORD_FIELDS)
+    values = asdict(record)
+    values["sampling"] = json.dumps(record.sampling, sort_keys=True)
+    return tuple(values[name] for name in _RECORD_FIELDS)
+
+
+def _message(row: sqlite3.Row) -> StoredMessage:
+    record = None
+    if row["role"] == "assistant" and row["model"] is not None:
+        values = {name: row[name] for name in _RECORD_FIELDS}
+        values["sampling"] = json.loads(values["sampling"] or "{}")
+        record = AnswerRecord(**values)
+    return StoredMessage(
+        row["id"], row["conversation_id"], row["parent_id"], row["role"], row["content"], row["created"], record
+    )
+
+
+def _statements(script: str) -> list[str]:
+    """Split a schema script into statements (execute() runs one; executescript() would commit)."""
+    statements, current = [], ""
+    for line in script.strip().splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            statements.append(current.strip())
+            current = ""
+    return statements
+
+
+_PATH_CTE = """
+WITH RECURSIVE path(conversation_id, id, parent_id, role) AS (
+    SELECT c.id, m.id, m.parent_id, m.role FROM conversations c JOIN messages m ON m.id = c.leaf_id
+    UNION ALL
+    SELECT p.conversation_id, m.id, m.parent_id, m.role FROM path p JOIN messages m ON m.id = p.parent_id
+)"""

@@ -1,0 +1,58 @@
+"""Rich tables for `llmchat bench` (the engine returns plain data)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.0f}M"
+
+
+def print_tables(result: dict) -> None:
+    console = Console()
+    title = f"{result['model']} on {result['device']}" + (" (random weights)" if result["random_weights"] else "")
+    console.print(f"[bold]{title}[/]  memory bandwidth {result['bandwidth_gb_s']} GB/s, {result['torch_threads']} threads")
+
+    decode = Table(title="Decode tok/s: our instrumented loop vs transformers generate (same run)")
+    for column in ("prec", "ours", "generate", "ratio", "ITL p50 ms", "ITL p90 ms",
+                   "bound", "of bound", "weights", "peak RSS"):
+        decode.add_column(column, justify="right")
+    for r in result["results"]:
+        decode.add_row(
+            r["precision"], f"{r['decode']['tok_s']:.1f}", f"{r['generate']['tok_s']:.1f}",
+            f"{r['decode_vs_generate']:.2f}x", f"{r['decode']['itl_ms_p50']:.1f}", f"{r['decode']['itl_ms_p90']:.1f}",
+            f"{r['bandwidth_bound_tok_s']:.0f}", f"{r['fraction_of_bound']:.0%}", _mb(r["weight_bytes"]),
+            _mb(r["peak_memory_bytes"]),
+        )
+    console.print(decode)
+
+    prefill = Table(title="Prefill (fresh cache)")
+    for column in ("precision", "prompt tokens", "TTFT ms", "prefill tok/s"):
+        prefill.add_column(column, justify="right")
+    for r in result["results"]:
+        for row in r["prefill"]:
+            prefill.add_row(r["precision"], str(row["prompt_tokens"]), f"{row['ttft_ms']:.1f}", f"{row['prefill_tok_s']:.0f}")
+    console.print(prefill)
+
+    turns = Table(title="Multi-turn: last turn's TTFT, cache reused vs fresh prefill")
+    for column in ("precision", "turn", "prompt", "reused", "TTFT reused ms", "TTFT fresh ms", "speed-up"):
+        turns.add_column(column, justify="right")
+    for r in result["results"]:
+        m = r["multi_turn"]
+        turns.add_row(r["precision"], str(m["turn"]), str(m["prompt_tokens"]), str(m["reused_tokens"]),
+                      f"{m['ttft_ms_reused']:.1f}", f"{m['ttft_ms_fresh']:.1f}", f"{m['speedup']:.1f}x")
+    console.print(turns)
+
+    if any(r["long_context"] for r in result["results"]):
+        long = Table(title="ITL against context length: measured vs predicted by bytes read per token")
+        for column in ("precision", "ITL short ms", "ITL long ms", "context", "measured ratio", "predicted ratio"):
+            long.add_column(column, justify="right")
+        for r in result["results"]:
+            c = r["long_context"]
+            if c:
+                long.add_row(r["precision"], f"{c['itl_ms_short']:.1f}", f"{c['itl_ms_long']:.1f}",
+                             f"{c['context_short']}→{c['context_long']}", f"{c['measured_ratio']:.2f}",
+                             f"{c['predicted_ratio']:.2f}")
+        console.print(long)
