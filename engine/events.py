@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
@@ -95,6 +96,34 @@ class TokenSampled:
     top_k: tuple[Candidate, ...]
     latency_s: float
     position: int
+    entropy: float = 0.0
+    """Entropy of the distribution the token was drawn from, in nats (-sum p ln p); 0 is certainty."""
+    rank: int = 0
+    """Where the token stood in that distribution: 1 is the most probable; 0 when unknown."""
+
+
+@dataclass(frozen=True)
+class StepPaused:
+    """Step mode: step `index` is drawn and waits for the caller to choose the token to take."""
+
+    index: int
+    position: int
+    sampled: Candidate
+    greedy: Candidate
+    top_k: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True)
+class Forked:
+    """An answer continues from step `step` with `token_id`; the text it replaced is `original_text`."""
+
+    step: int
+    token_id: int
+    reused: int
+    """Positions kept in the KV cache (the prompt and the answer before `step`)."""
+    new: int
+    """Positions fed again before decoding goes on (1 when the cache held the whole prefix)."""
+    original_text: str
 
 
 @dataclass(frozen=True)
@@ -151,6 +180,36 @@ class Failed:
     message: str
 
 
+@dataclass(frozen=True)
+class SavedMessage:
+    """A message as the store holds it, with its place among the versions of its turn."""
+
+    id: int
+    role: str
+    content: str
+    version: int
+    """1-based position among the message's siblings (edits and regenerations of one turn)."""
+    versions: int
+
+
+@dataclass(frozen=True)
+class ConversationLoaded:
+    """A saved conversation became current (resumed, or moved to another branch): redraw from it."""
+
+    conversation_id: int
+    title: str
+    messages: tuple[SavedMessage, ...]
+
+
+@dataclass(frozen=True)
+class MessageSaved:
+    """Message `index` of the session's messages was committed to the store."""
+
+    conversation_id: int
+    index: int
+    message: SavedMessage
+
+
 Event = Union[
     ModelLoading,
     ModelReady,
@@ -158,16 +217,25 @@ Event = Union[
     PromptTokens,
     PrefillProgress,
     TokenSampled,
+    StepPaused,
+    Forked,
     CacheChanged,
     ContextTrimmed,
     TurnFinished,
     Notice,
     Failed,
+    ConversationLoaded,
+    MessageSaved,
 ]
 
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
+
+
+def _prob(p: float) -> float:
+    """Six decimals, rounded down: a top-k that holds all the mass still sums to at most 1."""
+    return math.floor(p * 1e6) / 1e6
 
 
 def to_json(event: Event) -> dict[str, Any]:
@@ -188,11 +256,24 @@ def to_json(event: Event) -> dict[str, Any]:
                 "piece": event.piece,
                 "logprob": round(event.logprob, 6),
                 "top_k": [
-                    {"id": c.id, "text": c.piece, "prob": round(c.prob, 6)} for c in event.top_k
+                    {"id": c.id, "text": c.piece, "prob": _prob(c.prob)} for c in event.top_k
                 ],
                 "latency_ms": _ms(event.latency_s),
                 "position": event.position,
+                "entropy": round(event.entropy, 6),
+                "rank": event.rank,
             }
+        case StepPaused(index, position, sampled, greedy, top_k):
+            return {
+                "event": "step_paused",
+                "index": index,
+                "position": position,
+                "sampled": sampled.id,
+                "greedy": greedy.id,
+                "top_k": [{"id": c.id, "text": c.piece, "prob": _prob(c.prob)} for c in top_k],
+            }
+        case Forked():
+            return {"event": "forked", **dataclasses.asdict(event)}
         case CacheChanged():
             return {"event": "cache", **dataclasses.asdict(event)}
         case ContextTrimmed():
@@ -222,6 +303,15 @@ def to_json(event: Event) -> dict[str, Any]:
             }
         case Notice(message):
             return {"event": "notice", "message": message}
+        case ConversationLoaded(conversation_id, title, messages):
+            return {
+                "event": "conversation",
+                "conversation_id": conversation_id,
+                "title": title,
+                "messages": [dataclasses.asdict(m) for m in messages],
+            }
+        case MessageSaved(conversation_id, index, message):
+            return {"event": "saved", "conversation_id": conversation_id, "index": index, **dataclasses.asdict(message)}
         case Failed(message):
             return {"event": "error", "message": message}
     raise TypeError(f"not an event: {event!r}")

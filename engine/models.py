@@ -154,12 +154,16 @@ def load(spec: str, precision: str = "fp32", device: str = "auto", progress: Pro
     progress("loading tokenizer", 0.7)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
+        if not getattr(tokenizer, "chat_template", None):
+            raise ModelError(f"{spec} has no chat template, so it is not a chat model; {ALTERNATIVES}")
         progress(f"loading weights at {prec.name} on {device}", 0.75)
         kwargs: dict = {"dtype": prec.dtype}
         quant = quantization_config(prec)
         if quant is not None:
             kwargs.update(quantization_config=quant, device_map=device)
         model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
+    except ModelError:
+        raise
     except OSError as e:
         if source.kind == "hub":
             raise ModelError(f"cannot fetch {spec} from the Hugging Face hub ({_one_line(e)}); {ALTERNATIVES}") from None

@@ -7,6 +7,7 @@ the top-k the panels show and the chosen token's logprob come from one tensor.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, fields
 
@@ -39,6 +40,10 @@ class SamplingSettings:
         _check("max_new_tokens", self.max_new_tokens, 1, 1_000_000)
         if self.seed is not None:
             _check("seed", self.seed, 0, 2**63 - 1)
+        for name in ("top_k", "max_new_tokens", "seed"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, int):
+                raise ValueError(f"{name} must be a whole number, got {value!r}")
 
     @classmethod
     def names(cls) -> list[str]:
@@ -102,6 +107,27 @@ class Draw:
     logprob: float
     top_ids: list[int]
     top_probs: list[float]
+    entropy: float = 0.0
+    """Entropy of the whole distribution the token was drawn from, in nats: -sum p ln p."""
+    rank: int = 0
+    """1 for the most probable token, 2 for the next...; 0 when unknown."""
+
+    @property
+    def greedy_id(self) -> int:
+        """The most probable token (what temperature 0 would take)."""
+        return self.top_ids[0] if self.top_ids else self.id
+
+    def take(self, token_id: int) -> Draw:
+        """The same distribution with `token_id` taken instead: the sampled token or one of the top."""
+        if token_id == self.id:
+            return self
+        if token_id not in self.top_ids:
+            raise ValueError(f"token {token_id} is neither the sampled token nor among the top {len(self.top_ids)}")
+        at = self.top_ids.index(token_id)
+        prob = self.top_probs[at]
+        if prob <= 0.0:
+            raise ValueError(f"token {token_id} was removed by the sampling filters (probability 0)")
+        return dataclasses.replace(self, id=token_id, logprob=math.log(prob), rank=at + 1)
 
 
 class Sampler:
@@ -132,19 +158,31 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, seen: torch.Tensor) -> Draw:
         logprobs = self.distribution(logits, seen)
-        if self.settings.temperature == 0.0:
+        probs = logprobs.exp()
+        greedy = self.settings.temperature == 0.0
+        if greedy:
             chosen = torch.argmax(logprobs)
         else:
-            chosen = torch.multinomial(logprobs.exp(), 1, generator=self.generator)[0]
+            chosen = torch.multinomial(probs, 1, generator=self.generator)[0]
         top = torch.topk(logprobs, min(self.show_top_k, logprobs.numel()))
-        # One host copy per step: the chosen id, its logprob and the top-k (ids are exact
-        # in float32 below 2**24, far above any vocabulary size).
-        packed = torch.cat([chosen.view(1).to(logprobs.dtype), logprobs[chosen].view(1), top.values.exp(), top.indices.to(logprobs.dtype)])
+        chosen_logprob = logprobs[chosen].view(1)
+        # Entropy -sum p ln p and rank stay on the device. A removed token has p = 0 and
+        # ln p = -inf; clamping ln p to the lowest finite float makes its term 0, not NaN.
+        entropy = -torch.dot(probs, logprobs.clamp(min=torch.finfo(logprobs.dtype).min)).view(1)
+        rank = torch.ones_like(chosen_logprob) if greedy else torch.count_nonzero(logprobs > chosen_logprob).view(1) + 1
+        # One host copy per step: the chosen id, its logprob, entropy, rank and the top-k
+        # (ids and ranks are exact in float32 below 2**24, far above any vocabulary size).
+        dtype = logprobs.dtype
+        packed = torch.cat(
+            [chosen.view(1).to(dtype), chosen_logprob, entropy, rank.to(dtype), top.values.exp(), top.indices.to(dtype)]
+        )
         values = packed.tolist()
         k = top.values.numel()
         return Draw(
             id=int(values[0]),
             logprob=values[1],
-            top_probs=values[2 : 2 + k],
-            top_ids=[int(v) for v in values[2 + k :]],
+            entropy=values[2],
+            rank=int(values[3]),
+            top_probs=values[4 : 4 + k],
+            top_ids=[int(v) for v in values[4 + k :]],
         )

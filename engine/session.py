@@ -11,10 +11,12 @@ ids already in the cache, prefills only the rest, then decodes one token at a ti
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import statistics
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -26,17 +28,22 @@ from .events import (
     ContextTrimmed,
     Event,
     Failed,
+    Forked,
     PhaseChanged,
     PrefillProgress,
     PromptTokens,
+    StepPaused,
     StopReason,
     TokenSampled,
     TurnFinished,
     TurnStats,
 )
+from .instruments.stepping import PendingStep, StepGate
+from .instruments.trace import AnswerTrace, forced_step
+from . import fastpath
 from .kvcache import KVCache
 from .models import LoadedModel
-from .sampling import Sampler, SamplingSettings
+from .sampling import Draw, Sampler, SamplingSettings
 
 PREFILL_CHUNK = 512
 """Prompt tokens per forward pass in prefill: bounds memory and lets progress and Esc through."""
@@ -46,6 +53,8 @@ PREFILL_CHUNK = 512
 class Message:
     role: str
     content: str
+    trace: AnswerTrace | None = field(default=None, compare=False, repr=False)
+    """For an answer generated in this session: its steps, for the token inspector."""
 
 
 class ChatSession:
@@ -58,13 +67,20 @@ class ChatSession:
         system_prompt: str | None = None,
         context: int | None = None,
         show_top_k: int = 10,
+        fast: bool = True,
     ):
+        self.fast_path_wanted = fast
+        """Use engine/fastpath.py where the model allows; False keeps the HF forward (the reference)."""
         self.sampling = sampling or SamplingSettings()
         """Swapped whole (never mutated), read at every step: a change applies to the next token."""
         self.system_prompt = system_prompt
         self.messages: list[Message] = []
         self.cancel = threading.Event()
         self.show_top_k = show_top_k
+        self.step_gate = StepGate()
+        """Step mode: when enabled, each drawn token waits for the caller's choice."""
+        self.trace: AnswerTrace | None = None
+        """The steps of the answer in progress, or of the last one."""
         self._context_limit = context
         self.use_model(loaded)
 
@@ -81,6 +97,9 @@ class ChatSession:
         self.context = min(self._context_limit or self.info.context, self.info.context)
         self.stop_ids = self._stop_ids()
         self._no_ids = torch.empty(0, dtype=torch.long, device=self.device)
+        self.fast = None
+        if self.fast_path_wanted and fastpath.supports(self.model) is None:
+            self.fast = fastpath.FastLlama(self.model)
 
     def _stop_ids(self) -> set[int]:
         ids = set()
@@ -132,17 +151,18 @@ class ChatSession:
     def _fit(self) -> tuple[list[int] | None, ContextTrimmed | None]:
         """Template the conversation, dropping the oldest turns until it fits the window."""
         reserve = min(self.sampling.max_new_tokens, self.context // 4)
-        ids = self.template(self.messages)
+        messages = list(self.messages)  # trimmed only once the rest is known to fit
+        ids = self.template(messages)
         before = len(ids)
-        dropped = 0
-        while len(ids) + reserve > self.context and len(self.messages) > 1:
+        while len(ids) + reserve > self.context and len(messages) > 1:
             # Drop the oldest exchange (a user message and the answer that followed).
-            cut = 2 if len(self.messages) > 2 and self.messages[1].role == "assistant" else 1
-            del self.messages[:cut]
-            dropped += cut
-            ids = self.template(self.messages)
+            cut = 2 if len(messages) > 2 and messages[1].role == "assistant" else 1
+            del messages[:cut]
+            ids = self.template(messages)
         if len(ids) + 1 > self.context:
             return None, None
+        dropped = len(self.messages) - len(messages)
+        self.messages[:] = messages
         trimmed = ContextTrimmed(dropped, before, len(ids), self.context) if dropped else None
         return ids, trimmed
 
@@ -159,17 +179,21 @@ class ChatSession:
         if trimmed:
             yield trimmed
         text, stats = yield from self.run(ids)
-        self.messages.append(Message("assistant", text))
+        self.messages.append(Message("assistant", text, self.trace))
         yield PhaseChanged("idle")
         yield TurnFinished(stats, text)
 
-    def run(self, ids: list[int], stop_at_eos: bool = True) -> Iterator[Event]:
+    def run(
+        self, ids: list[int], stop_at_eos: bool = True, first: int = 0, detok: StreamingDetokenizer | None = None
+    ) -> Iterator[Event]:
         """Reuse the cache for `ids`, prefill the rest, decode; returns (text, stats).
 
         `stop_at_eos=False` decodes exactly max_new_tokens (the benchmark compares equal lengths).
+        A fork continues an answer: its steps count from `first`, its text from `detok`.
         """
         started = time.perf_counter()
         reused = self.cache.reuse(ids)
+        self.trace = AnswerTrace(tuple(ids), reused)
         new_ids = ids[reused:]
         yield PromptTokens(tuple(ids), self.namer.pieces(ids), reused)
         yield PhaseChanged("prefill", len(new_ids), reused)
@@ -179,7 +203,7 @@ class ChatSession:
             yield self.cache_event()
             if logits is None:
                 return "", self._stats(ids, reused, [], prefill_s, "cancelled")
-            text, latencies, stop = yield from self._decode(logits, ids, started, stop_at_eos)
+            text, latencies, stop = yield from self._decode(logits, ids, started, stop_at_eos, first, detok)
         yield self.cache_event()
         return text, self._stats(ids, reused, latencies, prefill_s, stop)
 
@@ -197,43 +221,59 @@ class ChatSession:
     def _forward(self, ids: list[int]) -> torch.Tensor:
         """One forward pass over `ids` with the cache; the last position's logits."""
         inputs = torch.tensor([ids], device=self.device)
-        out = self.model(input_ids=inputs, cache=self.cache.hf, use_cache=True, logits_to_keep=1)
+        if self.fast is not None:
+            logits = self.fast.forward(inputs, self.cache)
+        else:
+            logits = self.model(input_ids=inputs, cache=self.cache.hf, use_cache=True, logits_to_keep=1).logits[0, -1]
         self.cache.appended(ids)
-        return out.logits[0, -1]
+        return logits
 
     def _decode(
-        self, logits: torch.Tensor, prompt_ids: list[int], started: float, stop_at_eos: bool
+        self,
+        logits: torch.Tensor,
+        prompt_ids: list[int],
+        started: float,
+        stop_at_eos: bool,
+        first: int = 0,
+        detok: StreamingDetokenizer | None = None,
     ) -> Iterator[Event]:
         """Sample, emit, and feed tokens until a stop; returns (text, latencies, stop reason)."""
         sampler = Sampler(self.sampling, self.device, self.show_top_k)
         context_ids = list(prompt_ids)  # what the repetition penalty looks at
-        detok = StreamingDetokenizer(self.tokenizer)
+        detok = detok if detok is not None else StreamingDetokenizer(self.tokenizer)
+        steps = self.trace.steps if self.trace is not None else []
         pieces: list[str] = []
         latencies: list[float] = []
         last = started
-        index = 0
+        index = first
         while True:
             sampler.settings = self.sampling
-            draw = sampler.sample(logits, self._seen(context_ids, sampler.settings))
+            seen = self._seen(context_ids, sampler.settings)
+            draw = sampler.sample(logits, seen)
+            if self.step_gate.enabled:
+                draw, waited = yield from self._step(index, draw, logits, seen)
+                last += waited  # time spent waiting for the student is not latency
             finished = stop_at_eos and draw.id in self.stop_ids
             text = "" if finished else detok.add(draw.id)
             now = time.perf_counter()
             latencies.append(now - last)
             last = now
             pieces.append(text)
-            yield TokenSampled(
+            event = TokenSampled(
                 index=index,
                 id=draw.id,
                 piece=self.namer.piece(draw.id),
                 text=text,
                 logprob=draw.logprob,
-                top_k=tuple(
-                    Candidate(i, self.namer.piece(i), p) for i, p in zip(draw.top_ids, draw.top_probs) if p > 0
-                ),
+                top_k=self._candidates(draw),
                 latency_s=latencies[-1],
                 position=len(self.cache),
+                entropy=draw.entropy,
+                rank=draw.rank,
             )
-            if index == 0:
+            steps.append(event)
+            yield event
+            if index == first:
                 yield PhaseChanged("decode")
             index += 1
             stop = self._stop_reason(finished, index)
@@ -246,6 +286,24 @@ class ChatSession:
         if tail:
             pieces.append(tail)
         return "".join(pieces), latencies, stop
+
+    def _candidates(self, draw: Draw) -> tuple[Candidate, ...]:
+        return tuple(Candidate(i, self.namer.piece(i), p) for i, p in zip(draw.top_ids, draw.top_probs) if p > 0)
+
+    def _step(self, index: int, draw: Draw, logits: torch.Tensor, seen: torch.Tensor) -> Iterator[Event]:
+        """Step mode: show the draw and wait for the caller's choice; returns (draw taken, seconds waited)."""
+        waiting = time.perf_counter()
+        self.step_gate.offer(PendingStep(index, draw, logits, seen, self.sampling))
+        greedy = draw.greedy_id
+        yield StepPaused(
+            index=index,
+            position=len(self.cache),
+            sampled=Candidate(draw.id, self.namer.piece(draw.id), math.exp(draw.logprob)),
+            greedy=Candidate(greedy, self.namer.piece(greedy), draw.top_probs[0] if draw.top_probs else 1.0),
+            top_k=self._candidates(draw),
+        )
+        chosen = self.step_gate.wait(self.cancel)
+        return chosen, time.perf_counter() - waiting
 
     def _stop_reason(self, sampled_eos: bool, generated: int) -> StopReason | None:
         if sampled_eos:
@@ -263,6 +321,57 @@ class ChatSession:
         if settings.repetition_penalty == 1.0:
             return self._no_ids
         return torch.tensor(context_ids, device=self.device)
+
+    # -- instruments ------------------------------------------------------------------
+    def fork(self, step: int, token_id: int, answer: int | None = None) -> Iterator[Event]:
+        """Answer again from step `step` of an answer, taking `token_id` (one of that step's alternatives).
+
+        `answer` is the answer's message index (default: the last answer); later messages go.
+        The cache keeps the prompt and the answer's first `step` tokens, so only the forced
+        token and what follows are computed (`Forked` says how many positions were reused and
+        fed). The new answer replaces the old one, whose text comes in `Forked.original_text`
+        and whose trace stays as the new trace's `parent`: a branch a caller can keep.
+        """
+        self.cancel.clear()
+        try:
+            index, old = self._forkable(answer, step)
+            forced = forced_step(old.steps[step], token_id, self.namer.piece(token_id))
+        except ValueError as e:
+            yield Failed(str(e))
+            return
+        original = self.messages[index].content
+        ids = [*old.prompt_ids, *old.ids[:step], token_id]
+        reused = self.cache.reuse(ids)
+        del self.messages[index:]
+        detok = StreamingDetokenizer(self.tokenizer)
+        prefix = "".join(detok.add(i) for i in old.ids[:step])
+        finished = token_id in self.stop_ids
+        forced = dataclasses.replace(forced, text="" if finished else detok.add(token_id))
+        yield Forked(step, token_id, reused, len(ids) - reused, original)
+        yield forced
+        if finished:  # the alternative ends the answer: nothing to compute
+            self.trace = AnswerTrace(tuple(ids), reused)
+            text, stats = prefix + detok.flush(), self._stats(ids[:-1], reused, [], 0.0, "eos")
+        else:
+            text, stats = yield from self.run(ids, first=step + 1, detok=detok)
+            text = prefix + forced.text + text
+        self.trace = old.forked(step, forced, self.trace)
+        self.messages.append(Message("assistant", text, self.trace))
+        yield PhaseChanged("idle")
+        yield TurnFinished(stats, text)
+
+    def _forkable(self, answer: int | None, step: int) -> tuple[int, AnswerTrace]:
+        """The message index and trace of the answer to fork; ValueError says why not."""
+        if answer is None:
+            answer = max((i for i, m in enumerate(self.messages) if m.role == "assistant"), default=-1)
+        if not 0 <= answer < len(self.messages) or self.messages[answer].role != "assistant":
+            raise ValueError(f"message {answer} is not an answer")
+        trace = self.messages[answer].trace
+        if trace is None:
+            raise ValueError("that answer has no token history (it was loaded, not generated here)")
+        if not 0 <= step < len(trace):
+            raise ValueError(f"step {step} is outside the answer's {len(trace)} steps")
+        return answer, trace
 
     def cache_event(self) -> CacheChanged:
         return CacheChanged(

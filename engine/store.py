@@ -7,7 +7,7 @@ conversation's `leaf_id` says which branch is current. A file this version canno
 corrupt one, one written by a newer llmchat, a foreign database) raises StoreError and is
 never modified: callers show the one-line message and carry on without a store.
 
-Nothing here imports torch, so `llmchat conversations ...` starts fast.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -212,21 +212,21 @@ class Store:
 
     def __init__(self, directory: str | os.PathLike | None = None, timeout_s: float = 5.0):
         self.directory = data_dir(directory)
-        self.path = self.directory / DB_NAME
+        self.db_path = self.directory / DB_NAME
         self._lock = threading.RLock()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"cannot create the data directory {self.directory}: {e.strerror or e}") from None
         try:
-            self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
+            self._db = sqlite3.connect(self.db_path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
-            raise _explain(e, self.path) from None
+            raise _explain(e, self.db_path) from None
         try:
             self._open(timeout_s)
         except sqlite3.Error as e:
             self._db.close()
-            raise _explain(e, self.path) from None
+            raise _explain(e, self.db_path) from None
         except StoreError:
             self._db.close()
             raise
@@ -238,11 +238,11 @@ class Store:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StoreError(
-                f"conversation store {self.path} was written by a newer llmchat (format {version}, this one "
+                f"conversation store {self.db_path} was written by a newer llmchat (format {version}, this one "
                 f"reads up to {SCHEMA_VERSION}); it was left untouched: upgrade llmchat or set {DATA_DIR_ENV}"
             )
         if version == 0 and self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-            raise StoreError(f"{self.path} is a database llmchat did not write; it was left untouched")
+            raise StoreError(f"{self.db_path} is a database llmchat did not write; it was left untouched")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = FULL")
         self._db.execute("PRAGMA foreign_keys = ON")
@@ -277,12 +277,12 @@ class Store:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     yield self._db
+                    self._db.execute("COMMIT")
                 except BaseException:
                     self._db.execute("ROLLBACK")
                     raise
-                self._db.execute("COMMIT")
             except sqlite3.Error as e:
-                raise _explain(e, self.path) from None
+                raise _explain(e, self.db_path) from None
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -290,7 +290,7 @@ class Store:
             try:
                 yield self._db
             except sqlite3.Error as e:
-                raise _explain(e, self.path) from None
+                raise _explain(e, self.db_path) from None
 
     # -- conversations ----------------------------------------------------------------
     def create_conversation(
@@ -333,9 +333,9 @@ class Store:
         with self._read() as db:
             rows = db.execute(
                 _PATH_CTE + """
-                SELECT c.id, c.title, c.updated, c.model, c.precision,
-                       (SELECT count(*) FROM path p WHERE p.conversation_id = c.id AND p.role = 'user') AS turns
-                FROM conversations c ORDER BY c.updated DESC, c.id DESC LIMIT ?""",
+                SELECT c.id, c.title, c.updated, c.model, c.precision, count(p.id) AS turns
+                FROM conversations c LEFT JOIN path p ON p.conversation_id = c.id AND p.role = 'user'
+                GROUP BY c.id ORDER BY c.updated DESC, c.id DESC LIMIT ?""",
                 (-1 if limit is None else limit,),
             ).fetchall()
         return [ConversationSummary(**dict(row)) for row in rows]
@@ -343,7 +343,8 @@ class Store:
     def rename(self, conversation_id: int, title: str) -> None:
         with self._write() as db:
             changed = db.execute(
-                "UPDATE conversations SET title = ?, updated = ? WHERE id = ?", (title.strip(), time.time(), conversation_id)
+                "UPDATE conversations SET title = ?, updated = ? WHERE id = ?",
+                (title.strip(), time.time(), conversation_id),
             ).rowcount
         if not changed:
             raise StoreError(f"no conversation {conversation_id}")
@@ -354,7 +355,11 @@ class Store:
             changed = db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount
         if not changed:
             raise StoreError(f"no conversation {conversation_id}")
-        self.cache_path(conversation_id).unlink(missing_ok=True)
+        try:
+            self.cache_path(conversation_id).unlink(missing_ok=True)
+        except OSError as e:
+            reason = e.strerror or e
+            raise StoreError(f"deleted conversation {conversation_id}, but not its cache file: {reason}") from None
 
     def cache_path(self, conversation_id: int) -> Path:
         """Where the conversation's KV cache file lives: next to the database."""
@@ -386,8 +391,8 @@ class Store:
             parent = conversation["leaf_id"] if parent_id == "leaf" else parent_id
             self._check_parent(db, conversation_id, parent)
             message_id = db.execute(
-                f"INSERT INTO messages (conversation_id, parent_id, role, content, created, {', '.join(_RECORD_FIELDS)})"
-                f" VALUES (?, ?, ?, ?, ?, {', '.join('?' * len(_RECORD_FIELDS))})",
+                f"INSERT INTO messages (conversation_id, parent_id, role, content, created, {', '.join(_RECORD_FIELDS)}"
+                f") VALUES (?, ?, ?, ?, ?, {', '.join('?' * len(_RECORD_FIELDS))})",
                 (conversation_id, parent, role, content, now, *values),
             ).lastrowid
             title = conversation["title"] or (_title_from(content) if role == "user" else "")
@@ -449,7 +454,8 @@ class Store:
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         """Every message of every branch, oldest first."""
         with self._read() as db:
-            rows = db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
+            query = "SELECT * FROM messages WHERE conversation_id = ? ORDER BY id"
+            rows = db.execute(query, (conversation_id,)).fetchall()
         return [_message(row) for row in rows]
 
     # -- branches ---------------------------------------------------------------------
@@ -473,7 +479,8 @@ class Store:
             ).fetchone():
                 leaf = child["id"]
             db.execute(
-                "UPDATE conversations SET leaf_id = ?, updated = ? WHERE id = ?", (leaf, time.time(), target.conversation_id)
+                "UPDATE conversations SET leaf_id = ?, updated = ? WHERE id = ?",
+                (leaf, time.time(), target.conversation_id),
             )
         return self.path(target.conversation_id, leaf)
 

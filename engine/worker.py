@@ -17,10 +17,12 @@ from typing import Callable, Iterator
 import torch
 
 from . import models
+from .conversation import SavedChat
 from .events import Event, Failed, ModelLoading, ModelReady, Notice, PhaseChanged
 from .precision import PrecisionError, cpu_note
 from .sampling import SamplingSettings
 from .session import ChatSession
+from .store import Store
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,30 @@ class NewChat:
 
 
 @dataclass(frozen=True)
+class Resume:
+    ref: int | str
+    """A conversation id, or 'last'."""
+    use_cache: bool = True
+
+
+@dataclass(frozen=True)
+class StepVersion:
+    index: int
+    step: int
+    """-1 for the previous version of message `index`, +1 for the next."""
+
+
+@dataclass(frozen=True)
+class SaveCache:
+    pass
+
+
+@dataclass(frozen=True)
 class _Stop:
     pass
 
 
-Command = Load | Send | Regenerate | Edit | NewChat | _Stop
+Command = Load | Send | Regenerate | Edit | NewChat | Resume | StepVersion | SaveCache | _Stop
 
 
 class InferenceWorker:
@@ -68,8 +89,12 @@ class InferenceWorker:
         sampling: SamplingSettings | None = None,
         system_prompt: str | None = None,
         context: int | None = None,
+        store: Store | None = None,
     ):
         self.emit = emit
+        self.store = store
+        """Where turns are saved as they finish; None runs without saving."""
+        self.chat: SavedChat | None = None
         self.sampling = sampling or SamplingSettings()
         self.system_prompt = system_prompt
         self.context = context
@@ -95,6 +120,18 @@ class InferenceWorker:
     def new_chat(self, system_prompt: str | None = None) -> None:
         self.commands.put(NewChat(system_prompt))
 
+    def resume(self, ref: int | str, use_cache: bool = True) -> None:
+        """Continue a saved conversation: ConversationLoaded, then its KV cache file if it matches."""
+        self.commands.put(Resume(ref, use_cache))
+
+    def step_version(self, index: int, step: int) -> None:
+        """Show another version of message `index` (ConversationLoaded follows)."""
+        self.commands.put(StepVersion(index, step))
+
+    def save_cache(self) -> None:
+        """Write the conversation's KV cache file so a later resume needs no prefill."""
+        self.commands.put(SaveCache())
+
     def cancel(self) -> None:
         """Stop the answer in progress after the current token; the partial answer stays."""
         if self.session is not None:
@@ -114,6 +151,7 @@ class InferenceWorker:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self.cancel()
+        self.commands.put(SaveCache())
         self.commands.put(_Stop())
         self._thread.join(timeout)
 
@@ -144,18 +182,30 @@ class InferenceWorker:
             return
         if isinstance(command, NewChat):
             self.system_prompt = command.system_prompt
-            if self.session is not None:
-                self.session.reset(command.system_prompt)
+            if self.chat is not None:
+                notice = self.chat.save_cache()  # the conversation being left resumes fast later
+                if notice is not None:
+                    yield notice
+                self.chat.new(command.system_prompt)
             return
-        if self.session is None:
-            yield Failed("no model is loaded; load one first")
+        if self.chat is None:
+            if not isinstance(command, SaveCache):
+                yield Failed("no model is loaded; load one first")
             return
         if isinstance(command, Send):
-            yield from self.session.send(command.text)
+            yield from self.chat.send(command.text)
         elif isinstance(command, Regenerate):
-            yield from self.session.regenerate()
+            yield from self.chat.regenerate()
         elif isinstance(command, Edit):
-            yield from self.session.edit(command.index, command.text)
+            yield from self.chat.edit(command.index, command.text)
+        elif isinstance(command, Resume):
+            yield from self.chat.resume(command.ref, command.use_cache)
+        elif isinstance(command, StepVersion):
+            yield from self.chat.step_version(command.index, command.step)
+        elif isinstance(command, SaveCache):
+            notice = self.chat.save_cache()
+            if notice is not None:
+                yield notice
 
     def _load(self, command: Load) -> Iterator[Event]:
         try:
@@ -174,7 +224,11 @@ class InferenceWorker:
             return
         if self.session is None:
             self.session = ChatSession(loaded, self.sampling, self.system_prompt, self.context)
+            self.chat = SavedChat(self.session, self.store)
         else:
+            notice = self.chat.save_cache()  # the cache belongs to the old model: keep it on disk first
+            if notice is not None:
+                yield notice
             old = self.session.loaded
             self.session.use_model(loaded)
             del old

@@ -1,0 +1,173 @@
+"""A conversation's KV cache on disk: one self-describing safetensors file.
+
+The file holds each layer's K and V for the positions in use, plus string metadata: the
+token ids those positions hold, the model (spec, name and a fingerprint of its weights),
+the precision, the dtype and the shapes. A load checks every one of them against the
+model in memory and hands back a cache only when all match; anything else (another model
+or precision, a damaged or truncated file) is ignored with a notice, never trusted. A
+cache is a pure function of its token ids and the model, so a matching file is as good as
+prefilling those ids again.
+
+The file is written to a temporary name and renamed over the old one, so a crash leaves
+either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .kvcache import KVCache
+from .models import LoadedModel
+
+FORMAT = "llmchat-kv-cache"
+FORMAT_VERSION = 1
+
+
+class CacheFileError(RuntimeError):
+    """A cache file that could not be written; the message is one line."""
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of the first rows of the input embeddings: tells two models with one name apart."""
+    rows = model.get_input_embeddings().weight[:8].detach().float().cpu().contiguous()
+    return hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
+
+
+def describe(loaded: LoadedModel) -> dict[str, str]:
+    """The metadata a cache made by `loaded` carries (everything but the token ids)."""
+    info = loaded.info
+    return {
+        "format": FORMAT,
+        "format_version": str(FORMAT_VERSION),
+        "model_spec": info.spec,
+        "model_name": info.name,
+        "weights": weights_fingerprint(loaded.model),
+        "precision": info.precision,
+        "dtype": info.compute_dtype,
+        "layers": str(info.layers),
+        "kv_heads": str(info.kv_heads),
+        "head_dim": str(info.head_dim),
+    }
+
+
+def save_cache(cache: KVCache, loaded: LoadedModel, path: Path) -> int:
+    """Write the cache's used positions and ids to `path` atomically; returns the file size in bytes."""
+    if len(cache) == 0:
+        raise CacheFileError("the KV cache is empty; nothing to save")
+    tensors = _tensors(cache)
+    metadata = {**describe(loaded), "tokens": str(len(cache)), "token_ids": json.dumps(cache.ids)}
+    path = Path(path)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(staging), metadata=metadata)
+        _fsync(staging)
+        os.replace(staging, path)
+        return path.stat().st_size
+    except (OSError, RuntimeError) as e:
+        with contextlib.suppress(OSError):
+            staging.unlink(missing_ok=True)
+        raise CacheFileError(f"cannot save the KV cache to {path}: {_one_line(e)}") from None
+
+
+def _tensors(cache: KVCache) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for i, layer in enumerate(cache.hf.layers):
+        if layer.get_seq_length() != len(cache):
+            raise CacheFileError(f"layer {i} holds {layer.get_seq_length()} positions, the cache {len(cache)} ids")
+        tensors[f"layers.{i}.keys"] = layer.keys.contiguous()
+        tensors[f"layers.{i}.values"] = layer.values.contiguous()
+    return tensors
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_cache(path: Path, loaded: LoadedModel) -> tuple[KVCache | None, str]:
+    """A KVCache from `path` if it was made by this very model, precision and dtype; else (None, why).
+
+    The second value is a one-line notice for the user either way.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None, "no saved KV cache: the history will be prefilled"
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            metadata = f.metadata() or {}
+            ids = _check_metadata(metadata, loaded)
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+        _check_tensors(tensors, ids, loaded)
+    except _Mismatch as e:
+        return None, f"saved KV cache ignored ({e}): the history will be prefilled"
+    except Exception as e:  # safetensors raises several types for a damaged file
+        return None, f"saved KV cache ignored (unreadable: {_one_line(e)}): the history will be prefilled"
+    cache = _fill(tensors, ids, loaded)
+    return cache, f"KV cache loaded from disk: {len(ids)} tokens, no prefill needed"
+
+
+class _Mismatch(ValueError):
+    """The file is readable but was not made by this model, or does not add up."""
+
+
+def _check_metadata(metadata: dict[str, str], loaded: LoadedModel) -> list[int]:
+    """Compare every field with the model in memory; returns the token ids."""
+    if metadata.get("format") != FORMAT:
+        raise _Mismatch("not an llmchat KV cache file")
+    if metadata.get("format_version") != str(FORMAT_VERSION):
+        raise _Mismatch(f"format version {metadata.get('format_version')}, this llmchat reads {FORMAT_VERSION}")
+    for key, expected in describe(loaded).items():
+        if metadata.get(key) != expected:
+            raise _Mismatch(f"made with {key} {metadata.get(key)!r}, the loaded model has {expected!r}")
+    try:
+        ids = json.loads(metadata["token_ids"])
+    except (KeyError, ValueError):
+        raise _Mismatch("its token ids are missing or damaged") from None
+    vocab = loaded.info.vocab_size
+    if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < vocab for i in ids):
+        raise _Mismatch("its token ids are not ids of this model's vocabulary")
+    if not ids or metadata.get("tokens") != str(len(ids)):
+        raise _Mismatch("its token count does not match its token ids")
+    return ids
+
+
+def _check_tensors(tensors: dict[str, torch.Tensor], ids: list[int], loaded: LoadedModel) -> None:
+    info = loaded.info
+    expected_names = {f"layers.{i}.{kind}" for i in range(info.layers) for kind in ("keys", "values")}
+    if set(tensors) != expected_names:
+        raise _Mismatch("its tensors are not one K and one V per layer")
+    shape = (1, info.kv_heads, len(ids), info.head_dim)
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != shape:
+            raise _Mismatch(f"{name} has shape {tuple(tensor.shape)}, expected {shape}")
+        if str(tensor.dtype).removeprefix("torch.") != info.compute_dtype:
+            raise _Mismatch(f"{name} is {tensor.dtype}, the model computes in {info.compute_dtype}")
+        if not torch.isfinite(tensor).all():
+            raise _Mismatch(f"{name} holds NaN or infinite values")
+
+
+def _fill(tensors: dict[str, torch.Tensor], ids: list[int], loaded: LoadedModel) -> KVCache:
+    """A fresh KVCache holding the loaded positions, on the model's device."""
+    device = next(loaded.model.parameters()).device
+    cache = KVCache(loaded.info.layers)
+    for i, layer in enumerate(cache.hf.layers):
+        layer.update(tensors[f"layers.{i}.keys"].to(device), tensors[f"layers.{i}.values"].to(device))
+    cache.appended(ids)
+    return cache
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return (lines[0] if lines else type(error).__name__)[:200]

@@ -1,0 +1,148 @@
+"""A readable, fast forward pass for Llama-family models (in the spirit of gpt-fast).
+
+It runs on the Hugging Face model's own weights, fused where batch-1 decode gains from
+fewer, larger matmuls: q/k/v become one [q+k+v, hidden] matrix and gate/up one
+[2*intermediate, hidden] matrix. The HF modules' weights are then re-pointed at views of the
+fused tensors, so nothing is stored twice and the HF forward (the readable reference, and the
+eager-attention path of the attention view) keeps working on the same cache.
+
+One step for each layer, on `n` new tokens at positions p..p+n-1:
+
+    a = rmsnorm(h);  q, k, v = a @ Wqkv.T;  rotate q, k by position (RoPE)
+    K, V = cache + k, v;  h += softmax(q K.T / sqrt(d) + causal) V @ Wo.T
+    m = rmsnorm(h);  g, u = m @ Wgu.T;  h += (silu(g) * u) @ Wdown.T
+
+On a CPU without native 16-bit matmul, 16-bit weights make batch-1 decode fast (half the
+bytes to read) but prefill slow; prefill therefore upcasts each weight to float32 on the fly
+(reading 16-bit weights once per chunk costs far less than the chunk's arithmetic).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .kvcache import KVCache
+
+UPCAST_ABOVE = 4
+"""Feeds of more tokens than this run in float32 on a CPU (see module docstring)."""
+
+
+def supports(model: nn.Module) -> str | None:
+    """None if the fast path can run this model, else why not."""
+    config = model.config
+    if getattr(config, "model_type", None) not in ("llama", "mistral"):
+        return f"model type {getattr(config, 'model_type', '?')} (fast path covers Llama-family models)"
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        return "projection biases"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act}"
+    if getattr(config, "sliding_window", None):
+        return "sliding-window attention"
+    if getattr(config, "quantization_config", None) is not None:
+        return "quantized (bitsandbytes) weights"
+    return None
+
+
+class _Layer:
+    def __init__(self, block: nn.Module):
+        attn, mlp = block.self_attn, block.mlp
+        self.wqkv = _fuse(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.wo = attn.o_proj.weight
+        self.wgu = _fuse(mlp.gate_proj, mlp.up_proj)
+        self.wdown = mlp.down_proj.weight
+        self.ln1 = block.input_layernorm.weight
+        self.ln2 = block.post_attention_layernorm.weight
+
+
+def _fuse(*linears: nn.Linear) -> torch.Tensor:
+    """Stack [out, in] weights into one matrix; point each module at its rows (no copy kept)."""
+    fused = torch.cat([linear.weight.detach() for linear in linears], dim=0)
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight = nn.Parameter(fused[start : start + rows], requires_grad=False)
+        start += rows
+    return fused
+
+
+class FastLlama:
+    """forward(ids, cache) -> the last position's logits, same contract as the HF path."""
+
+    def __init__(self, model: nn.Module):
+        config = model.config
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        inner = model.model
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        self.lm_head = model.lm_head.weight
+        self.layers = [_Layer(block) for block in inner.layers]
+        rotary = inner.rotary_emb
+        self.inv_freq = rotary.inv_freq.float()
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.weight_dtype = self.embed.dtype
+        on_cpu = self.embed.device.type == "cpu"
+        # 16-bit arithmetic is native on GPUs; on a CPU keep activations in float32.
+        self.act_dtype = torch.float32 if on_cpu else self.weight_dtype
+        self.upcast_prefill = on_cpu and self.weight_dtype != torch.float32
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, upcast: bool) -> torch.Tensor:
+        if weight.dtype == x.dtype:
+            return F.linear(x, weight)
+        if upcast:
+            return F.linear(x, weight.to(x.dtype))
+        return F.linear(x.to(weight.dtype), weight).to(x.dtype)
+
+    def _rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (weight.float() * normed).to(x.dtype)
+
+    def _rope(self, start: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(start, start + n, device=device, dtype=torch.float32)
+        freqs = positions[:, None] * self.inv_freq.to(device)[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+    def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Feed ids [1, n] after the cache's tokens; returns logits [vocab] of the last one."""
+        n = ids.shape[1]
+        start = len(cache)
+        upcast = self.upcast_prefill and n > UPCAST_ABOVE
+        h = F.embedding(ids[0], self.embed).to(self.act_dtype)  # [n, hidden]
+        cos, sin = self._rope(start, n, h.device)  # [n, head_dim]
+        mask = None
+        if n > 1:  # query i (at start+i) sees every cached key and keys up to itself
+            keys = torch.arange(start + n, device=h.device)
+            mask = keys[None, :] <= (start + torch.arange(n, device=h.device))[:, None]
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        for layer, cache_layer in zip(self.layers, cache.hf.layers):
+            a = self._rmsnorm(h, layer.ln1)
+            q, k, v = self._linear(a, layer.wqkv, upcast).split((q_size, kv_size, kv_size), dim=-1)
+            q = self._rotate(q.view(n, self.heads, self.head_dim), cos[:, None], sin[:, None])
+            k = self._rotate(k.view(n, self.kv_heads, self.head_dim), cos[:, None], sin[:, None])
+            v = v.view(n, self.kv_heads, self.head_dim)
+            # The cache keeps the weights' dtype, as the HF path does, so both can share it.
+            keys, values = cache_layer.update(
+                k.transpose(0, 1)[None].to(self.weight_dtype), v.transpose(0, 1)[None].to(self.weight_dtype)
+            )
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None].to(keys.dtype), keys, values, attn_mask=mask, enable_gqa=True
+            )
+            attn = attn[0].transpose(0, 1).reshape(n, q_size).to(h.dtype)
+            h = h + self._linear(attn, layer.wo, upcast)
+            m = self._rmsnorm(h, layer.ln2)
+            gate, up = self._linear(m, layer.wgu, upcast).chunk(2, dim=-1)
+            h = h + self._linear(F.silu(gate) * up, layer.wdown, upcast)
+        last = self._rmsnorm(h[-1:], self.norm)
+        return self._linear(last, self.lm_head, upcast)[0].float()

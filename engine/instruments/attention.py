@@ -1,0 +1,123 @@
+"""Attention view: where the newest position looks, for one layer and head (or averaged).
+
+While the probe is on, the session runs the Hugging Face forward (not its fast path) with
+eager attention (the only implementation that materializes softmax(QKᵀ/√d)), which slows
+every forward pass; both switch back when the probe is off. A forward hook on each layer's attention module keeps that layer's last query
+row, [heads, context], on the device: a copy of heads × context numbers per layer and step.
+Nothing reaches the host until `view` is asked for.
+
+Call `enable` and `disable` on the thread that owns the model, between forward passes, and
+`disable` before the session switches model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from .tokview import Span, message_spans
+
+if TYPE_CHECKING:
+    from ..session import ChatSession
+
+
+@dataclass(frozen=True)
+class SpanWeight:
+    span: Span
+    weight: float
+    """Total attention on the span's positions (the spans' weights sum to 1)."""
+
+
+@dataclass(frozen=True)
+class AttentionView:
+    """One query's attention over the context."""
+
+    layer: int | None
+    """None: averaged over layers."""
+    head: int | None
+    """None: averaged over heads."""
+    query_position: int
+    """The position attending; its output predicts the token at `query_position + 1`."""
+    ids: tuple[int, ...]
+    """The context ids, one per weight."""
+    weights: tuple[float, ...]
+    """softmax(q·kᵀ/√d) over the context: non-negative, summing to 1."""
+    spans: tuple[SpanWeight, ...]
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Each decoder layer's self-attention module, in order."""
+    return [layer.self_attn for layer in model.model.layers]
+
+
+class AttentionProbe:
+    """Switches a session's model to eager attention and keeps each layer's newest attention row."""
+
+    def __init__(self, session: ChatSession):
+        self.session = session
+        self._rows: dict[int, torch.Tensor] = {}
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self._previous: str | None = None
+        self._fast = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._hooks)
+
+    def enable(self) -> None:
+        if self.enabled:
+            return
+        model = self.session.model
+        self._previous = model.config._attn_implementation
+        model.set_attn_implementation("eager")
+        self._fast, self.session.fast = getattr(self.session, "fast", None), None  # hooks need the HF forward
+        for layer, module in enumerate(attention_modules(model)):
+            self._hooks.append(module.register_forward_hook(self._keeper(layer)))
+
+    def disable(self) -> None:
+        """Remove the hooks; go back to the attention the model had (sdpa) and the session's fast path."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        self._rows.clear()
+        if self._previous is not None:
+            self.session.model.set_attn_implementation(self._previous)
+            self._previous = None
+            self.session.fast, self._fast = self._fast, None
+
+    def _keeper(self, layer: int):
+        def keep(module: torch.nn.Module, args, output) -> None:
+            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if weights is not None:  # [batch, heads, queries, keys]: keep the last query's row
+                self._rows[layer] = weights[0, :, -1, :].detach().clone()
+
+        return keep
+
+    def view(self, layer: int | None = None, head: int | None = None) -> AttentionView | None:
+        """The newest forward pass's attention row for `layer` and `head` (None averages); None before any."""
+        rows = dict(self._rows)  # the inference thread may replace entries meanwhile
+        if not rows:
+            return None
+        if layer is not None:
+            if layer not in rows:
+                raise ValueError(f"layer must be in [0, {self.session.info.layers - 1}], got {layer}")
+            rows = {layer: rows[layer]}
+        width = min(row.shape[-1] for row in rows.values())  # rows of one forward pass share it
+        stacked = torch.stack([row[:, :width].float() for row in rows.values()])  # [layers, heads, keys]
+        if head is not None:
+            if not 0 <= head < stacked.shape[1]:
+                raise ValueError(f"head must be in [0, {stacked.shape[1] - 1}], got {head}")
+            stacked = stacked[:, head : head + 1]
+        weights = stacked.mean(dim=(0, 1)).tolist()
+        ids = tuple(self.session.cache.ids[:width])
+        spans = message_spans(self.session, ids)
+        return AttentionView(
+            layer=layer,
+            head=head,
+            query_position=width - 1,
+            ids=ids,
+            weights=tuple(weights),
+            spans=tuple(SpanWeight(s, sum(weights[s.start : s.end])) for s in spans),
+        )

@@ -1,0 +1,169 @@
+"""Precision compare: the same turn at two precisions, the second teacher-forced on the first.
+
+The reference model answers greedily; the other model is fed exactly the reference's tokens
+(teacher forcing), so at every step both predict the next token from the same context and
+their distributions can be compared position by position:
+
+    agree_t = argmax P_other(· | x_<t) == x_t                  (top-1 agreement)
+    KL_t    = Σ_v P_ref(v | x_<t) · (ln P_ref(v | x_<t) − ln P_other(v | x_<t))   (nats)
+
+The two run interleaved, step by step, so a noisy machine slows both alike; each keeps its
+own KV cache. This is an instrument, not the chat loop: it syncs with the host every step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from ..kvcache import KVCache
+from ..models import LoadedModel
+
+if TYPE_CHECKING:
+    from ..session import ChatSession
+
+
+@dataclass(frozen=True)
+class StepCompare:
+    step: int
+    token: int
+    """The reference's (greedy) token, fed to both."""
+    other_top: int
+    """The other model's most probable token at this step."""
+    kl: float
+    """KL(P_ref ‖ P_other) at this position, in nats."""
+    ref_prob: float
+    """P_ref(token)."""
+    other_prob: float
+    """P_other(token)."""
+
+    @property
+    def agree(self) -> bool:
+        return self.other_top == self.token
+
+
+@dataclass(frozen=True)
+class SideStats:
+    precision: str
+    weight_bytes: int
+    prefill_s: float
+    itl_p50_s: float
+
+    @property
+    def decode_tok_s(self) -> float:
+        return 1.0 / self.itl_p50_s if self.itl_p50_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class PrecisionComparison:
+    reference: SideStats
+    other: SideStats
+    steps: tuple[StepCompare, ...]
+    prompt_tokens: int
+
+    @property
+    def agreement(self) -> float:
+        """Fraction of steps where the other model's top-1 is the reference's token."""
+        return sum(s.agree for s in self.steps) / len(self.steps) if self.steps else 1.0
+
+    @property
+    def mean_kl(self) -> float:
+        return statistics.fmean(s.kl for s in self.steps) if self.steps else 0.0
+
+    @property
+    def first_divergence(self) -> StepCompare | None:
+        """The first step where the other model would have chosen another token; None if never."""
+        return next((s for s in self.steps if not s.agree), None)
+
+
+class _Runner:
+    """One model with its own cache: feed ids, get the last position's log-probabilities."""
+
+    def __init__(self, loaded: LoadedModel, chunk: int):
+        self.model = loaded.model
+        self.device = next(loaded.model.parameters()).device
+        self.cache = KVCache(loaded.info.layers)
+        self.chunk = chunk
+
+    def feed(self, ids: list[int]) -> tuple[torch.Tensor, float]:
+        started = time.perf_counter()
+        for start in range(0, len(ids), self.chunk):
+            part = ids[start : start + self.chunk]
+            inputs = torch.tensor([part], device=self.device)
+            out = self.model(input_ids=inputs, cache=self.cache.hf, use_cache=True, logits_to_keep=1)
+            self.cache.appended(part)
+        logprobs = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return logprobs, time.perf_counter() - started
+
+
+def compare_precisions(
+    reference: LoadedModel,
+    other: LoadedModel,
+    prompt_ids: list[int],
+    max_new_tokens: int = 32,
+    stop_ids: set[int] | frozenset[int] = frozenset(),
+    cancel: threading.Event | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> PrecisionComparison:
+    """Answer `prompt_ids` greedily with `reference`, teacher-force `other` on its tokens, compare."""
+    if not prompt_ids:
+        raise ValueError("nothing to answer: the prompt is empty")
+    if reference.info.vocab_size != other.info.vocab_size:
+        raise ValueError("the two models have different vocabularies; compare one model at two precisions")
+    from ..session import PREFILL_CHUNK
+
+    ref, oth = _Runner(reference, PREFILL_CHUNK), _Runner(other, PREFILL_CHUNK)
+    with torch.inference_mode():
+        ref_lp, ref_prefill = ref.feed(prompt_ids)
+        oth_lp, oth_prefill = oth.feed(prompt_ids)
+        steps: list[StepCompare] = []
+        ref_itl: list[float] = []
+        oth_itl: list[float] = []
+        for step in range(max_new_tokens):
+            token = torch.argmax(ref_lp)
+            kl = (ref_lp.exp() * (ref_lp - oth_lp)).sum()
+            values = torch.stack([token.float(), torch.argmax(oth_lp).float(), kl, ref_lp[token].exp(), oth_lp[token].exp()])
+            t, top, kl_value, p_ref, p_oth = values.tolist()
+            steps.append(StepCompare(step, int(t), int(top), max(kl_value, 0.0), p_ref, p_oth))
+            if progress:
+                progress(step + 1, max_new_tokens)
+            if int(t) in stop_ids or (cancel is not None and cancel.is_set()) or step + 1 == max_new_tokens:
+                break
+            ref_lp, seconds = ref.feed([int(t)])
+            ref_itl.append(seconds)
+            oth_lp, seconds = oth.feed([int(t)])
+            oth_itl.append(seconds)
+    return PrecisionComparison(
+        reference=_side(reference, ref_prefill, ref_itl),
+        other=_side(other, oth_prefill, oth_itl),
+        steps=tuple(steps),
+        prompt_tokens=len(prompt_ids),
+    )
+
+
+def _side(loaded: LoadedModel, prefill_s: float, itl: list[float]) -> SideStats:
+    return SideStats(loaded.info.precision, loaded.info.weight_bytes, prefill_s, statistics.median(itl) if itl else 0.0)
+
+
+def turn_ids(session: ChatSession) -> list[int]:
+    """The templated conversation up to its last user message: the turn to answer again."""
+    messages = list(session.messages)
+    while messages and messages[-1].role == "assistant":
+        messages.pop()
+    if not messages:
+        raise ValueError("no user message to answer yet")
+    return session.template(messages)
+
+
+def compare_turn(
+    session: ChatSession, other: LoadedModel, max_new_tokens: int = 32, cancel: threading.Event | None = None
+) -> PrecisionComparison:
+    """The session's last turn, its model as the reference against `other` (same model, another precision)."""
+    return compare_precisions(session.loaded, other, turn_ids(session), max_new_tokens, session.stop_ids, cancel)

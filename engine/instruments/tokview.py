@@ -1,0 +1,167 @@
+"""Tokenizer view: text split into the pieces the model sees, with what each costs.
+
+Everything here is plain tokenizer work (no forward pass), cheap enough for the UI thread.
+A piece's `source` says where its K/V came from this turn: the cache ("cached"), this
+turn's prefill ("prefilled"), or the answer ("generated"). `spans` cut the templated
+conversation at message boundaries, found as the longest common prefix between the ids and
+the template of the conversation up to each message (robust to BPE merges at a boundary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Sequence
+
+from ..detok import PieceNamer
+from ..kvcache import common_prefix
+
+if TYPE_CHECKING:
+    from ..session import ChatSession
+
+Source = Literal["cached", "prefilled", "generated", "text"]
+
+
+@dataclass(frozen=True)
+class Piece:
+    index: int
+    id: int
+    text: str
+    """Readable piece: real characters where its bytes form them, `<0xEC>` for a stray byte."""
+    bytes: bytes | None
+    """None for a special token (`<|im_start|>`); these are part of the template, not the text."""
+    source: Source
+
+    @property
+    def special(self) -> bool:
+        return self.bytes is None
+
+
+@dataclass(frozen=True)
+class TextCost:
+    """What a piece of text costs in tokens."""
+
+    text: str
+    characters: int
+    utf8_bytes: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def tokens(self) -> int:
+        return len(self.pieces)
+
+    @property
+    def chars_per_token(self) -> float:
+        return self.characters / self.tokens if self.tokens else 0.0
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of the templated conversation that belongs to one message."""
+
+    role: str
+    start: int
+    end: int
+    message: int | None
+    """Index in `session.messages`; None for the system prompt and the answer being written."""
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class TokenizerView:
+    """A turn as the model sees it: the templated prompt, then the answer."""
+
+    pieces: tuple[Piece, ...]
+    reused: int
+    """Prompt tokens whose K/V came from the cache; the prefill computed the rest."""
+    prompt_tokens: int
+    spans: tuple[Span, ...]
+    template: str
+    """The rendered chat template, special tokens included (the whole turn, answer too)."""
+    template_cached: str
+    """The part of `template` that came from the cache (decoded from the cached ids)."""
+
+    @property
+    def prefilled(self) -> int:
+        return self.prompt_tokens - self.reused
+
+    @property
+    def generated(self) -> int:
+        return len(self.pieces) - self.prompt_tokens
+
+    def span_cost(self, span: Span) -> TextCost:
+        """The cost of one message's text: its non-special pieces and their characters."""
+        inner = tuple(p for p in self.pieces[span.start : span.end] if not p.special)
+        text = b"".join(p.bytes or b"" for p in inner).decode("utf-8", errors="replace")
+        return TextCost(text, len(text), len(text.encode("utf-8")), inner)
+
+
+def _pieces(namer: PieceNamer, ids: Sequence[int], sources: Sequence[Source], start: int = 0) -> tuple[Piece, ...]:
+    return tuple(
+        Piece(start + i, token, namer.piece(token), namer.token_bytes(token), source)
+        for i, (token, source) in enumerate(zip(ids, sources))
+    )
+
+
+def text_cost(tokenizer, text: str, namer: PieceNamer | None = None) -> TextCost:
+    """Tokenize bare text (no template, no special tokens) and count what it costs.
+
+    In SmolLM2, "How does inference work?" is 5 tokens; "추론은 어떻게 작동하나요?" is 32.
+    """
+    namer = namer or PieceNamer(tokenizer)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return TextCost(text, len(text), len(text.encode("utf-8")), _pieces(namer, ids, ["text"] * len(ids)))
+
+
+def decode(tokenizer, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def tokenizer_view(
+    session: ChatSession, prompt_ids: Sequence[int], reused: int, answer_ids: Sequence[int] = ()
+) -> TokenizerView:
+    """The view of one turn, from its `PromptTokens` event (ids, reused) and the answer's ids."""
+    ids = [*prompt_ids, *answer_ids]
+    sources: list[Source] = ["cached"] * reused + ["prefilled"] * (len(prompt_ids) - reused)
+    sources += ["generated"] * len(answer_ids)
+    return TokenizerView(
+        pieces=_pieces(session.namer, ids, sources),
+        reused=reused,
+        prompt_tokens=len(prompt_ids),
+        spans=message_spans(session, ids),
+        template=decode(session.tokenizer, ids),
+        template_cached=decode(session.tokenizer, prompt_ids[:reused]),
+    )
+
+
+def _template_ids(session: ChatSession, chat: list[dict]) -> list[int]:
+    text = session.tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
+    return session.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def message_spans(session: ChatSession, ids: Sequence[int]) -> tuple[Span, ...]:
+    """Cut `ids` (a templated conversation, maybe with an answer) into one span per message.
+
+    The boundary after each message is the common prefix of `ids` with the template of the
+    conversation up to that message; what is left after the last boundary is the answer
+    being written (the generation prompt and its tokens), role "assistant", message None.
+    """
+    ids = list(ids)
+    chat: list[tuple[str, int | None, dict]] = []
+    if session.system_prompt:
+        chat.append(("system", None, {"role": "system", "content": session.system_prompt}))
+    for i, m in enumerate(session.messages):
+        chat.append((m.role, i, {"role": m.role, "content": m.content}))
+    spans: list[Span] = []
+    start = 0
+    for k, (role, message, _) in enumerate(chat):
+        end = common_prefix(_template_ids(session, [c for _, _, c in chat[: k + 1]]), ids)
+        if end <= start:
+            break  # the ids stop before this message (they are from an earlier turn)
+        spans.append(Span(role, start, end, message))
+        start = end
+    if start < len(ids):
+        spans.append(Span("assistant", start, len(ids), None))
+    return tuple(spans)

@@ -1,0 +1,53 @@
+"""The CUDA path: runs only where a GPU is visible (scripts/gpu_check.sh runs it on one)."""
+
+import pytest
+import torch
+
+from engine import models
+from engine.events import TokenSampled, TurnFinished
+from engine.sampling import SamplingSettings
+from engine.session import ChatSession
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _answer(session: ChatSession, prompt: str) -> tuple[list[int], TurnFinished]:
+    ids, finished = [], None
+    for event in session.send(prompt):
+        if isinstance(event, TokenSampled):
+            ids.append(event.id)
+        elif isinstance(event, TurnFinished):
+            finished = event
+    return ids, finished
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "int8", "nf4"])
+def test_every_precision_answers_on_cuda(tiny_model_dir, precision):
+    loaded = models.load(str(tiny_model_dir), precision, "cuda")
+    assert loaded.info.device == "cuda"
+    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=12))
+    ids, finished = _answer(session, "How does inference work?")
+    assert len(ids) == finished.stats.generated_tokens > 0
+    assert finished.stats.ttft_s > 0
+    # Cache bytes from the tensors equal the formula for the tokens held.
+    event = session.cache_event()
+    assert event.bytes == event.tokens * event.bytes_per_token
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fast_path_matches_reference_on_cuda(tiny_model_dir, precision):
+    tokens = []
+    for fast in (False, True):
+        loaded = models.load(str(tiny_model_dir), precision, "cuda")
+        session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=16), fast=fast)
+        tokens.append(_answer(session, "The capital of France is")[0])
+    assert tokens[0] == tokens[1]
+
+
+def test_precision_switch_keeps_conversation_on_cuda(tiny_model_dir):
+    session = ChatSession(models.load(str(tiny_model_dir), "bf16", "cuda"), SamplingSettings(temperature=0.0, max_new_tokens=8))
+    _answer(session, "Hello there")
+    session.use_model(models.load(str(tiny_model_dir), "nf4", "cuda"))
+    _, finished = _answer(session, "And again")
+    assert finished.stats.reused_tokens == 0  # a new precision re-prefills the whole history
+    assert len(session.messages) == 4

@@ -1,0 +1,85 @@
+"""Attention view: eager only while on, rows that sum to 1, the same tokens as without it."""
+
+import pytest
+
+from engine.events import StepPaused, TokenSampled
+from engine.instruments.attention import AttentionProbe
+from engine.sampling import SamplingSettings
+from engine.session import ChatSession
+
+GREEDY = SamplingSettings(temperature=0.0, max_new_tokens=8)
+
+
+def greedy_ids(loaded, probe: bool) -> tuple[list[int], ChatSession, AttentionProbe]:
+    session = ChatSession(loaded, GREEDY, system_prompt="Be brief.")
+    attention = AttentionProbe(session)
+    fast = getattr(session, "fast", None)
+    if probe:
+        attention.enable()
+        assert getattr(session, "fast", None) is None  # the hooks need the HF forward
+    try:
+        ids = [e.id for e in session.send("How does inference work?") if isinstance(e, TokenSampled)]
+    finally:
+        if probe:
+            view = attention.view()
+            attention.disable()
+            attention.last = view
+    assert getattr(session, "fast", None) is fast
+    return ids, session, attention
+
+
+def test_decoded_tokens_are_unchanged_and_sdpa_comes_back(tiny_loaded):
+    assert tiny_loaded.model.config._attn_implementation == "sdpa"
+    plain, _, _ = greedy_ids(tiny_loaded, probe=False)
+    probed, _, attention = greedy_ids(tiny_loaded, probe=True)
+    assert probed == plain
+    assert tiny_loaded.model.config._attn_implementation == "sdpa" and not attention.enabled
+    assert attention.view() is None  # nothing kept once off
+    assert attention.last is not None
+
+
+def test_weights_sum_to_one_over_the_context(tiny_loaded):
+    session = ChatSession(tiny_loaded, GREEDY, system_prompt="Be brief.")
+    attention = AttentionProbe(session)
+    attention.enable()
+    session.step_gate.pause()
+    seen = 0
+    try:
+        assert tiny_loaded.model.config._attn_implementation == "eager"
+        for event in session.send("How does inference work?"):
+            if not isinstance(event, StepPaused):
+                continue
+            for layer, head in ((0, 0), (1, 3), (None, None), (1, None)):
+                view = attention.view(layer, head)
+                assert len(view.weights) == len(view.ids) == event.position
+                assert view.query_position == event.position - 1
+                assert sum(view.weights) == pytest.approx(1.0, abs=1e-5)
+                assert min(view.weights) >= 0.0
+                assert sum(s.weight for s in view.spans) == pytest.approx(1.0, abs=1e-5)
+                roles = [s.span.role for s in view.spans]
+                assert roles == ["system", "user", "assistant"]
+                assert view.ids == tuple(session.cache.ids)
+            seen += 1
+            session.step_gate.take()
+        with pytest.raises(ValueError):
+            attention.view(layer=7)
+        with pytest.raises(ValueError):
+            attention.view(layer=0, head=4)
+    finally:
+        attention.disable()
+    assert seen >= 2
+
+
+def test_heads_differ_and_the_mean_is_their_average(tiny_loaded):
+    session = ChatSession(tiny_loaded, SamplingSettings(temperature=0.0, max_new_tokens=1))
+    attention = AttentionProbe(session)
+    attention.enable()
+    try:
+        list(session.send("The capital of France is"))
+        heads = [attention.view(1, h).weights for h in range(4)]
+        mean = attention.view(1, None).weights
+    finally:
+        attention.disable()
+    assert len({tuple(round(w, 6) for w in h) for h in heads}) > 1
+    for i, value in enumerate(mean):
+        assert value == pytest.approx(sum(h[i] for h in heads) / 4, abs=1e-6)

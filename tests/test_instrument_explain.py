@@ -1,0 +1,21 @@
+"""Every instrument has a one-paragraph explanation with its formula."""
+
+import pytest
+
+from engine.instruments.explain import EXPLANATIONS, explain
+
+INSTRUMENTS = {"inspector", "fork", "step", "stages", "tokenizer", "phases", "attention", "precision"}
+
+
+def test_every_instrument_is_explained_in_one_paragraph():
+    assert set(EXPLANATIONS) == INSTRUMENTS
+    for key, entry in EXPLANATIONS.items():
+        assert entry.title and entry.formula, key
+        assert "\n" not in entry.text and 300 <= len(entry.text) <= 900, key
+        assert "=" in entry.formula, key
+
+
+def test_unknown_instrument():
+    assert explain("phases").title == "Two phases, measured"
+    with pytest.raises(ValueError, match="inspector"):
+        explain("nope")

@@ -1,0 +1,90 @@
+"""Two phases measured: FLOP and byte counts by hand for the tiny config, rates, calibration."""
+
+import pytest
+import torch
+
+from engine.events import TurnFinished
+from engine.instruments import phases
+from engine.instruments.phases import Calibration, ModelShape, PhaseMeasure, calibrate, turn_phases
+from engine.sampling import SamplingSettings
+from engine.session import ChatSession
+
+
+def test_the_tiny_config_as_counted(tiny_loaded):
+    shape = ModelShape.of(tiny_loaded)
+    # tests/tiny.py: hidden 64, 4 heads, 2 KV heads, head_dim 16, MLP 128, 2 layers, untied head.
+    assert (shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate, shape.layers) == (
+        64, 4, 2, 16, 128, 2,
+    )
+    assert not shape.tied_embeddings
+    # q 64·64 + k 64·32 + v 64·32 + o 64·64 + MLP 3·64·128 = 4096 + 2048 + 2048 + 4096 + 24576
+    assert shape.layer_matmul_params == 36864
+    assert shape.matmul_params == 73728
+    assert shape.parameters == tiny_loaded.info.parameters  # the count covers every weight
+
+
+def test_flops_match_a_hand_count(tiny_loaded):
+    shape = ModelShape.of(tiny_loaded)
+    V = shape.vocab
+    # Decode at context 10: 2·73728 (layers) + 2·64·V (LM head) + 4·2 layers·4 heads·16·11 keys
+    assert shape.decode_flops(10) == 147456 + 128 * V + 5632
+    # Prefill of 7 tokens after 3 cached: 2·73728·7 + 2·64·V + 512·(7·3 + 7·8/2)
+    assert shape.prefill_flops(7, 3) == 1032192 + 128 * V + 512 * 49
+    # Two chunks: the LM head runs once per chunk.
+    assert shape.prefill_flops(7, 3, chunks=2) == shape.prefill_flops(7, 3) + 128 * V
+
+
+def test_bytes_match_a_hand_count(tiny_loaded):
+    shape = ModelShape.of(tiny_loaded)
+    V = shape.vocab
+    weights = tiny_loaded.info.weight_bytes - V * 64 * 4  # the untied embedding is only looked up
+    kv = 2 * 2 * 2 * 16 * 4  # K and V · layers · KV heads · head_dim · fp32
+    assert shape.kv_bytes_per_token == kv == 512
+    assert shape.decode_bytes(10) == weights + kv * 11 + kv
+    assert shape.prefill_bytes(7, 3) == weights + kv * 10 + kv * 7
+
+
+def test_prefill_is_dense_and_decode_is_thin(tiny_loaded):
+    session = ChatSession(tiny_loaded, SamplingSettings(temperature=0.0, max_new_tokens=12))
+    finished = [e for e in session.send("How does inference work? " * 4) if isinstance(e, TurnFinished)][-1]
+    measured = turn_phases(ModelShape.of(tiny_loaded), finished.stats)
+    prefill, decode = measured.prefill, measured.decode
+    assert prefill.tokens == finished.stats.prefilled_tokens and prefill.seconds > 0
+    assert decode.seconds == finished.stats.itl_p50_s
+    assert decode.intensity < 1.0 < 4 * decode.intensity < prefill.intensity
+    assert prefill.flop_s == pytest.approx(prefill.flops / prefill.seconds)
+    peaks = Calibration("cpu", "float32", 1, matmul_flop_s=4e10, bandwidth_bytes_s=1e10, measured_at=0.0)
+    assert peaks.balance == 4.0
+    assert (prefill.bound(peaks), decode.bound(peaks)) == ("compute", "memory")
+
+
+def test_the_roofline():
+    peaks = Calibration("cpu", "float32", 1, matmul_flop_s=100.0, bandwidth_bytes_s=10.0, measured_at=0.0)
+    thin = PhaseMeasure("decode", 1, 2.0, flops=50, bytes=100)
+    dense = PhaseMeasure("prefill", 9, 1.0, flops=5000, bytes=100)
+    assert thin.attainable_flop_s(peaks) == 5.0 and dense.attainable_flop_s(peaks) == 100.0
+    assert thin.memory_use(peaks) == pytest.approx(5.0) and dense.compute_use(peaks) == 50.0
+
+
+def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    first = calibrate("cpu", size=64, megabytes=4, path=path)
+    assert first.matmul_flop_s > 0 and first.bandwidth_bytes_s > 0 and path.is_file()
+
+    def measuring_again(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(phases, "measure_matmul", measuring_again)
+    assert calibrate("cpu", size=64, megabytes=4, path=path) == first
+    assert phases.cached_calibration("cpu", torch.float32, path) == first
+    monkeypatch.setattr(phases, "measure_matmul", lambda *args, **kwargs: 123.0)
+    again = calibrate("cpu", size=64, megabytes=4, path=path, refresh=True)
+    assert again.matmul_flop_s == 123.0 and again.measured_at >= first.measured_at
+
+
+@pytest.mark.real_model
+def test_smollm2_parameter_count(smollm2):
+    shape = ModelShape.of(smollm2)
+    assert shape.tied_embeddings and shape.parameters == smollm2.info.parameters
+    # 30 layers of (576·576 + 2·576·192 + 576·576 + 3·576·1536) = 30 · 3,538,944
+    assert shape.matmul_params == 30 * 3538944

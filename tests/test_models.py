@@ -1,0 +1,188 @@
+"""Resolving and loading models: clear one-line errors, and every precision that can run here."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import models
+from engine.events import TokenSampled, TurnFinished
+from engine.models import ModelError
+from engine.precision import PRECISIONS, PrecisionError
+from engine.sampling import SamplingSettings
+from engine.session import ChatSession
+
+LLMCHAT = [sys.executable, "-m", "tui.cli"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def one_line(error: BaseException) -> str:
+    message = str(error)
+    assert message and "\n" not in message and "Traceback" not in message
+    return message
+
+
+def test_missing_gguf_file(tmp_path):
+    with pytest.raises(ModelError) as error:
+        models.load(str(tmp_path / "missing.gguf"), "fp32", "cpu")
+    message = one_line(error.value)
+    assert "not found" in message and "missing.gguf" in message
+    assert "smollm2-135m" in message  # says what would work
+
+
+@pytest.mark.parametrize("spec", ["./no/such/model", "/no/such/dir/model", "~/no-such-model-here"])
+def test_missing_path(spec):
+    with pytest.raises(ModelError) as error:
+        models.load(spec, "fp32", "cpu")
+    message = one_line(error.value)
+    assert spec in message and "smollm2-135m" in message
+
+
+def test_directory_without_config(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
+    with pytest.raises(ModelError) as error:
+        models.load(str(tmp_path), "fp32", "cpu")
+    message = one_line(error.value)
+    assert "config.json" in message and str(tmp_path) in message
+
+
+def test_corrupt_gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # keep the user's cache untouched
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + os.urandom(2000))
+    with pytest.raises(ModelError) as error:
+        models.load(str(broken), "fp32", "cpu")
+    message = one_line(error.value)
+    assert "cannot read GGUF" in message and "broken.gguf" in message
+    assert not models.converted_dir(broken).exists()  # no half-converted model is left to load later
+
+
+def test_garbage_that_is_not_even_gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    text = tmp_path / "notes.gguf"
+    text.write_text("this is not a model\n" * 50)
+    with pytest.raises(ModelError) as error:
+        models.load(str(text), "fp32", "cpu")
+    assert "cannot read GGUF" in one_line(error.value)
+
+
+def test_model_without_chat_template(tiny_model_dir, tmp_path):
+    """A base model cannot hold a conversation: say so at load time instead of crashing at the first turn."""
+    base = shutil.copytree(tiny_model_dir, tmp_path / "base-model")
+    (base / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError) as error:
+        models.load(str(base), "fp32", "cpu")
+    message = one_line(error.value)
+    assert "no chat template" in message and str(base) in message and "smollm2-135m" in message
+
+
+def test_hub_id_offline_fails_with_alternatives(tmp_path):
+    """Through the CLI a user sees one line on stderr and a non-zero exit, not a traceback."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "LLMCHAT_DATA_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [*LLMCHAT, "ask", "hi", "--model", "no-such-org/no-such-model-xyz", "--device", "cpu"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "no-such-org/no-such-model-xyz" in lines[0] and "hub" in lines[0]
+    assert "smollm2-135m" in lines[0]
+
+
+def test_resolve_kinds(tiny_model_dir, tmp_path):
+    assert models.resolve("smollm2-135m").kind == "gguf"
+    assert models.resolve(str(tiny_model_dir)) == models.ModelSource("dir", str(Path(tiny_model_dir).resolve()))
+    assert models.resolve("HuggingFaceTB/SmolLM2-135M-Instruct").kind == "hub"
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"x")
+    assert models.resolve(str(gguf)) == models.ModelSource("gguf", str(gguf.resolve()))
+
+
+def test_unknown_precision(tiny_model_dir):
+    with pytest.raises(PrecisionError) as error:
+        models.load(str(tiny_model_dir), "fp8", "cpu")
+    message = one_line(error.value)
+    assert "fp8" in message
+    assert all(name in message for name in PRECISIONS)
+
+
+def test_unknown_device(tiny_model_dir):
+    with pytest.raises(PrecisionError, match="auto, cpu or cuda"):
+        models.load(str(tiny_model_dir), "fp32", "tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_gpu(tiny_model_dir):
+    with pytest.raises(PrecisionError) as error:
+        models.load(str(tiny_model_dir), "fp32", "cuda")
+    message = one_line(error.value)
+    assert "no CUDA GPU" in message and "--device cpu" in message
+
+
+def test_auto_device_without_gpu_is_cpu(tiny_loaded):
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert tiny_loaded.info.device == expected == str(next(tiny_loaded.model.parameters()).device.type)
+
+
+def test_info_describes_the_tiny_model(tiny_loaded):
+    info = tiny_loaded.info
+    config = tiny_loaded.model.config
+    assert (info.layers, info.heads, info.kv_heads, info.head_dim) == (2, 4, 2, 16)
+    assert info.parameters == sum(p.numel() for p in tiny_loaded.model.parameters())
+    tensors = [*tiny_loaded.model.parameters(), *tiny_loaded.model.buffers()]
+    assert info.weight_bytes == sum(t.numel() * t.element_size() for t in tensors)  # real bytes, fp32
+    assert info.context == config.max_position_embeddings
+    assert info.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
+
+
+def _bitsandbytes_runs_on_cpu() -> bool:
+    try:
+        import bitsandbytes.functional as bnb_f
+
+        bnb_f.quantize_4bit(torch.randn(64, 64), quant_type="nf4")
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _bitsandbytes_runs_on_cpu(), reason="bitsandbytes cannot run on this machine")
+@pytest.mark.parametrize("precision", ["int8", "nf4"])
+def test_quantized_precisions_load_and_generate(tiny_model_dir, tiny_loaded, precision):
+    loaded = models.load(str(tiny_model_dir), precision, "cpu")
+    assert loaded.info.precision == precision
+    assert loaded.info.weight_bytes < tiny_loaded.info.weight_bytes  # the point of quantizing
+    assert loaded.info.parameters == tiny_loaded.info.parameters
+    chat = ChatSession(loaded, SamplingSettings(temperature=0, max_new_tokens=6))
+    events = list(chat.send("The capital of France"))
+    tokens = [e for e in events if isinstance(e, TokenSampled)]
+    assert len(tokens) == 6 and events[-1].stats.stop == "length"
+    assert isinstance(events[-1], TurnFinished)
+    assert all(t.top_k and t.top_k[0].id == t.id for t in tokens)  # greedy from a real distribution
+    assert chat.cache.tensor_bytes() == len(chat.cache) * loaded.info.kv_bytes_per_token
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_half_precisions_load_and_generate(tiny_model_dir, precision, dtype):
+    loaded = models.load(str(tiny_model_dir), precision, "cpu")
+    assert next(loaded.model.parameters()).dtype == dtype
+    assert loaded.info.cache_element_bytes == 2
+    chat = ChatSession(loaded, SamplingSettings(temperature=0, max_new_tokens=4))
+    events = list(chat.send("hello"))
+    assert events[-1].stats.generated_tokens == 4
+
+
+def test_progress_is_reported(tiny_model_dir):
+    stages = []
+    models.load(str(tiny_model_dir), "fp32", "cpu", progress=lambda stage, fraction: stages.append(fraction))
+    assert stages[0] == 0.0 and stages[-1] == 1.0
+    assert stages == sorted(stages)

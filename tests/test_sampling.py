@@ -1,0 +1,222 @@
+"""The sampler: each filter alone from a small table, the settings' validation, and the draw."""
+
+import math
+
+import pytest
+import torch
+
+from engine.sampling import (
+    Sampler,
+    SamplingSettings,
+    apply_min_p,
+    apply_repetition_penalty,
+    apply_temperature,
+    apply_top_k,
+    apply_top_p,
+)
+
+NEG = float("-inf")
+# Probabilities 0.5, 0.3, 0.15, 0.05 in a shuffled order, so filters cannot rely on sorted input.
+PROBS = torch.tensor([0.15, 0.5, 0.05, 0.3])
+LOGITS = PROBS.log()
+
+
+def kept(logits: torch.Tensor) -> list[int]:
+    return [i for i, v in enumerate(logits.tolist()) if v != NEG]
+
+
+@pytest.mark.parametrize(
+    "k, expected",
+    [(0, [0, 1, 2, 3]), (1, [1]), (2, [1, 3]), (3, [0, 1, 3]), (4, [0, 1, 2, 3]), (99, [0, 1, 2, 3])],
+)
+def test_top_k_keeps_the_k_most_probable(k, expected):
+    out = apply_top_k(LOGITS, k)
+    assert kept(out) == expected
+    assert torch.equal(out[expected], LOGITS[expected])  # survivors are untouched
+
+
+@pytest.mark.parametrize(
+    "p, expected",
+    [(0.3, [1]), (0.45, [1]), (0.7, [1, 3]), (0.9, [0, 1, 3]), (0.99, [0, 1, 2, 3]), (1.0, [0, 1, 2, 3])],
+)
+def test_top_p_keeps_the_smallest_set_reaching_p(p, expected):
+    out = apply_top_p(LOGITS, p)
+    assert kept(out) == expected
+    assert torch.equal(out[expected], LOGITS[expected])
+
+
+def test_top_p_always_keeps_the_top_token():
+    peaked = torch.tensor([0.0, 10.0, 0.0])
+    assert kept(apply_top_p(peaked, 1e-6)) == [1]
+
+
+@pytest.mark.parametrize(
+    "min_p, expected",
+    # Thresholds are min_p x 0.5 (the top probability).
+    [(0.0, [0, 1, 2, 3]), (0.05, [0, 1, 2, 3]), (0.2, [0, 1, 3]), (0.5, [1, 3]), (0.8, [1]), (1.0, [1])],
+)
+def test_min_p_drops_tokens_below_a_fraction_of_the_top(min_p, expected):
+    assert kept(apply_min_p(LOGITS, min_p)) == expected
+
+
+@pytest.mark.parametrize("temperature, factor", [(0.0, 1.0), (1.0, 1.0), (0.5, 2.0), (2.0, 0.5)])
+def test_temperature_scales_logits(temperature, factor):
+    logits = torch.tensor([2.0, -1.0, 0.5])
+    torch.testing.assert_close(apply_temperature(logits, temperature), logits * factor)
+
+
+@pytest.mark.parametrize(
+    "seen, penalty, expected",
+    [
+        ([], 2.0, [2.0, -2.0, 1.0]),
+        ([0, 1], 1.0, [2.0, -2.0, 1.0]),
+        ([0, 1], 2.0, [1.0, -4.0, 1.0]),  # positive divided, negative multiplied
+        ([0, 0, 0], 2.0, [1.0, -2.0, 1.0]),  # a repeated id is penalised once
+        ([2], 0.5, [2.0, -2.0, 2.0]),  # below 1 favours seen tokens
+    ],
+)
+def test_repetition_penalty(seen, penalty, expected):
+    logits = torch.tensor([2.0, -2.0, 1.0])
+    out = apply_repetition_penalty(logits, torch.tensor(seen, dtype=torch.long), penalty)
+    assert out.tolist() == expected
+    assert logits.tolist() == [2.0, -2.0, 1.0]  # the input is not modified
+
+
+@pytest.mark.parametrize(
+    "field, value, range_text",
+    [
+        ("temperature", -0.1, "[0, 5]"),
+        ("temperature", 5.5, "[0, 5]"),
+        ("top_k", -1, "[0, 1e+06]"),
+        ("top_p", 0.0, "(0, 1]"),
+        ("top_p", 1.5, "(0, 1]"),
+        ("min_p", -0.01, "[0, 1]"),
+        ("min_p", 1.01, "[0, 1]"),
+        ("repetition_penalty", 0.0, "(0, 10]"),
+        ("repetition_penalty", 11.0, "(0, 10]"),
+        ("max_new_tokens", 0, "[1, 1e+06]"),
+        ("seed", -1, "[0,"),
+    ],
+)
+def test_out_of_range_settings_name_the_field_and_range(field, value, range_text):
+    with pytest.raises(ValueError) as error:
+        SamplingSettings(**{field: value})
+    message = str(error.value)
+    assert message.startswith(f"{field} must be in ")
+    assert range_text in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("field, value", [("temperature", float("nan")), ("top_p", "0.9"), ("top_k", True)])
+def test_non_numbers_are_rejected(field, value):
+    with pytest.raises(ValueError, match=f"^{field} must be a number"):
+        SamplingSettings(**{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("top_k", 2.5), ("top_k", 40.0), ("max_new_tokens", 10.5), ("seed", 1.5)])
+def test_count_settings_must_be_whole_numbers(field, value):
+    with pytest.raises(ValueError, match=f"^{field} must be a whole number"):
+        SamplingSettings(**{field: value})
+
+
+def test_edge_values_are_accepted():
+    SamplingSettings(temperature=0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=10.0, seed=0, max_new_tokens=1)
+    SamplingSettings(temperature=5.0, top_p=1e-3, min_p=1.0)
+
+
+def _logits(vocab: int = 50, seed: int = 0) -> torch.Tensor:
+    return torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * 2
+
+
+NO_IDS = torch.empty(0, dtype=torch.long)
+
+
+def test_temperature_zero_is_argmax():
+    logits = _logits()
+    sampler = Sampler(SamplingSettings(temperature=0), "cpu")
+    draws = [sampler.sample(logits, NO_IDS) for _ in range(5)]
+    assert {d.id for d in draws} == {int(torch.argmax(logits))}
+    assert draws[0].top_ids[0] == draws[0].id
+
+
+def test_temperature_zero_ignores_the_seed():
+    logits = _logits()
+    a = Sampler(SamplingSettings(temperature=0, seed=1), "cpu").sample(logits, NO_IDS)
+    b = Sampler(SamplingSettings(temperature=0, seed=2), "cpu").sample(logits, NO_IDS)
+    assert a == b
+
+
+def _sequence(settings: SamplingSettings, n: int = 30) -> list[int]:
+    sampler = Sampler(settings, "cpu")
+    return [sampler.sample(_logits(seed=step), NO_IDS).id for step in range(n)]
+
+
+def test_seeded_sampling_is_reproducible():
+    settings = SamplingSettings(temperature=1.0, seed=1234)
+    first = _sequence(settings)
+    assert _sequence(settings) == first
+    assert _sequence(SamplingSettings(temperature=1.0, seed=1235)) != first
+    assert len(set(first)) > 3  # it really sampled, it did not take the argmax every time
+
+
+def test_reseed_restarts_the_same_sequence():
+    sampler = Sampler(SamplingSettings(temperature=1.0, seed=5), "cpu")
+    logits = _logits()
+    first = [sampler.sample(logits, NO_IDS).id for _ in range(10)]
+    sampler.reseed()
+    assert [sampler.sample(logits, NO_IDS).id for _ in range(10)] == first
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SamplingSettings(temperature=0),
+        SamplingSettings(temperature=1.0, seed=0),
+        SamplingSettings(temperature=0.7, top_k=3, seed=0),
+        SamplingSettings(temperature=1.3, top_p=0.8, seed=0),
+        SamplingSettings(temperature=1.0, min_p=0.1, repetition_penalty=1.5, seed=0),
+    ],
+)
+def test_draw_reports_a_consistent_distribution(settings):
+    sampler = Sampler(settings, "cpu", show_top_k=10)
+    seen = torch.tensor([1, 2, 3])
+    for step in range(20):
+        draw = sampler.sample(_logits(seed=step), seen)
+        assert len(draw.top_ids) == len(draw.top_probs) == 10
+        assert draw.top_probs == sorted(draw.top_probs, reverse=True)
+        assert sum(draw.top_probs) <= 1.0 + 1e-6
+        assert all(0.0 <= p <= 1.0 for p in draw.top_probs)
+        assert draw.logprob <= 0.0 and math.isfinite(draw.logprob)  # never a removed token
+        if draw.id in draw.top_ids:
+            chosen = draw.top_probs[draw.top_ids.index(draw.id)]
+            assert chosen == pytest.approx(math.exp(draw.logprob), rel=1e-5)
+
+
+def test_top_k_filter_shows_in_the_draw():
+    draw = Sampler(SamplingSettings(temperature=1.0, top_k=3, seed=0), "cpu").sample(_logits(), NO_IDS)
+    assert draw.top_ids[:3] == torch.topk(_logits(), 3).indices.tolist()
+    assert sum(draw.top_probs[:3]) == pytest.approx(1.0, abs=1e-5)
+    assert draw.top_probs[3:] == [0.0] * 7
+    assert draw.id in draw.top_ids[:3]
+
+
+def test_samples_follow_the_reported_distribution():
+    """Empirical frequencies of many draws match the probabilities the draw reports."""
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -3.0])
+    settings = SamplingSettings(temperature=0.8, top_p=0.9, seed=42)
+    sampler = Sampler(settings, "cpu", show_top_k=6)
+    draws = [sampler.sample(logits, NO_IDS) for _ in range(4000)]
+    reported = dict(zip(draws[0].top_ids, draws[0].top_probs))
+    counts = {i: 0 for i in range(6)}
+    for d in draws:
+        counts[d.id] += 1
+    for token, prob in reported.items():
+        assert counts[token] / len(draws) == pytest.approx(prob, abs=0.03), token
+    assert all(counts[t] == 0 for t, p in reported.items() if p == 0.0)  # filtered tokens never drawn
+    assert any(p == 0.0 for p in reported.values())  # and top-p did filter some
+
+
+def test_settings_names_lists_every_field():
+    assert SamplingSettings.names() == [
+        "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "max_new_tokens",
+    ]
