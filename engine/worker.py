@@ -11,8 +11,9 @@ import gc
 import queue
 import threading
 import traceback
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -73,11 +74,28 @@ class SaveCache:
 
 
 @dataclass(frozen=True)
+class Fork:
+    step: int
+    """Answer step to replace (0 is the answer's first token)."""
+    token_id: int
+    answer: int | None = None
+    """Index of the assistant message in session.messages; None is the last answer."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """Run `fn(session)` on the inference thread (instruments that touch the model or cache)."""
+
+    fn: Callable[[ChatSession], Any]
+    future: Future
+
+
+@dataclass(frozen=True)
 class _Stop:
     pass
 
 
-Command = Load | Send | Regenerate | Edit | NewChat | Resume | StepVersion | SaveCache | _Stop
+Command = Load | Send | Regenerate | Edit | NewChat | Resume | StepVersion | SaveCache | Fork | Call | _Stop
 
 
 class InferenceWorker:
@@ -131,6 +149,16 @@ class InferenceWorker:
     def save_cache(self) -> None:
         """Write the conversation's KV cache file so a later resume needs no prefill."""
         self.commands.put(SaveCache())
+
+    def fork(self, step: int, token_id: int, answer: int | None = None) -> None:
+        """Continue an answer from step `step` with `token_id` instead; the old answer stays a branch."""
+        self.commands.put(Fork(step, token_id, answer))
+
+    def call(self, fn: Callable[[ChatSession], Any]) -> Future:
+        """Queue `fn(session)` for the inference thread; the future holds its result or error."""
+        future: Future = Future()
+        self.commands.put(Call(fn, future))
+        return future
 
     def cancel(self) -> None:
         """Stop the answer in progress after the current token; the partial answer stays."""
@@ -188,24 +216,42 @@ class InferenceWorker:
                     yield notice
                 self.chat.new(command.system_prompt)
             return
+        if isinstance(command, Call):
+            self._call(command)
+            return
         if self.chat is None:
             if not isinstance(command, SaveCache):
                 yield Failed("no model is loaded; load one first")
             return
-        if isinstance(command, Send):
-            yield from self.chat.send(command.text)
-        elif isinstance(command, Regenerate):
-            yield from self.chat.regenerate()
-        elif isinstance(command, Edit):
-            yield from self.chat.edit(command.index, command.text)
-        elif isinstance(command, Resume):
-            yield from self.chat.resume(command.ref, command.use_cache)
-        elif isinstance(command, StepVersion):
-            yield from self.chat.step_version(command.index, command.step)
-        elif isinstance(command, SaveCache):
-            notice = self.chat.save_cache()
-            if notice is not None:
-                yield notice
+        chat = self.chat
+        match command:
+            case Send(text):
+                yield from chat.send(text)
+            case Regenerate():
+                yield from chat.regenerate()
+            case Edit(index, text):
+                yield from chat.edit(index, text)
+            case Fork(step, token_id, answer):
+                yield from chat.fork(step, token_id, answer)
+            case Resume(ref, use_cache):
+                yield from chat.resume(ref, use_cache)
+            case StepVersion(index, step):
+                yield from chat.step_version(index, step)
+            case SaveCache():
+                notice = chat.save_cache()
+                if notice is not None:
+                    yield notice
+
+    def _call(self, command: Call) -> None:
+        if not command.future.set_running_or_notify_cancel():
+            return
+        if self.session is None:
+            command.future.set_exception(RuntimeError("no model is loaded"))
+            return
+        try:
+            command.future.set_result(command.fn(self.session))
+        except Exception as e:  # the caller sees it through the future
+            command.future.set_exception(e)
 
     def _load(self, command: Load) -> Iterator[Event]:
         try:

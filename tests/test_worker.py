@@ -203,3 +203,39 @@ def test_switching_precision_keeps_the_conversation(worker, recorder, tiny_model
     assert "hello" in worker.session.tokenizer.decode(prompt.ids)  # but the conversation goes on
     assert len(worker.session.messages) == 4
     assert worker.session.cache.tensor_bytes() == len(worker.session.cache) * worker.session.info.kv_bytes_per_token
+
+
+def test_fork_and_call_run_on_the_inference_thread(tiny_model_dir):
+    import threading
+
+    from engine.events import Forked, TurnFinished
+    from engine.sampling import SamplingSettings
+    from engine.worker import InferenceWorker
+
+    events, done = [], threading.Event()
+
+    def emit(event):
+        events.append(event)
+        if isinstance(event, TurnFinished):
+            done.set()
+
+    worker = InferenceWorker(emit, SamplingSettings(temperature=0.0, max_new_tokens=8))
+    try:
+        worker.load(str(tiny_model_dir), "fp32", "cpu")
+        worker.send("How does inference work?")
+        assert done.wait(60)
+        first = worker.session.trace.steps
+        alternative = first[2].top_k[1].id  # the second most likely token at step 2
+        done.clear()
+        worker.fork(2, alternative)
+        assert done.wait(60)
+        forked = next(e for e in events if isinstance(e, Forked))
+        assert (forked.step, forked.token_id) == (2, alternative)
+        assert worker.session.trace.steps[2].id == alternative
+        thread = worker.call(lambda session: threading.current_thread().name).result(30)
+        assert thread == "llmchat-inference"
+        failing = worker.call(lambda session: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            failing.result(30)
+    finally:
+        worker.shutdown()
