@@ -77,6 +77,19 @@ def _fuse(transposed: bool, *linears: nn.Linear) -> torch.Tensor:
     return fused
 
 
+def _own_remaining_weights(model: nn.Module, fused: list[torch.Tensor]) -> None:
+    """Copy the small tensors still backed by the loader's memory map (the norms).
+
+    HF maps the safetensors file and every weight is a view of that one mapping; once the
+    big matrices live in fused copies, these views alone would keep all of it resident.
+    """
+    ours = {t.untyped_storage().data_ptr() for t in fused}
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.untyped_storage().data_ptr() not in ours:
+                setattr(module, name, nn.Parameter(param.detach().clone(), requires_grad=False))
+
+
 class FastLlama:
     """forward(ids, cache) -> the last position's logits, same contract as the HF path."""
 
@@ -96,6 +109,8 @@ class FastLlama:
             inner.embed_tokens.weight = model.lm_head.weight
         self.embed = inner.embed_tokens.weight  # [vocab, hidden], possibly a transposed view
         self.layers = [_Layer(block, self.transposed) for block in inner.layers]
+        matrices = [self.lm_head] + [w for l in self.layers for w in (l.wqkv, l.wo, l.wgu, l.wdown)]
+        _own_remaining_weights(model, matrices)
         rotary = inner.rotary_emb
         self.inv_freq = rotary.inv_freq.float()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
@@ -105,9 +120,9 @@ class FastLlama:
         self.act_dtype = torch.float32 if on_cpu else self.weight_dtype
         self.upcast_prefill = on_cpu and self.weight_dtype != torch.float32
         # Norm weights are tiny: keep them in the activations' dtype for the fused rms_norm.
-        self.norm = self.norm.detach().to(self.act_dtype)
+        self.norm = self.norm.detach().to(self.act_dtype, copy=True)
         for layer in self.layers:
-            layer.ln1, layer.ln2 = layer.ln1.to(self.act_dtype), layer.ln2.to(self.act_dtype)
+            layer.ln1, layer.ln2 = layer.ln1.to(self.act_dtype, copy=True), layer.ln2.to(self.act_dtype, copy=True)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, upcast: bool) -> torch.Tensor:
         """x @ W.T for a weight stored [out, in] (or x @ W for one stored [in, out])."""
