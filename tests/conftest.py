@@ -3,6 +3,12 @@ import pytest
 from tests.tiny import build_tiny_model
 
 
+@pytest.fixture(autouse=True)
+def _private_data_dir(tmp_path_factory, monkeypatch):
+    """Saved conversations go to a temporary directory, never the user's (tests may set their own)."""
+    monkeypatch.setenv("LLMCHAT_DATA_DIR", str(tmp_path_factory.mktemp("llmchat-data")))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """An HF directory holding a tiny random Llama and its tokenizer."""

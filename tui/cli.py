@@ -11,9 +11,12 @@ from typing import Optional
 
 import typer
 
-from engine.models import DEFAULT_MODEL
+# Spelled in tui.config (torch-free) so `llmchat` opens its window without importing torch first.
+from tui.config import DEFAULT_MODEL
+from tui.cli_conversations import conversations_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="See LLM inference happen, live.")
+app.add_typer(conversations_app, name="conversations")
 
 ModelOpt = typer.Option(DEFAULT_MODEL, "--model", "-m", help="smollm2-135m, an HF model directory, a .gguf file or a hub id.")
 PrecisionOpt = typer.Option("fp32", "--precision", "-p", help="fp32, bf16, fp16, int8 or nf4.")
@@ -48,9 +51,9 @@ def fail(message: str) -> None:
 @app.callback(invoke_without_command=True)
 def main(
     ctx: typer.Context,
-    model: str = ModelOpt,
-    precision: str = PrecisionOpt,
-    device: str = DeviceOpt,
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="smollm2-135m (default), an HF model directory, a .gguf file or a hub id."),
+    precision: Optional[str] = typer.Option(None, "--precision", "-p", help="fp32 (default), bf16, fp16, int8 or nf4."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto (default), cpu or cuda."),
     temperature: Optional[float] = TemperatureOpt,
     top_k: Optional[int] = TopKOpt,
     top_p: Optional[float] = TopPOpt,
@@ -60,18 +63,41 @@ def main(
     max_new_tokens: Optional[int] = MaxNewOpt,
     system: Optional[str] = SystemOpt,
     context: Optional[int] = ContextOpt,
-    theme: Optional[str] = typer.Option(None, "--theme", help="Theme name (see the settings screen)."),
+    theme: Optional[str] = typer.Option(None, "--theme", help="llmchat-dark (default), llmchat-light, llmchat-high-contrast or a Textual theme; remembered."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue saved conversation ID ('last' for the most recent) once the model has loaded."),
 ) -> None:
-    """Open the chat app (the default when no command is given)."""
+    """Open the chat app (the default when no command is given).
+
+    Defaults come from config.json in the user config dir ($LLMCHAT_CONFIG_DIR overrides it);
+    flags win over the file.
+    """
     if ctx.invoked_subcommand is not None:
         return
-    sampling = sampling_from(
+    flags = dict(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         repetition_penalty=repetition_penalty, seed=seed, max_new_tokens=max_new_tokens,
     )
+    given = {k: v for k, v in flags.items() if v is not None}
+    if given:
+        sampling_from(**given)  # fail fast on a bad flag (this imports torch, so only when flags are given)
+    resume_id = resolve_resume(resume) if resume is not None else None
     from tui.app import run_app
 
-    run_app(model=model, precision=precision, device=device, sampling=sampling, system=system, context=context, theme=theme)
+    run_app(
+        model=model, precision=precision, device=device, sampling=given, system=system, context=context, theme=theme,
+        resume=resume_id,
+    )
+
+
+def resolve_resume(ref: str) -> int:
+    """The conversation id `--resume` names ('last' fixed now); exits with the reason if there is none."""
+    from engine.store import Store, StoreError
+
+    try:
+        with Store() as store:
+            return store.resolve(ref)
+    except StoreError as e:
+        fail(f"--resume: {e}")
 
 
 @app.command()
@@ -90,12 +116,23 @@ def ask(
     system: Optional[str] = SystemOpt,
     context: Optional[int] = ContextOpt,
     as_json: bool = typer.Option(False, "--json", help="Print JSON Lines events instead of text."),
+    conversation: Optional[str] = typer.Option(
+        None, "--conversation", "-c", help="Continue saved conversation ID ('last' for the most recent)."
+    ),
+    no_save: bool = typer.Option(False, "--no-save", help="Do not save the turns of this run."),
 ) -> None:
-    """Answer PROMPTS headless: the answer on stdout, a stats line per turn on stderr."""
+    """Answer PROMPTS headless: the answer on stdout, a stats line per turn on stderr; every turn is saved."""
+    import signal
+
     from engine import models
+    from engine.conversation import SavedChat
     from engine.events import Failed, ModelLoading, ModelReady, Notice, TokenSampled, TurnFinished, to_json
     from engine.precision import PrecisionError
     from engine.session import ChatSession
+    from engine.store import Store, StoreError
+
+    if conversation is not None and system is not None:
+        fail("--system cannot change a saved conversation; it keeps the system prompt it was started with")
 
     sampling = sampling_from(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -113,7 +150,7 @@ def ask(
             sys.stdout.write("\n")
             sys.stdout.flush()
             typer.echo(stats_line(event.stats), err=True)
-        elif isinstance(event, (Notice, ModelLoading)) and not isinstance(event, ModelLoading):
+        elif isinstance(event, Notice):
             typer.echo(f"llmchat: {event.message}", err=True)
 
     try:
@@ -122,18 +159,56 @@ def ask(
         fail(str(e))
     emit(ModelReady(loaded.info))
     session = ChatSession(loaded, sampling, system, context)
+    store = None
+    if conversation is not None or not no_save:
+        try:
+            store = Store()
+        except StoreError as e:
+            if conversation is not None:
+                fail(str(e))
+            emit(Notice(f"not saving this conversation: {e}"))
+    chat = SavedChat(session, store)
+    if conversation is not None:
+        for event in chat.resume(conversation):
+            emit(event)
+            if isinstance(event, Failed):
+                fail(event.message)
+        if no_save:
+            chat.store = None
+
+    interrupted = []
+
+    def stop_answer(signum, frame) -> None:
+        """The first Ctrl-C stops the answer (its part so far is saved); a second one quits at once."""
+        if interrupted:
+            raise KeyboardInterrupt
+        interrupted.append(True)
+        session.cancel.set()
+
+    previous_handler = signal.signal(signal.SIGINT, stop_answer)
     failed = False
     try:
         for prompt in prompts:
-            for event in session.send(prompt):
+            for event in chat.send(prompt):
                 emit(event)
                 if isinstance(event, Failed):
                     failed = True
                     if not as_json:
                         typer.echo(f"llmchat: {event.message}", err=True)
+            if interrupted:
+                break
     except KeyboardInterrupt:
-        session.cancel.set()
         typer.echo("\nllmchat: interrupted", err=True)
+        raise typer.Exit(130)
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+    if chat.store is not None and chat.conversation_id is not None:
+        saved = chat.save_cache()
+        if saved is not None:
+            emit(saved)
+        emit(Notice(f"saved as conversation {chat.conversation_id}; continue it with --conversation {chat.conversation_id}"))
+    if interrupted:
+        typer.echo("llmchat: interrupted", err=True)
         raise typer.Exit(130)
     if failed:
         raise typer.Exit(1)

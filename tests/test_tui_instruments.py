@@ -1,0 +1,590 @@
+"""The teaching instruments in the app, driven through Pilot against the real engine and the tiny model.
+
+Each test opens an instrument the way a student does (its F-key, the palette, a click) and
+checks that what it shows are the engine's own values; the snapshot tests at the end pin
+how each view looks. For the snapshots the recorder fixes the measured times (latencies,
+turn stats, the machine's peaks, the precision-compare clock), so every picture is the same
+on every run; everything else in them is the tiny model's real output at a fixed seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import math
+
+import pytest
+from rich.cells import cell_len
+from textual.widgets import Input, Markdown
+
+from engine import models
+from engine.events import (
+    Forked, ModelReady, PromptTokens, StepPaused, TokenSampled, TurnFinished,
+)
+from engine.instruments import phases, precision_compare
+from engine.instruments.explain import explain
+from engine.instruments.phases import Calibration, ModelShape, turn_phases
+from engine.instruments.precision_compare import compare_turn
+from engine.instruments.stages import pending_stages, stages_at
+from engine.instruments.tokview import text_cost
+from tests.tui_fakes import FakeFactory, fake_app
+from tests.tui_screen import screen_text, wait_for, widget_text
+from tui.engine_link import inference_worker
+from tui.fmt import human_bytes, subscript, visible_piece
+from tui.screens.attention import AttentionScreen
+from tui.screens.inspector import InspectorScreen
+from tui.screens.phases import PhasesScreen, si
+from tui.screens.precision import PrecisionScreen
+from tui.screens.stages import StagesScreen
+from tui.screens.step import StepScreen
+from tui.screens.tokenizer import TokenizerScreen
+from tui.widgets.chat_log import Answer, ChatLog
+from tui.widgets.explanation import ExplanationPanel
+from tui.widgets.token_stream import TokenStream
+
+WIDE = (160, 45)
+QUESTION = "What is the capital of France?"
+GREEDY = {"temperature": 0, "max_new_tokens": 8}
+FILTERS = {"temperature": 0.8, "top_k": 5, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.3, "seed": 7,
+           "max_new_tokens": 8}
+"""Every stage of the sampler chain switched on."""
+
+
+def steady(event):
+    """The event with its measured times replaced by fixed ones (for snapshots)."""
+    match event:
+        case TokenSampled():
+            return dataclasses.replace(event, latency_s=0.120 if event.index == 0 else 0.020)
+        case TurnFinished(stats, text):
+            stats = dataclasses.replace(stats, ttft_s=0.120, itl_p50_s=0.020, itl_p90_s=0.025, prefill_tok_s=200.0,
+                                        decode_tok_s=50.0)
+            return TurnFinished(stats, text)
+        case ModelReady(info):
+            return ModelReady(dataclasses.replace(info, load_s=0.5))
+    return event
+
+
+class Recorder:
+    """The real inference worker, keeping every event it emits (optionally with fixed times)."""
+
+    def __init__(self, fixed_times: bool = False) -> None:
+        self.events: list = []
+        self.fixed_times = fixed_times
+        self.engine = None
+
+    def factory(self, emit, sampling, system, context):
+        def recording_emit(event) -> None:
+            if self.fixed_times:
+                event = steady(event)
+            self.events.append(event)
+            emit(event)
+
+        self.engine = inference_worker(recording_emit, sampling, system, context)
+        return self.engine
+
+    def of(self, kind) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def tiny_app(recorder: Recorder, tiny_model_dir, tmp_path, sampling=None):
+    return fake_app(recorder.factory, tmp_path, model=str(tiny_model_dir), device="cpu", sampling=sampling or GREEDY)
+
+
+def run(scenario) -> None:
+    asyncio.run(scenario())
+
+
+async def answered(pilot, recorder: Recorder, turns: int = 1, questions=(QUESTION, "And Germany?")) -> None:
+    """Load the model and let it answer `turns` questions."""
+    app = pilot.app
+    await wait_for(pilot, lambda: app.turns.ready, timeout=60, what="the model to load")
+    for n in range(turns):
+        await pilot.press(*questions[n], "enter")
+        await wait_for(pilot, lambda: len(recorder.of(TurnFinished)) > n and not app.turns.busy, timeout=60,
+                       what=f"answer {n + 1}")
+    await pilot.pause(0.2)
+
+
+async def opened(pilot, key: str, kind, text: str = "") -> str:
+    """Press `key`, wait for a screen of `kind` (showing `text`), and return what the screen shows."""
+    await pilot.press(key)
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, kind) and text in screen_text(pilot.app), timeout=30,
+                   what=f"{kind.__name__} showing {text!r}")
+    return screen_text(pilot.app)
+
+
+async def on_engine(app, fn):
+    """Compute `fn(session)` on the inference thread, as the instruments do."""
+    return await asyncio.wrap_future(app.engine.call(fn))
+
+
+def session_of(app):
+    return app.engine.session
+
+
+# -- token inspector and fork -----------------------------------------------------------
+def test_inspector_shows_each_step_as_the_engine_recorded_it(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            tokens = recorder.of(TokenSampled)
+            session = session_of(app)
+            trace = session.messages[-1].trace
+            assert [s.id for s in trace.steps] == [t.id for t in tokens]
+
+            shown = await opened(pilot, "f2", InspectorScreen, f"step {len(tokens)} of {len(tokens)}")
+            await pilot.press("home", "right")  # step 2
+            await pilot.pause(0.1)
+            shown = screen_text(app)
+            token = tokens[1]
+            record = trace.record(1, session.namer)
+            assert f"step 2 of {len(tokens)}  · KV cache position {token.position}" in shown
+            assert f"ID        {token.id}" in shown
+            assert f"logprob   {token.logprob:.4f}  p = {math.exp(token.logprob):.2%}" in shown
+            assert f"rank      {token.rank}" in shown
+            assert f"entropy   {token.entropy / math.log(2):.3f} bits  ({token.entropy:.3f} nats)" in shown
+            assert "bytes     " + " ".join(f"{b:02x}" for b in record.bytes) in shown
+            for candidate in token.top_k[:5]:
+                assert f"{visible_piece(candidate.piece)[:12]}" in shown and f"{candidate.prob:7.2%}".strip() in shown
+            assert "◀ taken" in shown
+
+    run(scenario)
+
+
+def test_clicking_a_token_chip_opens_the_inspector_at_that_step(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            tokens = recorder.of(TokenSampled)
+            target = tokens[4]
+            panel = app.query_one(TokenStream)
+            lines = widget_text(panel).splitlines()
+            chip = visible_piece(target.piece) + subscript(target.id)
+            # The answer's chips are the last rows: search from the bottom.
+            row = next(r for r in range(len(lines) - 1, -1, -1) if chip in lines[r])
+            column = cell_len(lines[row][: lines[row].index(chip)])
+            await pilot.click(TokenStream, offset=(column, row))
+            await wait_for(pilot, lambda: isinstance(app.screen, InspectorScreen), what="the inspector")
+            await pilot.pause(0.1)
+            assert app.screen.step == 4
+            assert f"step 5 of {len(tokens)}  · KV cache position {target.position}" in screen_text(app)
+
+    run(scenario)
+
+
+def test_fork_continues_from_the_alternative_and_keeps_the_original(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            session = session_of(app)
+            original = session.messages[-1].trace
+            prompt = len(original.prompt_ids)
+            # The first step after some text is out: the chat must show that kept text too.
+            step = next(i for i in range(1, len(original)) if "".join(s.text for s in original.steps[:i]))
+            kept = "".join(s.text for s in original.steps[:step])
+            await opened(pilot, "f2", InspectorScreen)
+            await pilot.press("home", *["right"] * step, "down")  # the step's second candidate
+            alternative = original.steps[step].top_k[1]
+            await pilot.press("f")
+            await wait_for(pilot, lambda: len(recorder.of(TurnFinished)) == 2 and not app.turns.busy, timeout=60)
+            await pilot.pause(0.3)
+
+            forked = recorder.of(Forked)[0]
+            assert (forked.step, forked.token_id, forked.reused, forked.new) == (step, alternative.id, prompt + step, 1)
+            trace = session.messages[-1].trace
+            assert trace.parent is original and trace.fork_step == step
+            assert trace.ids[:step] == original.ids[:step] and trace.ids[step] == alternative.id
+            assert trace.ids != original.ids
+            # The chat shows the new answer: the kept text, then what the fork streamed (the chosen token on).
+            after = recorder.events[recorder.events.index(forked):]
+            streamed = "".join(e.text for e in after if isinstance(e, TokenSampled))
+            shown = app.query(Answer).last().query_one(Markdown).source
+            assert shown == kept + streamed and kept
+            assert session.messages[-1].content.startswith(shown)  # (+ bytes a stream holds back to the end)
+            chat = widget_text(app.query_one(ChatLog))
+            assert f"⑂ Fork at step {step + 1}: took {alternative.piece!r} instead of {original.steps[step].piece!r}" in chat
+            assert f"kept {prompt + step} positions" in chat and "fed 1 new" in chat
+            assert "2/2" in chat  # the original is the answer's other version
+            # The inspector shows the fork, and `b` goes back to the original branch.
+            await opened(pilot, "f2", InspectorScreen, f"forked at step {step + 1}")
+            await pilot.press("b")
+            await pilot.pause(0.1)
+            assert app.screen.ref.trace is original
+            assert "the original branch" in screen_text(app)
+
+    run(scenario)
+
+
+# -- step mode ----------------------------------------------------------------------------
+def test_step_mode_takes_an_alternative_then_greedy_then_resumes(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path, {"temperature": 1.0, "seed": 3, "max_new_tokens": 6})
+        async with app.run_test(size=WIDE) as pilot:
+            await wait_for(pilot, lambda: app.turns.ready, timeout=60)
+            await pilot.press("f3")
+            assert session_of(app).step_gate.enabled
+            await pilot.press(*QUESTION, "enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, StepScreen), timeout=60, what="the step sheet")
+            first = recorder.of(StepPaused)[0]
+            shown = screen_text(app)
+            assert f"step 1 · KV position {first.position}" in shown
+            assert f"the sampler drew {visible_piece(first.sampled.piece)} ({first.sampled.prob:.1%})" in shown
+            for candidate in first.top_k[:4]:
+                assert f"{candidate.prob:7.2%}".strip() in shown
+
+            # The sampler stages of the waiting step, from its own logits.
+            expected = pending_stages(session_of(app))
+            stages = await opened(pilot, "t", StagesScreen, "the step waiting in step mode: step 1")
+            assert f"{expected.stages[0].top[0].prob:.2%}" in stages
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: isinstance(app.screen, StepScreen))
+
+            await pilot.press("3")  # the third candidate
+            await wait_for(pilot, lambda: len(recorder.of(StepPaused)) == 2, timeout=30, what="step 2")
+            second = recorder.of(StepPaused)[1]
+            await pilot.pause(0.1)
+            await pilot.press("g")  # greedy
+            await wait_for(pilot, lambda: len(recorder.of(StepPaused)) == 3, timeout=30, what="step 3")
+            await pilot.press("r")  # full speed
+            await wait_for(pilot, lambda: len(recorder.of(TurnFinished)) == 1 and not app.turns.busy, timeout=60)
+            tokens = recorder.of(TokenSampled)
+            assert tokens[0].id == first.top_k[2].id and tokens[0].rank == 3
+            assert tokens[1].id == second.greedy.id
+            assert not session_of(app).step_gate.enabled
+            assert not isinstance(app.screen, StepScreen)
+            assert len(tokens) == 6  # resumed to the end
+
+    run(scenario)
+
+
+# -- sampler stages -------------------------------------------------------------------------
+def test_stages_show_what_each_filter_did_to_the_last_step(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path, FILTERS)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            last = len(recorder.of(TokenSampled)) - 1
+            shown = await opened(pilot, "f4", StagesScreen, "What each stage did")
+            await wait_for(pilot, lambda: app.screen.stages is not None, timeout=30)
+            shown = screen_text(app)
+            expected = await on_engine(app, lambda s: stages_at(s, last))
+            assert f"step {last + 1} of answer 1" in shown
+            model, penalty, temperature, top_k, top_p, min_p = expected.stages
+            for candidate in model.top[:3]:
+                assert f"{candidate.prob:.2%}" in shown
+            assert f"top_k=5: removed {top_k.removed:,} tokens" in shown
+            assert top_k.kept == 5
+            assert f"{min_p.kept:,} left" in shown
+            assert "✗ out" in shown
+            assert " ".join(f"{s.kept:>8,}" for s in expected.stages).split() == \
+                next(line for line in shown.splitlines() if line.strip().startswith("kept")).split()[1:]
+
+    run(scenario)
+
+
+# -- tokenizer view -------------------------------------------------------------------------
+def test_tokenizer_view_shows_the_turn_and_compares_costs(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder, turns=2)
+            prompt = recorder.of(PromptTokens)[-1]
+            generated = sum(1 for t in recorder.of(TokenSampled)) - len(session_of(app).messages[1].trace)
+            assert prompt.reused > 0
+            shown = await opened(pilot, "f5", TokenizerScreen, "Compare cost")
+            assert (f"prompt {len(prompt.ids)} tokens: {prompt.reused} cached + {len(prompt.ids) - prompt.reused} "
+                    f"prefilled · answer {generated} generated") in shown
+            assert "▌cache│new▐" in shown and "<|im_start|>" in shown
+            tokenizer = session_of(app).tokenizer
+            for side, text in (("left", "unhappiness"), ("right", "추론은 어떻게 작동하나요? 🤖")):
+                app.screen.query_one(f"#{side}-text", Input).value = text
+            await pilot.pause(0.2)
+            left, right = (text_cost(tokenizer, t) for t in ("unhappiness", "추론은 어떻게 작동하나요? 🤖"))
+            costs = screen_text(app)
+            assert f"{left.tokens} tokens · {left.characters} characters · {left.utf8_bytes} UTF-8 bytes" in costs
+            assert f"{right.tokens} tokens · {right.characters} characters · {right.utf8_bytes} UTF-8 bytes" in costs
+            assert right.tokens != left.tokens
+            ratio = max(left.tokens, right.tokens) / min(left.tokens, right.tokens)
+            assert f"{ratio:.1f}×" in costs
+
+    run(scenario)
+
+
+# -- two phases -------------------------------------------------------------------------------
+def test_phases_measure_the_last_turn_against_a_calibration_made_once(tiny_model_dir, tmp_path, monkeypatch):
+    recorder = Recorder()
+    saved = tmp_path / "calibration.json"
+    monkeypatch.setattr(phases, "calibration_path", lambda: saved)
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            await opened(pilot, "f6", PhasesScreen)
+            await wait_for(pilot, lambda: app.screen.peaks is not None, timeout=60, what="the calibration")
+            await pilot.pause(0.1)
+            peaks = app.screen.peaks
+            assert saved.exists()
+            stats = recorder.of(TurnFinished)[0].stats
+            turn = turn_phases(ModelShape.of(session_of(app).loaded), stats)
+            shown = screen_text(app)
+            assert si(turn.prefill.flops, "FLOP") in shown and si(turn.decode.flops, "FLOP") in shown
+            assert f"{turn.prefill.intensity:,.1f} FLOP/B" in shown and f"{turn.decode.intensity:,.1f} FLOP/B" in shown
+            assert si(turn.decode.flop_s, "FLOP/s") in shown
+            assert si(peaks.matmul_flop_s, "FLOP/s") in shown and f"balance {peaks.balance:,.1f} FLOP/B" in shown
+            assert f"decode: {turn.decode.intensity:,.1f} FLOP/B < {peaks.balance:,.1f}: memory-bound" in shown
+            # Opened again, it reads the saved calibration instead of measuring.
+            await pilot.press("escape")
+            await opened(pilot, "f6", PhasesScreen)
+            assert app.screen.peaks == peaks
+
+    run(scenario)
+
+
+# -- attention --------------------------------------------------------------------------------
+def test_attention_view_uses_eager_attention_only_while_open(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            session = session_of(app)
+            fast = session.fast
+            await opened(pilot, "f7", AttentionScreen, "query position")
+            assert session.model.config._attn_implementation == "eager"
+            await pilot.press("right", "down")  # layer 0, head 0
+            await wait_for(pilot, lambda: app.screen.view is not None and app.screen.view.layer == 0
+                           and app.screen.view.head == 0, timeout=30)
+            view = app.screen.view
+            expected = await on_engine(app, lambda s: app.instruments.probe.view(0, 0))
+            assert view.weights == expected.weights and len(view.ids) == len(session.cache)
+            shown = screen_text(app)
+            for span in expected.spans:
+                assert f"{span.weight:6.1%}".strip() in shown
+            assert "slower" in shown
+            # Covered by another screen (here the palette; Settings could switch the model), it is off.
+            await pilot.press("ctrl+p")
+            await wait_for(pilot, lambda: session.model.config._attn_implementation == "sdpa", timeout=30)
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: session.model.config._attn_implementation == "eager"
+                           and isinstance(app.screen, AttentionScreen), timeout=30)
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: session.model.config._attn_implementation == "sdpa", timeout=30)
+            assert session.fast is fast and not app.instruments.probe.enabled
+
+    run(scenario)
+
+
+# -- precision compare ----------------------------------------------------------------------
+def test_precision_compare_shows_the_engine_comparison(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            await opened(pilot, "f8", PrecisionScreen)
+            app.screen.query_one("#tokens", Input).value = "12"
+            await pilot.press("r")
+            await wait_for(pilot, lambda: app.screen.result is not None, timeout=120, what="the comparison")
+            await pilot.pause(0.1)
+            shown = screen_text(app)
+            bf16 = models.load(str(tiny_model_dir), "bf16", "cpu")
+            expected = await on_engine(app, lambda s: compare_turn(s, bf16, 12))
+            agree = sum(s.agree for s in expected.steps)
+            assert f"top-1 agreement {agree} of {len(expected.steps)} steps" in shown
+            assert f"mean KL {expected.mean_kl:.5f} nats" in shown
+            assert human_bytes(expected.reference.weight_bytes) in shown and human_bytes(expected.other.weight_bytes) in shown
+            assert "fp32 (reference)" in shown and "bf16" in shown
+            first = expected.first_divergence
+            assert ("first divergent token none" in shown) == (first is None)
+            assert [s.token for s in app.screen.result.steps] == [s.token for s in expected.steps]
+
+    run(scenario)
+
+
+# -- reachable from the keyboard and the palette, explained in place ------------------------
+@pytest.mark.parametrize("title,kind,name", [
+    ("Token inspector", InspectorScreen, "inspector"),
+    ("Sampler stages", StagesScreen, "stages"),
+    ("Tokenizer view", TokenizerScreen, "tokenizer"),
+    ("Attention view", AttentionScreen, "attention"),
+])
+def test_palette_opens_each_instrument_and_question_mark_explains_it(tiny_model_dir, tmp_path, title, kind, name):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            await pilot.press("ctrl+p")
+            await pilot.press(*title)
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, kind), what=title)
+            panel = app.screen.query_one(ExplanationPanel)
+            assert not panel.is_open
+            await pilot.press("question_mark")
+            await pilot.pause(0.1)
+            assert panel.is_open
+            words = explain(name).text.split()[:6]
+            assert " ".join(words) in " ".join(screen_text(app).split())
+            await pilot.press("question_mark")
+            await pilot.pause(0.1)
+            assert not panel.is_open
+
+    run(scenario)
+
+
+def test_instruments_wait_for_a_loaded_model(tmp_path):
+    async def scenario():
+        app = fake_app(FakeFactory(), tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await wait_for(pilot, lambda: app.turns.ready)
+            for key in ("f2", "f3", "f4", "f5", "f6", "f7", "f8"):
+                await pilot.press(key)
+            await pilot.pause(0.1)
+            assert app.screen is app.default_screen
+            assert any("wait until it has loaded" in n.message for n in app._notifications)
+
+    run(scenario)
+
+
+# -- snapshots --------------------------------------------------------------------------------
+class FakeClock:
+    """perf_counter for precision_compare: every reading 10 ms after the one before."""
+
+    def __init__(self) -> None:
+        self._ticks = itertools.count()
+
+    def perf_counter(self) -> float:
+        return next(self._ticks) * 0.010
+
+
+FIXED_PEAKS = Calibration(device="cpu", dtype="float32", threads=2, matmul_flop_s=40e9, bandwidth_bytes_s=12e9,
+                          measured_at=1_767_225_600.0)
+
+
+def snapshot_app(tiny_model_dir, tmp_path, sampling=None):
+    return tiny_app(Recorder(fixed_times=True), tiny_model_dir, tmp_path, sampling)
+
+
+async def settled(pilot) -> None:
+    """Let the throttled panels repaint, and drop notices (they time out at different moments)."""
+    await pilot.pause(0.7)
+    pilot.app.clear_notifications()
+    await pilot.pause(0.1)
+
+
+def recorder_of(pilot) -> Recorder:
+    return pilot.app.engine_factory.__self__
+
+
+def test_snapshot_inspector(snap_compare, tiny_model_dir, tmp_path):
+    async def before(pilot):
+        await answered(pilot, recorder_of(pilot))
+        await opened(pilot, "f2", InspectorScreen)
+        await pilot.press("home", "right", "right", "down")
+        await settled(pilot)
+
+    assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
+
+
+def test_snapshot_inspector_with_its_explanation(snap_compare, tiny_model_dir, tmp_path):
+    async def before(pilot):
+        await answered(pilot, recorder_of(pilot))
+        await opened(pilot, "f2", InspectorScreen)
+        await pilot.press("question_mark")
+        await settled(pilot)
+
+    assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
+
+
+def test_snapshot_step_mode(snap_compare, tiny_model_dir, tmp_path):
+    async def before(pilot):
+        app, recorder = pilot.app, recorder_of(pilot)
+        await wait_for(pilot, lambda: app.turns.ready, timeout=60)
+        await pilot.press("f3", *QUESTION, "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, StepScreen), timeout=60)
+        await pilot.press("2")
+        await wait_for(pilot, lambda: len(recorder.of(StepPaused)) == 2, timeout=30)
+        await settled(pilot)
+
+    app = snapshot_app(tiny_model_dir, tmp_path, {"temperature": 1.0, "seed": 3, "max_new_tokens": 8})
+    assert snap_compare(app, terminal_size=WIDE, run_before=before)
+
+
+def test_snapshot_sampler_stages(snap_compare, tiny_model_dir, tmp_path):
+    async def before(pilot):
+        await answered(pilot, recorder_of(pilot))
+        await opened(pilot, "f4", StagesScreen, "What each stage did")
+        await wait_for(pilot, lambda: pilot.app.screen.stages is not None, timeout=30)
+        await settled(pilot)
+
+    assert snap_compare(snapshot_app(tiny_model_dir, tmp_path, FILTERS), terminal_size=WIDE, run_before=before)
+
+
+def test_snapshot_tokenizer_view(snap_compare, tiny_model_dir, tmp_path):
+    async def before(pilot):
+        await answered(pilot, recorder_of(pilot), turns=2)
+        await opened(pilot, "f5", TokenizerScreen, "Compare cost")
+        await settled(pilot)
+
+    assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
+
+
+def test_snapshot_phases(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(phases, "cached_calibration", lambda device, dtype, path=None: FIXED_PEAKS)
+    monkeypatch.setenv("TZ", "UTC")
+
+    async def before(pilot):
+        import time
+
+        time.tzset()
+        await answered(pilot, recorder_of(pilot))
+        await opened(pilot, "f6", PhasesScreen, "bound by")
+        await settled(pilot)
+
+    assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
+
+
+def test_snapshot_attention(snap_compare, tiny_model_dir, tmp_path):
+    async def before(pilot):
+        await answered(pilot, recorder_of(pilot))
+        await opened(pilot, "f7", AttentionScreen, "query position")
+        await pilot.press("right")
+        await wait_for(pilot, lambda: pilot.app.screen.view.layer == 0, timeout=30)
+        await settled(pilot)
+
+    assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
+
+
+def test_snapshot_precision_compare(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(precision_compare, "time", FakeClock())
+
+    async def before(pilot):
+        await answered(pilot, recorder_of(pilot))
+        await opened(pilot, "f8", PrecisionScreen)
+        pilot.app.screen.query_one("#tokens", Input).value = "12"
+        await pilot.press("r")
+        await wait_for(pilot, lambda: pilot.app.screen.result is not None, timeout=120)
+        await settled(pilot)
+
+    assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)

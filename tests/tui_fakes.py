@@ -1,0 +1,193 @@
+"""A stand-in for the inference worker that emits real engine events from its own thread.
+
+It behaves like `engine.worker.InferenceWorker` as the app sees it (commands in, events
+out, cancel and sampling changes reaching a turn at its next token), with a scripted
+answer, so app tests are fast and their panels' contents are known exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from engine.events import (
+    CacheChanged, Candidate, Failed, ModelInfo, ModelLoading, ModelReady, PhaseChanged, PrefillProgress,
+    PromptTokens, TokenSampled, TurnFinished, TurnStats,
+)
+
+INFO = ModelInfo(
+    spec="fake-135m", name="fake-135m", precision="fp32", device="cpu", compute_dtype="float32",
+    parameters=134_515_008, weight_bytes=538_060_032, layers=30, heads=9, kv_heads=3, head_dim=64,
+    hidden_size=576, vocab_size=49152, context=8192, cache_element_bytes=4, load_s=0.5,
+)
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 2, "nf4": 2}
+
+PROMPT = ((1, "<|im_start|>"), (4093, "user"), (198, "\n"), (1780, "What"), (314, " is"), (260, " the"),
+          (3575, " capital"), (282, " of"), (4649, " France"), (47, "?"), (2, "<|im_end|>"), (198, "\n"),
+          (1, "<|im_start|>"), (520, "assistant"), (198, "\n"))
+ANSWER = ((378, "The", 0.93), (3575, " capital", 0.71), (282, " of", 0.98), (4649, " France", 0.88),
+          (314, " is", 0.95), (7042, " Paris", 0.62), (30, ".", 0.41), (2, "<|im_end|>", 0.97))
+RUNNERS_UP = ((216, " **", 0.05), (2362, " city", 0.03), (28, ",", 0.02))
+
+
+def candidates(token_id: int, piece: str, prob: float) -> tuple[Candidate, ...]:
+    """A deterministic top-4: the chosen token first, then fixed runners-up."""
+    rest = tuple(Candidate(i, p, q * (1 - prob) / 0.1) for i, p, q in RUNNERS_UP if i != token_id)
+    return (Candidate(token_id, piece, prob),) + rest
+
+
+@dataclass
+class Turn:
+    prompt: str
+    temperatures: list[float]
+
+
+class FakeEngine:
+    def __init__(self, emit: Callable, sampling, *, answer=ANSWER, token_s: float = 0.0, hold_after: int | None = None,
+                 fail_load: str | None = None, load_gate: threading.Event | None = None):
+        self.emit = emit
+        self.sampling = sampling
+        self.answer = answer
+        self.token_s = token_s
+        self.hold_after = hold_after
+        """Pause each turn after this many tokens until `release` is set (or the turn is cancelled)."""
+        self.fail_load = fail_load
+        self.load_gate = load_gate
+        """When given, each load waits for it before finishing (a slow load)."""
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.cancelled = threading.Event()
+        self.calls: list[tuple] = []
+        self.turns: list[Turn] = []
+        self.cache_tokens = 0
+        self.info = INFO
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    # -- the interface the app uses --------------------------------------------------
+    def load(self, spec: str, precision: str = "fp32", device: str = "auto") -> None:
+        self.calls.append(("load", spec, precision, device))
+        self._queue.put(("load", precision))
+
+    def send(self, text: str) -> None:
+        self.calls.append(("send", text))
+        self._queue.put(("send", text))
+
+    def regenerate(self) -> None:
+        self.calls.append(("regenerate",))
+        self._queue.put(("send", self.turns[-1].prompt if self.turns else None))
+
+    def new_chat(self, system_prompt=None) -> None:
+        self.calls.append(("new_chat",))
+        self._queue.put(("new_chat", None))
+
+    def cancel(self) -> None:
+        self.calls.append(("cancel",))
+        self.cancelled.set()
+
+    def set_sampling(self, settings) -> None:
+        self.calls.append(("set_sampling", settings))
+        self.sampling = settings
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self.cancelled.set()
+        self.release.set()
+        self._queue.put(("stop", None))
+
+    # -- the thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            kind, arg = self._queue.get()
+            if kind == "stop":
+                return
+            if kind == "load":
+                self._load(arg)
+            elif kind == "send":
+                self._turn(arg)
+            elif kind == "new_chat":
+                self.cache_tokens = 0
+
+    def _load(self, precision: str) -> None:
+        for fraction in (0.0, 0.5):
+            self.emit(ModelLoading("reading weights", fraction))
+        if self.load_gate is not None:
+            self.load_gate.wait(10)
+        self.emit(ModelLoading("reading weights", 1.0))
+        if self.fail_load:
+            self.emit(Failed(self.fail_load))
+            return
+        self.info = replace(INFO, precision=precision, cache_element_bytes=ELEMENT_BYTES[precision])
+        self.cache_tokens = 0
+        self.emit(ModelReady(self.info))
+
+    def _cache(self) -> CacheChanged:
+        per_token = self.info.kv_bytes_per_token
+        return CacheChanged(self.cache_tokens, self.cache_tokens * per_token, per_token, self.info.context)
+
+    def _turn(self, prompt: str | None) -> None:
+        if prompt is None:
+            self.emit(Failed("nothing to regenerate yet"))
+            return
+        self.cancelled.clear()
+        turn = Turn(prompt, [])
+        self.turns.append(turn)
+        ids = tuple(i for i, _ in PROMPT)
+        reused = min(self.cache_tokens, len(ids) - 1)
+        self.emit(PromptTokens(ids, tuple(p for _, p in PROMPT), reused))
+        self.emit(PhaseChanged("prefill", len(ids) - reused, reused))
+        self.emit(PrefillProgress(len(ids) - reused, len(ids) - reused))
+        self.cache_tokens = len(ids)
+        self.emit(self._cache())
+        text, stop = "", "eos"
+        for index, (token_id, piece, prob) in enumerate(self.answer):
+            if index == self.hold_after:
+                self.holding.set()
+                while not (self.release.wait(0.01) or self.cancelled.is_set()):
+                    pass
+            if self.token_s:
+                time.sleep(self.token_s)
+            turn.temperatures.append(self.sampling.temperature)
+            end = piece == "<|im_end|>"
+            self.emit(TokenSampled(index, token_id, piece, "" if end else piece, math.log(prob),
+                                   candidates(token_id, piece, prob), 0.120 if index == 0 else 0.020 + 0.001 * index,
+                                   self.cache_tokens))
+            if index == 0:
+                self.emit(PhaseChanged("decode"))
+            if end:
+                break
+            text += piece
+            if self.cancelled.is_set():
+                stop = "cancelled"
+                break
+            self.cache_tokens += 1
+            self.emit(self._cache())
+        generated = len(turn.temperatures)
+        self.emit(self._cache())
+        self.emit(PhaseChanged("idle"))
+        self.emit(TurnFinished(TurnStats(len(ids), reused, len(ids) - reused, generated, 0.120, 0.023, 0.026,
+                                         125.0, 43.5, stop), text))
+
+
+class FakeFactory:
+    """An engine factory for `make_app` that keeps the engine it made for the test to drive."""
+
+    def __init__(self, **options) -> None:
+        self.options = options
+        self.engine: FakeEngine | None = None
+
+    def __call__(self, emit, sampling, system, context) -> FakeEngine:
+        self.engine = FakeEngine(emit, sampling, **self.options)
+        return self.engine
+
+
+def fake_app(factory, tmp_path, **options):
+    """The app with a fake engine, no cursor blink, and the config file under tmp_path."""
+    from tui.app import make_app
+    from tui.options import AppOptions
+
+    return make_app(AppOptions(cursor_blink=False, config_path=tmp_path / "config.json", **options), factory)

@@ -1,0 +1,384 @@
+"""The llmchat app: layout, keys, and handing engine events to the widgets.
+
+The engine runs on its own thread and is reached only through `Engine` calls; its events
+come back as messages (see `tui.messages`). Handlers here are the only place widgets change.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterable, TypeVar
+
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.theme import Theme
+from textual.timer import Timer
+from textual.widget import Widget
+from textual.widgets import Footer
+
+from engine.events import ConversationLoaded, Event, Failed, MessageSaved, ModelInfo, ModelReady, TurnFinished
+from themes import load_themes
+from tui import config
+from tui.engine_link import Engine, EngineFactory, inference_worker, resolve_sampling
+from tui.history import History
+from tui.instruments import INSTRUMENT_BINDINGS, Instruments
+from tui.messages import Doorbell, EngineEvent, EngineStarted, Inbox, Pacer, gathered
+from tui.options import AppOptions
+from tui.router import Router, turn_summary
+from tui.turns import Turns
+from tui.widgets.chat_log import ChatLog, ChatMessage, UserMessage
+from tui.widgets.kv_cache import KVCachePanel
+from tui.widgets.phase import PhasePanel
+from tui.widgets.prompt_input import PromptInput
+from tui.widgets.status_bar import StatusBar
+from tui.widgets.token_stream import TokenStream
+from tui.widgets.top_k import TopKPanel
+
+WidgetType = TypeVar("WidgetType", bound=Widget)
+NO_MODEL = "✖ not sent: no model is loaded (choose another precision in Settings, or restart with --model)"
+
+
+class ChatApp(App[None]):
+    CSS_PATH = "app.tcss"
+    # The screen gets these classes by size; app.tcss collapses the panels on small terminals.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-medium"), (140, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (28, "-tall")]
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+n", "new_chat", "New"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+s", "settings", "Settings"),
+        Binding("ctrl+o", "conversations", "Chats", show=False),  # the 80-column footer is full; F1 and Ctrl+P list it
+        Binding("alt+up", "select_message", "Select message", show=False),
+        Binding("ctrl+t", "toggle_panels", "Panels"),
+        Binding("f1", "help", "Help"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+        *INSTRUMENT_BINDINGS,  # F2-F8: the teaching instruments (tui/instruments.py)
+    ]
+
+    def __init__(self, options: AppOptions | None = None, engine_factory: EngineFactory = inference_worker) -> None:
+        super().__init__()
+        self.options = options or AppOptions()
+        self.engine_factory = engine_factory
+        self.engine: Engine | None = None
+        self.sampling = None
+        self.precision = self.options.precision
+        self.turns = Turns()
+        self.inbox = Inbox()
+        self.pacer = Pacer()
+        self.router = Router(self)
+        self.history = History(self)
+        self.instruments = Instruments(self)
+        self._update_timer: Timer | None = None
+        self._keys_state: tuple[bool, bool] | None = None
+        self._parts: dict[type, Widget] = {}
+
+    def part(self, kind: type[WidgetType]) -> WidgetType:
+        """The main screen's widget of this kind, also while a dialog is on top (`query_one` asks the top screen)."""
+        found = self._parts.get(kind)
+        if found is None:
+            found = self._parts[kind] = self.screen_stack[0].query_one(kind)
+        return found
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar()
+        with Horizontal(id="body"):
+            with Vertical(id="left"):
+                yield ChatLog(id="chat")
+                yield TokenStream(id="tokens")
+            with VerticalScroll(id="side"):
+                yield PhasePanel(id="phase")
+                yield KVCachePanel(id="kv")
+                yield TopKPanel(id="topk")
+        yield PromptInput(id="prompt")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        for theme in load_themes():
+            self.register_theme(theme)
+        if self.options.theme not in self.available_themes:
+            self.notify(f"unknown theme {self.options.theme!r}; using {config.DEFAULT_THEME}", severity="warning")
+        self.theme = self.options.theme if self.options.theme in self.available_themes else config.DEFAULT_THEME
+        self.theme_changed_signal.subscribe(self, self._save_theme)
+        prompt = self.part(PromptInput)
+        prompt.cursor_blink = self.options.cursor_blink
+        prompt.focus()
+        self.part(StatusBar).starting(self.options.model, self.precision)
+        # Importing torch takes seconds: do it off the UI thread so the app is usable at once.
+        threading.Thread(target=self._start_engine, name="llmchat-engine-start", daemon=True).start()
+
+    def _save_theme(self, theme: Theme) -> None:
+        try:
+            config.save_theme(theme.name, self.options.config_path)
+        except OSError as e:
+            self.notify(f"could not save the theme: {e}", severity="warning")
+
+    # -- engine events -------------------------------------------------------------
+    def _start_engine(self) -> None:
+        """On a background thread: import the engine, create its worker, and say so."""
+        try:
+            sampling, problem = resolve_sampling(self.options.sampling)
+            engine = self.engine_factory(self._emit, sampling, self.options.system, self.options.context)
+        except Exception as e:  # an engine that cannot start is shown; the app stays open
+            self._emit(Failed(f"the engine could not start: {type(e).__name__}: {e}"))
+            return
+        self.post_message(EngineStarted(engine, sampling, problem))
+
+    def _emit(self, event: Event) -> None:
+        """Called on the inference thread: hand the event to the UI thread (see tui.messages)."""
+        if not gathered(event):
+            self.post_message(EngineEvent(event, before=self.inbox.take()))
+        elif self.inbox.put(event):
+            self.post_message(Doorbell())
+
+    def on_engine_started(self, message: EngineStarted) -> None:
+        self.engine, self.sampling = message.engine, message.sampling
+        self.part(TopKPanel).set_sampling(message.sampling)
+        if message.problem:
+            self._error(message.problem)
+        self.engine.load(self.options.model, self.precision, self.options.device)
+        self.history.engine_started()  # a --resume goes after the load in the engine's queue
+
+    def on_doorbell(self) -> None:
+        if self._update_timer is None:
+            self._update_timer = self.set_timer(max(0.001, self.pacer.delay(time.monotonic())), self._update)
+
+    async def _update(self) -> None:
+        """Show what the inbox gathered since the last update."""
+        if self._update_timer is not None:
+            self._update_timer.stop()
+            self._update_timer = None
+        tokens, figures = self.inbox.take()
+        if tokens or figures:
+            self.pacer.updated(time.monotonic())
+            await self.router.show_gathered(tokens, figures)
+
+    async def on_engine_event(self, message: EngineEvent) -> None:
+        tokens, figures = message.before  # what was gathered before this event, shown first
+        if tokens or figures:
+            await self.router.show_gathered(tokens, figures)
+        await self.instruments.on_event(message.event)  # step mode, fork, measurements
+        match message.event:
+            case ModelReady(info):
+                self._model_ready(info)
+            case TurnFinished(stats):
+                await self.part(ChatLog).finish(turn_summary(stats))
+                self.part(PhasePanel).finish(stats)
+                self.router.repaint_stats()
+                self._turn_over()
+            case Failed(text):
+                await self._failed(text)
+            case ConversationLoaded() | MessageSaved():
+                await self.history.show(message.event)
+            case event:
+                await self.router.show(event)
+
+    def _model_ready(self, info: ModelInfo) -> None:
+        switched = self.part(StatusBar).info is not None
+        self.turns.load_finished(have_model=True)
+        self.precision = info.precision
+        self.part(StatusBar).ready(info)
+        self.part(KVCachePanel).set_model(info)
+        if switched:
+            self.part(ChatLog).add_note(
+                f"Now running at {info.precision} on {info.device}. The conversation is kept; the KV cache "
+                "starts empty, so the next turn prefills the whole conversation again."
+            )
+        self._pump()
+
+    async def _failed(self, text: str) -> None:
+        self._error(text)
+        if self.turns.busy:  # the running turn failed
+            await self.part(ChatLog).finish(f"✖ {text}")
+            self._turn_over()
+        elif self.turns.loading:  # the load failed; an earlier model, if any, stays in use
+            status = self.part(StatusBar)
+            self.turns.load_finished(have_model=status.info is not None)
+            self.precision = status.info.precision if status.info else self.precision
+            status.failed(text)
+            if not self.turns.ready:
+                self._withdraw(NO_MODEL)
+            self._pump()
+
+    def _error(self, text: str) -> None:
+        self.part(ChatLog).add_note(f"✖ {text}", error=True)
+        self.notify(text, title="Error", severity="error", timeout=8)
+
+    # -- turns ---------------------------------------------------------------------
+    async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
+        if message.editing is not None:
+            await self.history.submit_edit(message.editing, message.text)
+            return
+        self.part(PromptInput).clear()
+        chat = self.part(ChatLog)
+        await chat.add_user(message.text)
+        await chat.expect_answer(self.turns.submit(message.text))
+        self._pump()
+
+    def _pump(self) -> None:
+        """Hand the next waiting prompt to the engine when it can take it."""
+        prompt = self.turns.next_prompt() if self.engine is not None else None
+        if prompt is not None:
+            self.engine.send(prompt)
+        self._refresh_keys()
+
+    def _turn_over(self) -> None:
+        self.turns.turn_over()
+        self._pump()
+
+    def _withdraw(self, note: str) -> None:
+        """Take back the waiting prompts; the first goes back into the input rather than being lost."""
+        prompts = self.turns.withdraw()
+        for answer in self.part(ChatLog).take_waiting():
+            answer.set_note(note)
+        prompt = self.part(PromptInput)
+        if prompts and not prompt.text:
+            prompt.text = prompts[0]
+
+    # -- actions -----------------------------------------------------------------
+    def _refresh_keys(self) -> None:
+        """Redraw the footer only when a key's state changed (redrawing it is not free)."""
+        state = (self.turns.stoppable, self.turns.ready and not self.turns.busy)
+        if state != self._keys_state:
+            self._keys_state = state
+            self.refresh_bindings()
+            # A steady cursor while the model answers: each blink is a repaint the decode would pay for.
+            self.part(PromptInput).cursor_blink = self.options.cursor_blink and not self.turns.busy
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Dim keys that would do nothing right now (None shows them disabled)."""
+        if action == "stop":
+            return True if self.turns.stoppable else None
+        if action == "regenerate":
+            return True if (self.turns.ready and not self.turns.busy) else None
+        return True
+
+    def action_stop(self) -> None:
+        if self.turns.waiting:
+            self._withdraw("⏹ not sent (Esc)")
+        if self.turns.busy and self.engine is not None:
+            self.engine.cancel()
+        self._refresh_keys()
+
+    async def action_new_chat(self) -> None:
+        self.turns.withdraw()
+        if self.engine is not None:
+            self.engine.cancel()
+            self.engine.new_chat(self.options.system)
+        self.history.new_chat()
+        await self.part(ChatLog).clear()
+        for panel in (TokenStream, TopKPanel, KVCachePanel):
+            self.part(panel).clear()
+        self.part(PromptInput).focus()
+
+    async def action_regenerate(self) -> None:
+        if self.engine is None or not self.turns.start_other():
+            return
+        chat = self.part(ChatLog)
+        await chat.drop_last_answer()
+        await chat.expect_answer("regenerating…")
+        self.engine.regenerate()
+        self._refresh_keys()
+
+    def action_settings(self) -> None:
+        if self.sampling is None:
+            self.notify("Settings open once the engine has started (a few seconds).")
+            return
+        from tui.screens.settings import SettingsScreen  # imports torch, so only once the engine has
+
+        info = self.part(StatusBar).info
+        themes = sorted(self.available_themes, key=lambda name: (not name.startswith("llmchat-"), name))
+        self.push_screen(SettingsScreen(self.precision, info.device if info else self.options.device, self.sampling, themes))
+
+    def on_settings_screen_precision_chosen(self, message) -> None:
+        if self.engine is None:
+            return
+        self.precision = message.precision
+        self.turns.load_started()
+        self.part(StatusBar).loading(self.options.model, self.precision, "queued", 0.0)
+        self.engine.load(self.options.model, self.precision, self.options.device)
+        self._refresh_keys()
+
+    def on_settings_screen_sampling_applied(self, message) -> None:
+        old, self.sampling = self.sampling, message.settings
+        if self.engine is not None:
+            self.engine.set_sampling(message.settings)
+        self.part(TopKPanel).set_sampling(message.settings)
+        changes = [f"{k} {getattr(old, k)} → {v}" for k, v in vars(message.settings).items() if getattr(old, k) != v]
+        self.notify("; ".join(changes) + " (from the next token)", title="Sampling")
+
+    def action_conversations(self) -> None:
+        from tui.screens.conversations import ConversationsScreen
+
+        def chosen(conversation_id: int | None) -> None:
+            if conversation_id is not None:
+                self.history.resume(conversation_id)
+
+        self.push_screen(ConversationsScreen(self.history.conversation_id), chosen)
+
+    def action_select_message(self) -> None:
+        self.history.select_last()
+
+    def on_chat_message_version_step(self, message: ChatMessage.VersionStep) -> None:
+        self.history.step(message.index, message.step)
+
+    def on_user_message_edit_requested(self, message: UserMessage.EditRequested) -> None:
+        self.history.request_edit(message.index, message.text)
+
+    def on_chat_message_leave(self) -> None:
+        self.part(PromptInput).focus()
+
+    def action_toggle_panels(self) -> None:
+        self.screen.toggle_class("-panels")
+
+    def action_help(self) -> None:
+        from tui.screens.help import HelpScreen
+
+        self.push_screen(HelpScreen())
+
+    def action_instrument(self, name: str, step: int | None = None) -> None:
+        """Open a teaching instrument (F2-F8, the palette, a click on a token chip)."""
+        self.instruments.open(name, step)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield SystemCommand("Stop", "Stop the answer; the partial answer stays (Esc)", self.action_stop)
+        yield SystemCommand("New chat", "Clear the conversation and the cache (Ctrl+N)", self.action_new_chat)
+        yield SystemCommand("Regenerate", "Answer the last prompt again (Ctrl+R)", self.action_regenerate)
+        yield SystemCommand("Settings", "Precision, sampling and theme (Ctrl+S)", self.action_settings)
+        yield SystemCommand("Conversations", "Saved chats: search, resume, rename, delete, export (Ctrl+O)",
+                            self.action_conversations)
+        yield SystemCommand("Edit last message", "Edit your last message and answer it again; the old branch stays",
+                            self.history.edit_last)
+        yield SystemCommand("Previous version", "Show the previous version (branch) of the newest message that has one",
+                            lambda: self.history.step_last(-1))
+        yield SystemCommand("Next version", "Show the next version (branch) of the newest message that has one",
+                            lambda: self.history.step_last(1))
+        yield SystemCommand("Select message", "Select a message: ↑↓ move, ←→ versions, e edit (Alt+↑)",
+                            self.action_select_message)
+        yield SystemCommand("Toggle panels", "Show or hide the inference panels (Ctrl+T)", self.action_toggle_panels)
+        yield SystemCommand("Help", "Keys and what each panel shows (F1)", self.action_help)
+        yield from self.instruments.commands()
+        yield from super().get_system_commands(screen)
+
+    def on_unmount(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown(timeout=2.0)
+
+
+def make_app(options: AppOptions | None = None, engine_factory: EngineFactory = inference_worker) -> ChatApp:
+    """The app factory: tests pass a fake engine; the CLI passes options from flags and config."""
+    return ChatApp(options, engine_factory)
+
+
+def run_app(**flags) -> None:
+    """Entry point for `llmchat` with no subcommand: flags override the config file."""
+    from tui.options import options_from
+
+    loaded, problem = config.load_config()
+    app = make_app(options_from(loaded, **flags))
+    if problem:
+        app.call_later(app.notify, problem, severity="warning")
+    app.run()

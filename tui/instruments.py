@@ -1,0 +1,302 @@
+"""The teaching instruments as the app reaches them: keys, palette commands, and the engine link.
+
+The app owns one `Instruments`. It opens each instrument's screen (tui/screens/), passes the
+engine events an instrument reacts to (step mode, fork, a finished turn), and starts a fork.
+Instruments read the running session in two ways only:
+
+* plain reads of finished data (an answer's trace, the tokenizer) on the UI thread; the
+  step gate's pending step too, since the inference thread is blocked while it waits;
+* anything that runs the model goes through `engine.call(fn)`, on the inference thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+from textual.binding import Binding
+
+from engine.events import Event, Forked, StepPaused, TurnFinished, TurnStats
+
+if TYPE_CHECKING:
+    from textual.app import App, SystemCommand
+
+    from engine.instruments.trace import AnswerTrace
+    from engine.session import ChatSession
+
+
+@dataclass(frozen=True)
+class Instrument:
+    name: str
+    """Its key in engine/instruments/explain.py and in the `instrument` action."""
+    key: str
+    label: str
+    """Short, for the footer."""
+    title: str
+    help: str
+    """One line for the command palette."""
+
+
+INSTRUMENTS = (
+    Instrument("inspector", "f2", "Inspect", "Token inspector",
+               "Every step of an answer: ID, bytes, logprob, rank, entropy, KV slot, alternatives; fork from one"),
+    Instrument("step", "f3", "Step mode", "Step mode (toggle)",
+               "Pause before each token and choose it: sampled, greedy or any alternative"),
+    Instrument("stages", "f4", "Stages", "Sampler stages",
+               "How penalty, temperature, top-k, top-p and min-p reshape one step's distribution"),
+    Instrument("tokenizer", "f5", "Tokenizer", "Tokenizer view",
+               "Prompt and answer as pieces with IDs, the chat template, cached vs new; compare the cost of two texts"),
+    Instrument("phases", "f6", "Phases", "Two phases, measured",
+               "Prefill vs decode: FLOP/s, bytes/s and arithmetic intensity against this machine's peaks"),
+    Instrument("attention", "f7", "Attention", "Attention view",
+               "Where the newest token looks, per layer and head, summed per message (slows decoding while open)"),
+    Instrument("precision", "f8", "Precision", "Precision compare",
+               "The last turn at two precisions: top-1 agreement, KL, first divergent token, speed and memory"),
+)
+BY_NAME = {i.name: i for i in INSTRUMENTS}
+SHOWN: set[str] = set()
+"""Instruments whose key the main footer shows (the 80-column footer is full: all are in F1 help and Ctrl+P)."""
+
+INSTRUMENT_BINDINGS = [
+    # priority: the prompt (a TextArea) binds F5-F7 to selections; the instruments win
+    Binding(i.key, f"instrument('{i.name}')", i.label, show=i.name in SHOWN, priority=True) for i in INSTRUMENTS
+]
+
+
+@dataclass(frozen=True)
+class AnswerRef:
+    """One answer the instruments can look at."""
+
+    label: str
+    message: int | None
+    """Its index in session.messages; None for the answer in progress and for a kept branch."""
+    trace: AnswerTrace
+
+
+def answers(session: ChatSession) -> list[AnswerRef]:
+    """The answers generated in this session that have a token history, oldest first.
+
+    Reads finished traces (never changed once the answer is in `messages`); the answer in
+    progress comes last, as far as it has got.
+    """
+    refs: list[AnswerRef] = []
+    messages = list(session.messages)
+    number = 0
+    for index, message in enumerate(messages):
+        if message.role != "assistant":
+            continue
+        number += 1
+        if message.trace is not None:
+            forked = f", forked at step {message.trace.fork_step + 1}" if message.trace.fork_step is not None else ""
+            refs.append(AnswerRef(f"answer {number} (message {index + 1}{forked})", index, message.trace))
+    current = session.trace
+    if current is not None and len(current) and all(r.trace is not current for r in refs):
+        refs.append(AnswerRef("the answer in progress", None, current))
+    return refs
+
+
+@dataclass(frozen=True)
+class PendingFork:
+    message: int
+    trace: AnswerTrace
+    step: int
+    token_id: int
+    last: bool
+    """The forked answer is the last message (its box in the chat becomes the kept branch)."""
+
+
+class Instruments:
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.last_stats: TurnStats | None = None
+        """The newest finished turn's measurements (for the two phases)."""
+        self.probe: Any = None
+        """The attention probe, created on the inference thread when the view first opens."""
+        self._fork: PendingFork | None = None
+
+    # -- the engine ----------------------------------------------------------------
+    @property
+    def engine(self) -> Any:
+        return self.app.engine
+
+    @property
+    def session(self) -> ChatSession | None:
+        """The running session, once a model has loaded (the fake engines of some tests have none)."""
+        return getattr(self.app.engine, "session", None)
+
+    def _ready(self) -> bool:
+        if self.session is None or not hasattr(self.engine, "call"):
+            self.app.notify("The instruments read the loaded model: wait until it has loaded.", severity="warning")
+            return False
+        return True
+
+    # -- opening -------------------------------------------------------------------
+    def open(self, name: str, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        """Open instrument `name` (the `instrument` action, a palette command, a chip click)."""
+        if name == "step":
+            self.toggle_step()
+            return
+        if not self._ready():
+            return
+        screen = self._screen(name, step, answer)
+        from tui.screens.instrument import InstrumentScreen
+
+        if isinstance(self.app.screen, InstrumentScreen):
+            self.app.switch_screen(screen)
+        else:
+            self.app.push_screen(screen)
+
+    def _screen(self, name: str, step: int | None, answer: AnswerRef | None):
+        # Each screen imports torch-backed engine modules, so only once a model has loaded.
+        if name == "inspector":
+            from tui.screens.inspector import InspectorScreen
+
+            return InspectorScreen(self, step=step, answer=answer)
+        if name == "stages":
+            from tui.screens.stages import StagesScreen
+
+            return StagesScreen(self, step=step, answer=answer)
+        if name == "tokenizer":
+            from tui.screens.tokenizer import TokenizerScreen
+
+            return TokenizerScreen(self, answer=answer)
+        if name == "phases":
+            from tui.screens.phases import PhasesScreen
+
+            return PhasesScreen(self)
+        if name == "attention":
+            from tui.screens.attention import AttentionScreen
+
+            return AttentionScreen(self)
+        if name == "precision":
+            from tui.screens.precision import PrecisionScreen
+
+            return PrecisionScreen(self)
+        raise ValueError(f"no instrument {name!r}")
+
+    def commands(self) -> Iterable[SystemCommand]:
+        from textual.app import SystemCommand
+
+        for instrument in INSTRUMENTS:
+            yield SystemCommand(
+                f"Instrument: {instrument.title}", f"{instrument.help} ({instrument.key.upper()})",
+                lambda name=instrument.name: self.open(name),
+            )
+        from tui.screens.instrument import InstrumentScreen
+
+        if isinstance(self.app.screen, InstrumentScreen):
+            screen = self.app.screen
+            yield SystemCommand("Explain this instrument", "What it shows, and the formula (?)", screen.action_explain)
+
+    # -- events ---------------------------------------------------------------------
+    async def on_event(self, event: Event) -> None:
+        """Every in-order engine event passes here before the main panels show it."""
+        match event:
+            case StepPaused():
+                self._step_paused(event)
+            case Forked():
+                await self._forked(event)
+            case TurnFinished(stats):
+                self.last_stats = stats
+                self._turn_finished()
+        from tui.screens.instrument import InstrumentScreen
+
+        for screen in self.app.screen_stack:
+            if isinstance(screen, InstrumentScreen):
+                screen.engine_said(event)
+
+    # -- step mode --------------------------------------------------------------------
+    @property
+    def stepping(self) -> bool:
+        session = self.session
+        return session is not None and session.step_gate.enabled
+
+    def toggle_step(self) -> None:
+        if not self._ready():
+            return
+        gate = self.session.step_gate
+        if gate.enabled:
+            self.resume()
+            return
+        gate.pause()
+        self.app.notify(
+            "Each next token now waits for your choice: s sampled · g greedy · 1–9 an alternative · r resume.",
+            title="Step mode on",
+        )
+
+    def resume(self) -> None:
+        """Step mode off; a waiting step takes its sampled token and decoding runs at full speed."""
+        if self.session is not None:
+            self.session.step_gate.resume()
+        from tui.screens.step import StepScreen
+
+        if isinstance(self.app.screen, StepScreen):
+            self.app.pop_screen()
+        self.app.notify("Decoding runs at full speed again.", title="Step mode off")
+
+    def _step_paused(self, event: StepPaused) -> None:
+        from tui.screens.step import StepScreen
+
+        for screen in self.app.screen_stack:
+            if isinstance(screen, StepScreen):
+                screen.show(event)
+                return
+        self.app.push_screen(StepScreen(self, event))
+
+    def _turn_finished(self) -> None:
+        from tui.screens.step import StepScreen
+
+        if isinstance(self.app.screen, StepScreen):
+            self.app.pop_screen()
+            if self.stepping:
+                self.app.notify("The answer ended. Step mode stays on: the next answer pauses at its first token (F3 turns it off).")
+
+    # -- fork ---------------------------------------------------------------------------
+    def fork(self, answer: AnswerRef, step: int, token_id: int) -> bool:
+        """Continue `answer` from `step` with `token_id`; False (and why, in a notice) if it cannot now."""
+        turns = self.app.turns
+        if answer.message is None:
+            self.app.notify("Only a finished answer can be forked.", severity="warning")
+            return False
+        if not turns.ready or turns.busy:
+            self.app.notify("Wait for the answer in progress to end (or press Esc), then fork.", severity="warning")
+            return False
+        turns.start_other()
+        last = answer.message == len(self.session.messages) - 1
+        self._fork = PendingFork(answer.message, answer.trace, step, token_id, last)
+        self.engine.fork(step, token_id, answer.message)
+        self.app.refresh_bindings()
+        return True
+
+    async def _forked(self, event: Forked) -> None:
+        """Show the fork in the chat: where the original went, the counts, and the new answer's first text.
+
+        With saving on, the forked answer is a new version of the answer it replaces (the log
+        drops the old box, as for an edit; its arrows step back to the original). Otherwise
+        the old box stays above, marked as the kept branch.
+        """
+        from engine.detok import StreamingDetokenizer
+        from tui.widgets.chat_log import Answer, ChatLog
+
+        pending, self._fork = self._fork, None
+        chat = self.app.query_one(ChatLog)
+        session = self.session
+        kept = "the original is kept as a branch (b in the inspector shows it)"
+        if pending is not None and await chat.truncate_from(pending.message):
+            kept = "the original is kept as the answer's previous version (← → on the answer; b in the inspector)"
+        elif pending is not None and pending.last and chat.query(Answer):
+            chat.query(Answer).last().set_note(f"⑂ the original continuation, kept as a branch (forked at step {event.step + 1})")
+            kept = "the original is kept above as a branch"
+        old = pending.trace.steps[event.step] if pending is not None else None
+        took = session.namer.piece(event.token_id)
+        instead = f" instead of {old.piece!r}" if old is not None and old.id != event.token_id else ""
+        chat.add_note(
+            f"⑂ Fork at step {event.step + 1}: took {took!r}{instead}. The KV cache kept {event.reused} positions "
+            f"(the prompt and the answer's first {event.step} tokens) and fed {event.new} new; {kept}."
+        )
+        answer = await chat.expect_answer(f"⑂ forked: {event.reused} positions reused, {event.new} fed…")
+        if pending is not None:
+            # The kept text plus the chosen token, decoded the way the engine decodes it.
+            detok = StreamingDetokenizer(session.tokenizer)
+            ids = [*pending.trace.ids[: event.step], event.token_id]
+            await answer.write("".join(detok.add(i) for i in ids if i not in session.stop_ids))

@@ -1,0 +1,38 @@
+"""What the app starts with: the config file's defaults, overridden by command-line flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from tui.config import Config
+
+
+@dataclass(frozen=True)
+class AppOptions:
+    model: str = "smollm2-135m"
+    precision: str = "fp32"
+    device: str = "auto"
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    """Sampling fields to set (validated on the engine thread, where torch is imported)."""
+    system: str | None = None
+    context: int | None = None
+    theme: str = "llmchat-dark"
+    config_path: Path | None = None
+    """Where the theme choice is saved; None means the user's config file."""
+    cursor_blink: bool = True
+    """Off in snapshot tests, so screenshots are stable."""
+    resume: int | str | None = None
+    """A saved conversation to continue once the model has loaded: an id, or 'last'."""
+
+
+def options_from(config: Config, config_path: Path | None = None, **flags: Any) -> AppOptions:
+    """Flags that are not None win over the config file."""
+    sampling = dict(config.sampling)
+    sampling.update(flags.pop("sampling", None) or {})
+    chosen = {
+        name: flags[name] if flags.get(name) is not None else getattr(config, name)
+        for name in ("model", "precision", "device", "system", "context", "theme")
+    }
+    return AppOptions(sampling=sampling, config_path=config_path, resume=flags.get("resume"), **chosen)

@@ -1,0 +1,111 @@
+"""Shows engine events in the widgets (display only; the app keeps the turn state).
+
+Gathered tokens reach the answer at every update; the panels (phase, KV cache, top-k,
+token chips) record every token but repaint at most every `STATS_S`: they are read, not
+watched, and repainting them is most of an update's cost.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from textual.timer import Timer
+
+from engine.events import (
+    CacheChanged, ContextTrimmed, Event, ModelLoading, Notice, PhaseChanged, PrefillProgress, PromptTokens,
+    TokenSampled, TurnStats,
+)
+from tui.fmt import ms
+from tui.widgets.chat_log import ChatLog
+from tui.widgets.kv_cache import KVCachePanel
+from tui.widgets.phase import PhasePanel
+from tui.widgets.status_bar import StatusBar
+from tui.widgets.token_stream import TokenStream
+from tui.widgets.top_k import TopKPanel
+
+if TYPE_CHECKING:
+    from tui.app import ChatApp
+
+STATS_S = 0.5
+"""Panels repaint at most this often while tokens stream (twice a second)."""
+STOPS = {
+    "eos": "done",
+    "length": "stopped at max new tokens",
+    "cancelled": "⏹ stopped (Esc): the partial answer stays",
+    "context": "stopped: the context window is full",
+    "error": "stopped by an error",
+}
+
+
+def turn_summary(stats: TurnStats) -> str:
+    """The line under a finished answer."""
+    return (
+        f"{stats.generated_tokens} tokens · TTFT {ms(stats.ttft_s)} · {stats.decode_tok_s:.1f} tok/s"
+        f" · {STOPS.get(stats.stop, stats.stop)}"
+    )
+
+
+class Router:
+    def __init__(self, app: "ChatApp") -> None:
+        self.app = app
+        self._stats_shown = 0.0
+        self._stats_timer: Timer | None = None
+
+    async def show_gathered(self, tokens: list[TokenSampled], figures: list[Event]) -> None:
+        """Tokens and the newest figures taken from the inbox."""
+        app = self.app
+        paint = time.monotonic() - self._stats_shown >= STATS_S
+        if tokens:
+            app.part(PhasePanel).add_tokens(tokens, repaint=paint)
+            app.part(TopKPanel).show_token(tokens[-1], repaint=paint)
+            app.part(TokenStream).add(tokens, repaint=paint)
+            await app.part(ChatLog).write("".join(t.text for t in tokens))
+        for event in figures:
+            self._figure(event, paint)
+        if paint:
+            self._stats_shown = time.monotonic()
+        elif self._stats_timer is None:  # repaint them soon even if no more tokens come
+            self._stats_timer = app.set_timer(STATS_S, self.repaint_stats)
+
+    def repaint_stats(self) -> None:
+        self._stats_timer = None
+        self._stats_shown = time.monotonic()
+        for panel in (PhasePanel, KVCachePanel, TopKPanel, TokenStream):
+            self.app.part(panel).refresh()
+
+    def _figure(self, event: Event, paint: bool = True) -> None:
+        app = self.app
+        match event:
+            case CacheChanged():
+                app.part(KVCachePanel).set_cache(event, repaint=paint)
+            case PrefillProgress():
+                app.part(PhasePanel).prefill_progress(event, repaint=paint)
+            case ModelLoading(stage, fraction):
+                app.part(StatusBar).loading(app.options.model, app.precision, stage, fraction)
+
+    async def show(self, event: Event) -> None:
+        """An event that arrived in order (the inbox was drained first)."""
+        app = self.app
+        chat = app.part(ChatLog)
+        match event:
+            case PromptTokens():
+                app.part(TokenStream).set_prompt(event)
+            case PhaseChanged(phase="prefill"):
+                await chat.begin_answer(f"prefilling {event.tokens} new tokens ({event.reused} reused from the cache)…")
+                app.part(PhasePanel).set_phase(event)
+                app.part(KVCachePanel).set_turn(event)
+            case PhaseChanged():
+                app.part(PhasePanel).set_phase(event)
+                if event.phase == "decode" and chat.current is not None:
+                    chat.current.set_note("decoding… (Esc stops)")
+            case ContextTrimmed():
+                chat.forget_first(event.dropped_messages)  # the saved messages' indices moved up
+                chat.add_note(
+                    f"The conversation outgrew the {event.capacity:,}-token window: the oldest "
+                    f"{event.dropped_messages} messages were dropped ({event.tokens_before:,} → {event.tokens_after:,} tokens)."
+                )
+            case Notice(message):
+                chat.add_note(message)
+            case _:
+                self._figure(event)

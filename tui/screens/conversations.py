@@ -1,0 +1,355 @@
+"""Saved conversations: list, full-text search, resume, rename, delete and export.
+
+Every store call runs on a worker thread with its own SQLite connection (never on the UI
+thread, never on the inference thread); the workers only post messages, and the handlers
+here change the widgets. The screen returns the id of the conversation to resume, or None.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from rich.text import Text
+from textual import on, work
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.coordinate import Coordinate
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Footer, Input, Static
+from textual.worker import get_current_worker
+
+from engine.store import ConversationSummary, Store, StoreError
+from tui.screens.dialogs import ConfirmDialog, TextDialog
+
+EXPORTS = {"md": "Markdown", "json": "JSON"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the list: a conversation, and in a search the text that matched."""
+
+    id: int
+    title: str
+    updated: float | None = None
+    turns: int | None = None
+    model: str | None = None
+    match: str | None = None
+    """The matching words wrapped in [ and ] (search results only)."""
+
+
+def summary_row(summary: ConversationSummary) -> Row:
+    model = " ".join(part for part in (summary.model, summary.precision) if part)
+    return Row(summary.id, summary.title, summary.updated, summary.turns, model or None)
+
+
+def search_rows(store: Store, query: str) -> list[Row]:
+    """Conversations whose messages match (best first, one row each), then those matching by title only."""
+    rows: dict[int, Row] = {}
+    for hit in store.search(query, limit=200):
+        rows.setdefault(hit.conversation_id, Row(hit.conversation_id, hit.title, match=f"{hit.role}: {hit.snippet}"))
+    words = query.lower().split()
+    for summary in store.list_conversations():
+        if summary.id not in rows and words and all(w in summary.title.lower() for w in words):
+            rows[summary.id] = Row(summary.id, summary.title, match="title")
+    return list(rows.values())
+
+
+def highlight(snippet: str) -> Text:
+    """A search snippet with its [matches] highlighted, on one line (a Rich Text: the table measures it)."""
+    parts = re.split(r"\[([^\]]*)\]", " ".join(snippet.split()))
+    return Text.assemble(*((part, "bold reverse") if i % 2 else part for i, part in enumerate(parts)))
+
+
+def date(timestamp: float | None) -> str:
+    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M") if timestamp is not None else ""
+
+
+def export_path(directory: Path, conversation_id: int, extension: str) -> Path:
+    """A new file name in `directory`; an existing file is never overwritten (a number is added)."""
+    for n in range(1, 1000):
+        suffix = "" if n == 1 else f"-{n}"
+        path = directory / f"llmchat-conversation-{conversation_id}{suffix}.{extension}"
+        if not path.exists():
+            return path
+    raise OSError(f"too many exports of conversation {conversation_id} in {directory}")
+
+
+def export_text(store: Store, conversation_id: int, extension: str) -> str:
+    if extension == "md":
+        return store.export_markdown(conversation_id)
+    return json.dumps(store.export_json(conversation_id), ensure_ascii=False, indent=2)
+
+
+class ConversationTable(DataTable):
+    """The list; Enter (select) resumes the highlighted conversation, and the footer says so."""
+
+    BINDINGS = [Binding("enter", "select_cursor", "Resume")]
+
+
+class ConversationsScreen(ModalScreen[int | None]):
+    DEFAULT_CSS = """
+    ConversationsScreen { align: center middle; }
+    ConversationsScreen > #box { width: 92%; height: 90%; border: thick $primary; background: $surface;
+        padding: 0 1; }
+    ConversationsScreen.-narrow > #box, ConversationsScreen.-short > #box { width: 100%; height: 100%; border: none; }
+    ConversationsScreen #heading { text-style: bold; color: $text-primary; }
+    ConversationsScreen #hint { color: $text-muted; }
+    ConversationsScreen #search { margin: 1 0 0 0; }
+    ConversationsScreen DataTable { height: 1fr; margin-top: 1; }
+    ConversationsScreen #status { height: auto; margin-top: 1; }
+    ConversationsScreen #status.-error { color: $text-error; }
+    """
+    BINDINGS = [
+        Binding("escape", "close", "Close"),
+        Binding("slash", "search", "Search"),
+        Binding("r", "rename", "Rename"),
+        Binding("d,delete", "delete", "Delete"),
+        Binding("m", "export('md')", "Export .md"),
+        Binding("j", "export('json')", "Export .json"),
+    ]
+
+    class Listed(Message):
+        def __init__(self, query: str, rows: list[Row]) -> None:
+            super().__init__()
+            self.query = query
+            self.rows = rows
+
+    class Done(Message):
+        """A change (rename, delete, export) finished: what to say, and whether it was an error."""
+
+        def __init__(self, text: str, error: bool = False, refresh: bool = True) -> None:
+            super().__init__()
+            self.text = text
+            self.error = error
+            self.refresh_list = refresh
+
+    def __init__(self, open_id: int | None = None, directory: Path | None = None) -> None:
+        super().__init__()
+        self.open_id = open_id
+        """The conversation shown in the chat now (marked, and not deletable from here)."""
+        self.directory = directory
+        """Where exports go: the current directory unless given."""
+        self.rows: dict[int, Row] = {}
+        self._store: Store | None = None
+        self._store_lock = threading.Lock()
+        self._keep_status = False
+        """The status line says what a change did; the refreshed list after it leaves that in place."""
+
+    def compose(self):
+        with Vertical(id="box"):
+            yield Static("Conversations", id="heading")
+            yield Static(
+                "Every finished turn is saved here. Exports (m, j) go into the current directory.",
+                id="hint",
+            )
+            yield Input(placeholder="Search every message (full text; the last word may be a prefix)…",
+                        id="search", compact=True)
+            yield ConversationTable(cursor_type="row", zebra_stripes=True)
+            yield Static("loading…", id="status", markup=False)
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one(DataTable).focus()
+        self._fetch("")
+
+    def on_unmount(self) -> None:
+        with self._store_lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    # -- the store, on worker threads -----------------------------------------------------
+    def _open(self) -> Store:
+        """This screen's own connection, opened on a worker thread (WAL mode: readers and writers share the file)."""
+        with self._store_lock:
+            if self._store is None:
+                self._store = Store()
+            return self._store
+
+    @work(thread=True, exclusive=True, group="list")
+    def _fetch(self, query: str) -> None:
+        try:
+            store = self._open()
+            rows = search_rows(store, query) if query.strip() else [summary_row(s) for s in store.list_conversations()]
+        except StoreError as e:
+            self.post_message(self.Done(str(e), error=True, refresh=False))
+            return
+        if not get_current_worker().is_cancelled:
+            self.post_message(self.Listed(query, rows))
+
+    @work(thread=True, group="change")
+    def _rename(self, conversation_id: int, title: str) -> None:
+        try:
+            self._open().rename(conversation_id, title)
+        except StoreError as e:
+            self.post_message(self.Done(str(e), error=True))
+            return
+        self.post_message(self.Done(f"Conversation {conversation_id} renamed to “{title.strip()}”."))
+
+    @work(thread=True, group="change")
+    def _delete(self, conversation_id: int) -> None:
+        try:
+            self._open().delete(conversation_id)
+        except StoreError as e:
+            self.post_message(self.Done(str(e), error=True))
+            return
+        deleted = f"Conversation {conversation_id} deleted, with every branch and its saved KV cache."
+        self.post_message(self.Done(deleted))
+
+    @work(thread=True, group="change")
+    def _export(self, conversation_id: int, extension: str, directory: Path) -> None:
+        try:
+            text = export_text(self._open(), conversation_id, extension)
+            path = export_path(directory, conversation_id, extension)
+            with open(path, "x", encoding="utf-8") as f:  # "x": never overwrite a file
+                f.write(text + "\n")
+        except StoreError as e:
+            self.post_message(self.Done(str(e), error=True, refresh=False))
+            return
+        except OSError as e:
+            problem = f"could not export to {directory}: {e.strerror or e}"
+            self.post_message(self.Done(problem, error=True, refresh=False))
+            return
+        exported = f"Exported conversation {conversation_id} ({EXPORTS[extension]}) to {path.resolve()}"
+        self.post_message(self.Done(exported, refresh=False))
+
+    # -- showing what the workers found ------------------------------------------------------
+    def on_conversations_screen_listed(self, message: Listed) -> None:
+        if message.query != self.query_one("#search", Input).value:
+            return  # typed on since: a newer search is coming
+        table = self.query_one(DataTable)
+        selected = self.selected()
+        table.clear(columns=True)
+        searching = bool(message.query.strip())
+        if searching:
+            table.add_columns("", "#", "Title", "Match")
+        else:
+            table.add_columns("", "#", "Title", "Updated", "Turns", "Model")
+        self.rows = {row.id: row for row in message.rows}
+        for row in message.rows:
+            mark = "●" if row.id == self.open_id else ""
+            title = Text(row.title or "(untitled)")  # Text, not str: a title is not markup
+            if searching:
+                cells = (mark, str(row.id), title, highlight(row.match or ""))
+            else:
+                cells = (mark, str(row.id), title, date(row.updated), str(row.turns), Text(row.model or "?"))
+            table.add_row(*cells, key=str(row.id))
+        if selected in self.rows:
+            table.move_cursor(row=table.get_row_index(str(selected)))
+        if self._keep_status:
+            self._keep_status = False
+        else:
+            self._say(self._summary(message.query, len(message.rows)))
+
+    def _summary(self, query: str, count: int) -> str:
+        if query.strip():
+            found = "1 conversation matches" if count == 1 else f"{count} conversations match"
+            return f"{found} “{query.strip()}”." if count else f"Nothing matches “{query.strip()}”."
+        if not count:
+            return "No saved conversations yet: every turn you finish in the chat is saved here."
+        opened = " ● is the one open in the chat." if self.open_id in self.rows else ""
+        return f"{count} conversation{'s' if count != 1 else ''}, newest first.{opened}"
+
+    def on_conversations_screen_done(self, message: Done) -> None:
+        self._say(message.text, message.error)
+        if message.error:
+            self.notify(message.text, severity="error")
+        elif not message.refresh_list:
+            self.notify(message.text, title="Exported", timeout=8)
+        if message.refresh_list:
+            self._keep_status = True
+            self._fetch(self.query_one("#search", Input).value)
+
+    def _say(self, text: str, error: bool = False) -> None:
+        status = self.query_one("#status", Static)
+        status.update(text)
+        status.set_class(error, "-error")
+
+    # -- what the user asked -----------------------------------------------------------------
+    def selected(self) -> int | None:
+        """The id of the highlighted conversation, if any."""
+        table = self.query_one(DataTable)
+        if not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
+        return int(key) if key is not None else None
+
+    def _chosen(self) -> Row | None:
+        conversation_id = self.selected()
+        if conversation_id is None:
+            self._say("No conversation is selected.", error=True)
+            return None
+        return self.rows[conversation_id]
+
+    @on(Input.Changed, "#search")
+    def _search(self, event: Input.Changed) -> None:
+        self._fetch(event.value)
+
+    @on(Input.Submitted, "#search")
+    def _to_results(self) -> None:
+        self.query_one(DataTable).focus()
+
+    @on(DataTable.RowSelected)
+    def action_resume(self) -> None:
+        row = self._chosen()
+        if row is not None:
+            self.dismiss(row.id)
+
+    def action_search(self) -> None:
+        self.query_one("#search", Input).focus()
+
+    def action_close(self) -> None:
+        search = self.query_one("#search", Input)
+        if search.has_focus and search.value:
+            search.value = ""
+        elif search.has_focus:
+            self.query_one(DataTable).focus()
+        else:
+            self.dismiss(None)
+
+    def action_rename(self) -> None:
+        row = self._chosen()
+        if row is None:
+            return
+
+        def renamed(title: str | None) -> None:
+            if title is not None and title.strip() and title.strip() != row.title:
+                self._rename(row.id, title)
+
+        self.app.push_screen(TextDialog(f"New title for conversation {row.id}:", row.title), renamed)
+
+    def action_delete(self) -> None:
+        row = self._chosen()
+        if row is None:
+            return
+        if row.id == self.open_id:
+            self._say(f"Conversation {row.id} is open in the chat: start a new chat (Ctrl+N) first, then delete it.",
+                      error=True)
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self._delete(row.id)
+            else:
+                self._say("Nothing was deleted.")
+
+        question = (f"Delete conversation {row.id}, “{row.title or '(untitled)'}”, with every branch and its saved "
+                    "KV cache? This cannot be undone.")
+        self.app.push_screen(ConfirmDialog(question, yes="Delete"), confirmed)
+
+    def action_export(self, extension: str) -> None:
+        row = self._chosen()
+        if row is not None:
+            self._export(row.id, extension, self.directory or Path.cwd())
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """While typing a search, the letter keys type; the row actions wait for the list."""
+        if action in ("rename", "delete", "export") and isinstance(self.focused, Input):
+            return None
+        return True

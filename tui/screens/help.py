@@ -1,0 +1,70 @@
+"""Help: the keys, and what each panel shows."""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+HELP = """\
+# llmchat
+
+| Key | Does |
+|---|---|
+| **Enter** | send the prompt |
+| **Ctrl+J** | new line in the prompt (Shift+Enter / Alt+Enter where the terminal reports them) |
+| **Esc** | stop the answer; the partial answer stays |
+| **Ctrl+N** | new chat (the conversation stays saved; Ctrl+O finds it) |
+| **Ctrl+R** | regenerate the last answer |
+| **Ctrl+S** | settings: precision, sampling, theme |
+| **Ctrl+O** | saved conversations: search, resume (Enter), rename (r), delete (d), export (m / j) |
+| **Alt+↑** | select a message: ↑↓ move, ←→ step between its versions ‹ 2/3 ›, **e** edit it, Esc back |
+| **Ctrl+T** | show or hide the panels (on a small terminal: switch between chat and panels) |
+| **Ctrl+P** | command palette (every action above, plus themes) |
+| **F1** | this help |
+| **Ctrl+Q** | quit |
+
+## The panels
+- **Phase**: **PREFILL** pushes every new prompt token through the model at once
+  (compute-bound; it ends with the first token, so its cost is **TTFT**). **DECODE** makes
+  one token per step and must read every weight and the whole cache each time
+  (memory-bound; its cost per token is **ITL**). The sparkline is the ITL of each token.
+- **KV cache**: the keys and values of every token so far, in every layer. The gauge is
+  tokens against the context window; bytes are summed from the real tensors; the formula
+  shows where bytes per token come from. A follow-up turn only prefills its *new* tokens:
+  the rest are **reused**.
+- **Top-k**: the most probable next tokens of the latest step after your sampling
+  settings, the chosen one marked **▶**, and the entropy (how unsure the model was).
+- **Tokens**: the prompt as the model sees it (grey = reused from the cache, amber =
+  prefilled now), then each generated token with its ID, coloured by its probability.
+
+## Instruments (each also in Ctrl+P; **?** inside one opens its explanation, Esc closes it)
+| Key | Instrument |
+|---|---|
+| **F2** | token inspector: every step of any answer (←→, or click a chip in Tokens); **f** forks from the highlighted alternative |
+| **F3** | step mode on/off: each token waits; **s** sampled, **g** greedy, **1–9** an alternative, **r** resume |
+| **F4** | sampler stages: how penalty, temperature, top-k, top-p, min-p reshape the step's distribution |
+| **F5** | tokenizer view: pieces and IDs, chat template, cached vs new; compare the cost of two texts |
+| **F6** | two phases measured: FLOP/s, bytes/s, arithmetic intensity against this machine's peaks |
+| **F7** | attention view by layer and head (slows decoding while open) |
+| **F8** | precision compare: the last turn at two precisions |
+
+Press **Esc** to close.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll { width: 90; max-width: 100%; height: auto; max-height: 100%;
+        border: thick $primary; background: $surface; }
+    """
+    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
+
+    def compose(self):
+        with VerticalScroll():
+            yield Markdown(HELP)
+
+    def on_mount(self) -> None:
+        self.query_one(VerticalScroll).focus()  # so the arrow keys scroll

@@ -1,0 +1,228 @@
+"""Token inspector: a cursor over the steps of any answer, what each step was, and fork from an alternative.
+
+The steps come from the answer's trace (`session.messages[i].trace`), read as they were
+emitted; nothing is recomputed. Forking goes through the engine (`engine.fork`) and the
+chat shows the new continuation; the original stays as a branch (`b` shows it here).
+"""
+
+from __future__ import annotations
+
+import math
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.widgets import Static
+
+from engine.events import Candidate, Event, Forked, TurnFinished
+from engine.instruments.trace import TokenRecord
+from tui.fmt import prob_style, visible_piece
+from tui.instruments import AnswerRef, answers
+from tui.screens.instrument import InstrumentScreen
+from tui.widgets.alternatives import AlternativesList
+from tui.widgets.token_strip import StripToken, TokenStrip
+
+
+def byte_text(data: bytes | None) -> str:
+    if data is None:
+        return "none: a special token of the chat template"
+    return " ".join(f"{b:02x}" for b in data) + f"  ({len(data)} byte{'s' if len(data) != 1 else ''})"
+
+
+def record_lines(record: TokenRecord, steps: int, forked_here: bool) -> list[Content]:
+    """What the inspector says about one step."""
+    label = lambda name: (f"{name:<10}", "bold")  # noqa: E731
+    rank = "the most probable" if record.rank == 1 else f"{record.rank - 1} token(s) were more probable"
+    if record.rank == 0:
+        rank = "unknown"
+    text = repr(record.text) if record.text else "nothing yet: it holds part of a UTF-8 character"
+    lines = [
+        Content.assemble(("step ", "bold"), f"{record.step + 1} of {steps}", ("  · KV cache position ", "bold"),
+                         f"{record.position}"),
+        Content.assemble(label("ID"), f"{record.id}"),
+        Content.assemble(label("piece"), (visible_piece(record.piece), prob_style(record.prob))),
+        Content.assemble(label("bytes"), byte_text(record.bytes)),
+        Content.assemble(label("logprob"), f"{record.logprob:.4f}", ("  p = ", "$text-muted"), f"{record.prob:.2%}"),
+        Content.assemble(label("rank"), f"{record.rank}", (f"  ({rank})", "$text-muted")),
+        Content.assemble(label("entropy"), f"{record.entropy_bits:.3f} bits", (f"  ({record.entropy:.3f} nats) ≈ a fair "
+                         f"choice among {record.choices:.1f} tokens", "$text-muted")),
+        Content.assemble(label("text"), text),
+    ]
+    if forked_here:
+        lines.append(Content.styled("⑂ forked here: this token was chosen from the alternatives", "$text-accent"))
+    return lines
+
+
+class InspectorScreen(InstrumentScreen):
+    INSTRUMENT = "inspector"
+    DEFAULT_CSS = """
+    InspectorScreen TokenStrip { margin: 1 0; }
+    InspectorScreen #panes { height: auto; }
+    InspectorScreen #record { width: 1fr; height: auto; padding-right: 2; }
+    InspectorScreen #alts-pane { width: 1fr; height: auto; }
+    InspectorScreen #alts-title { text-style: bold; color: $text-primary; }
+    """
+    BINDINGS = [
+        Binding("left", "step(-1)", "Step ←", show=False),
+        Binding("right", "step(1)", "Step →"),
+        Binding("home", "step_to(0)", "First", show=False),
+        Binding("end", "step_to(-1)", "Last", show=False),
+        Binding("up", "alternative(-1)", "Alt ↑", show=False),
+        Binding("down", "alternative(1)", "Alt ↓"),
+        Binding("f,enter", "fork", "Fork"),
+        Binding("left_square_bracket", "answer(-1)", "Prev answer"),
+        Binding("right_square_bracket", "answer(1)", "Next answer"),
+        Binding("b", "branch", "Branch"),
+        Binding("t", "stages", "Stages"),
+        Binding("k", "tokenizer", "Tokenizer"),
+    ]
+    BODY_FOCUS = False
+
+    def __init__(self, link, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        super().__init__(link)
+        self.refs = answers(link.session)
+        self.ref: AnswerRef | None = answer or (self.refs[-1] if self.refs else None)
+        self.steps = list(self.ref.trace.steps) if self.ref else []
+        self.step = self._clamp(len(self.steps) - 1 if step is None else step)
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="which")
+        yield TokenStrip("screen.select({})")
+        with Horizontal(id="panes"):
+            yield Static(id="record")
+            with Vertical(id="alts-pane"):
+                yield Static("Alternatives (top-k after your sampling settings)", id="alts-title")
+                yield AlternativesList("screen.choose({})")
+                yield Static(id="fork-hint", classes="muted")
+
+    def on_mount(self) -> None:
+        self._show_answer()
+        self.set_interval(0.5, self._follow)
+
+    def _follow(self) -> None:
+        """The answer in progress grows: take its new steps, and keep the cursor on the newest if it was."""
+        if self.ref is None or self.ref.message is not None or len(self.ref.trace) <= len(self.steps):
+            return
+        newest = self.step == len(self.steps) - 1
+        self.steps = list(self.ref.trace.steps)
+        if newest:
+            self.step = len(self.steps) - 1
+        self._show_answer()
+
+    # -- drawing ----------------------------------------------------------------------
+    def _clamp(self, step: int) -> int:
+        return max(0, min(step, len(self.steps) - 1)) if self.steps else 0
+
+    def _show_answer(self) -> None:
+        which = self.query_one("#which", Static)
+        if self.ref is None:
+            which.update(Content.styled("No answer yet: send a prompt, then inspect its tokens here.", "$text-muted"))
+            self.query_one(TokenStrip).set_tokens([])
+            self._show_step()
+            return
+        trace = self.ref.trace
+        number = next((i for i, r in enumerate(self.refs) if r.trace is trace), None)
+        position = f" · {number + 1} of {len(self.refs)} answers" if number is not None else " · not in the conversation now"
+        branch = ""
+        if trace.parent is not None:
+            branch = f" · forked at step {trace.fork_step + 1} (b shows the original)"
+        which.update(Content.assemble(
+            (self.ref.label, "bold"), f" · {len(self.steps)} steps{position}", (branch, "$text-accent"),
+            ("   [ ] other answers · ← → steps · click a chip", "$text-muted"),
+        ))
+        self.query_one(TokenStrip).set_tokens(
+            [StripToken(s.id, s.piece, prob_style(math.exp(s.logprob))) for s in self.steps], self.step
+        )
+        self._show_step()
+
+    def _show_step(self) -> None:
+        record_view = self.query_one("#record", Static)
+        alternatives = self.query_one(AlternativesList)
+        hint = self.query_one("#fork-hint", Static)
+        if not self.steps:
+            record_view.update("")
+            alternatives.set_candidates((), {})
+            hint.update("")
+            self.set_title_line("")
+            return
+        session = self.link.session
+        record = self.ref.trace.record(self.step, session.namer)
+        forked_here = self.ref.trace.fork_step == self.step
+        record_view.update(Content("\n").join(record_lines(record, len(self.steps), forked_here)))
+        candidates = record.top_k
+        if all(c.id != record.id for c in candidates):  # drawn from outside the top-k shown
+            candidates = (*candidates, Candidate(record.id, record.piece, record.prob))
+        alternatives.set_candidates(candidates, {record.id: "◀ taken"}, alternatives.cursor)
+        self.query_one(TokenStrip).move_to(self.step)
+        self.set_title_line(f"{self.ref.label} · step {self.step + 1} of {len(self.steps)}")
+        if self.ref.message is None:
+            hint.update("Only a finished answer in the conversation can be forked.")
+        else:
+            hint.update("↑↓ or click choose · f / Enter forks: the answer continues from the highlighted token")
+
+    # -- keys -------------------------------------------------------------------------
+    def action_step(self, delta: int) -> None:
+        self.action_select(self.step + delta)
+
+    def action_step_to(self, step: int) -> None:
+        self.action_select(step if step >= 0 else len(self.steps) - 1)
+
+    def action_select(self, step: int) -> None:
+        self.step = self._clamp(step)
+        self.query_one(AlternativesList).cursor = 0
+        self._show_step()
+
+    def action_alternative(self, delta: int) -> None:
+        self.query_one(AlternativesList).move(delta)
+
+    def action_choose(self, row: int) -> None:
+        alternatives = self.query_one(AlternativesList)
+        alternatives.cursor = row
+        alternatives.refresh()
+
+    def action_answer(self, delta: int) -> None:
+        if not self.refs:
+            return
+        at = next((i for i, r in enumerate(self.refs) if self.ref is not None and r.trace is self.ref.trace), len(self.refs))
+        self._switch(self.refs[(at + delta) % len(self.refs)])
+
+    def action_branch(self) -> None:
+        if self.ref is None or self.ref.trace.parent is None:
+            self.notify("This answer was not forked: it has no other branch.")
+            return
+        parent = self.ref.trace.parent
+        self._switch(AnswerRef(f"the original branch of {self.ref.label}", None, parent), self.ref.trace.fork_step)
+
+    def _switch(self, ref: AnswerRef, step: int | None = None) -> None:
+        self.ref, self.steps = ref, list(ref.trace.steps)
+        self.step = self._clamp(self.step if step is None else step)
+        self.query_one(AlternativesList).cursor = 0
+        self._show_answer()
+
+    def action_fork(self) -> None:
+        chosen = self.query_one(AlternativesList).highlighted
+        if self.ref is None or chosen is None:
+            return
+        if self.link.fork(self.ref, self.step, chosen.id):
+            self.dismiss()
+
+    def action_stages(self) -> None:
+        if self.ref is not None:
+            self.link.open("stages", step=self.step, answer=self.ref)
+
+    def action_tokenizer(self) -> None:
+        self.link.open("tokenizer", answer=self.ref)
+
+    # -- engine -----------------------------------------------------------------------
+    def engine_said(self, event: Event) -> None:
+        """A finished turn or a fork adds an answer: read the list again, keep what is shown."""
+        if isinstance(event, (TurnFinished, Forked)):
+            self.refs = answers(self.link.session)
+            if self.ref is None and self.refs:
+                self._switch(self.refs[-1])
+            elif self.ref is not None and self.ref.message is None and self.refs:
+                # the answer that was in progress is now a message of the conversation
+                same = next((r for r in self.refs if r.trace is self.ref.trace), None)
+                if same is not None:
+                    self._switch(same)

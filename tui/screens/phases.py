@@ -1,0 +1,212 @@
+"""Two phases, measured: the last turn's prefill and decode against this machine's calibrated peaks.
+
+The work (FLOPs, bytes) is counted from the model's shape (engine/instruments/phases.py),
+the times come from the turn's `TurnStats`, and the peaks from a short calibration run once
+on the inference thread and cached on disk (`c` measures again).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.content import Content
+from textual.widgets import Static
+
+from engine.events import Event, TurnFinished
+from engine.instruments import phases
+from engine.instruments.phases import Calibration, ModelShape, PhaseMeasure, TurnPhases, turn_phases
+from tui.fmt import human_bytes, ms
+from tui.screens.instrument import InstrumentScreen
+
+SCALE = (0.1, 10_000.0)
+"""FLOPs per byte at the two ends of the intensity axis (log scale)."""
+
+
+def si(value: float, unit: str) -> str:
+    """1.2e9 -> '1.20 G' + unit."""
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.2f} {prefix}{unit}"
+    return f"{value:.2f} {unit}"
+
+
+def dtype_of(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def axis_column(intensity: float, width: int) -> int:
+    low, high = (math.log10(v) for v in SCALE)
+    x = (math.log10(max(intensity, SCALE[0])) - low) / (high - low)
+    return max(0, min(width - 1, round(x * (width - 1))))
+
+
+def roofline(measures: list[PhaseMeasure], peaks: Calibration, width: int) -> list[Content]:
+    """Each phase's arithmetic intensity on a log axis, with the machine's balance point."""
+    balance = axis_column(peaks.balance, width)
+    ticks = [" "] * width
+    labels = [" "] * (width + 8)
+    for value in (0.1, 1, 10, 100, 1000, 10_000):
+        col = axis_column(value, width)
+        ticks[col] = "┼"
+        for i, ch in enumerate(f"{value:g}"):
+            if col + i < len(labels):
+                labels[col + i] = ch
+    ticks[balance] = "┃"
+    lines = [Content.assemble(("FLOP/byte ", "bold"), ("".join(ticks), "$text-muted"))]
+    for m in measures:
+        col = axis_column(m.intensity, width)
+        row = [" "] * width
+        for i in range(min(col, balance) + 1, max(col, balance)):
+            row[i] = "─"
+        row[balance] = "┃"
+        style = "$text-success" if m.bound(peaks) == "compute" else "$text-warning"
+        lines.append(Content.assemble(
+            (f"{m.phase:<10}", "bold"), ("".join(row[:col]), "$text-muted"), ("●", f"bold {style}"),
+            ("".join(row[col + 1 :]), "$text-muted"), (f" {m.intensity:,.1f}", style),
+        ))
+    lines.append(Content.assemble(" " * 10, ("".join(labels).rstrip(), "$text-muted")))
+    lines.append(Content.assemble(
+        " " * 10, ("┃", "bold"), f" balance point {peaks.balance:,.1f} FLOP/byte: left of it a phase waits on memory, "
+        "right of it on arithmetic",
+    ))
+    return lines
+
+
+def measure_rows(turn: TurnPhases, peaks: Calibration | None) -> list[Content]:
+    measures = [m for m in (turn.prefill, turn.decode) if m is not None]
+    width = 22
+    head = Content.assemble(("".ljust(24), ""), *((m.phase.rjust(width), "bold") for m in measures))
+
+    def row(name: str, values: list[str]) -> Content:
+        return Content.assemble((name.ljust(24), "bold"), *(v.rjust(width) for v in values))
+
+    lines = [
+        head,
+        row("tokens", [f"{m.tokens:,}" + (" new" if m.phase == "prefill" else " steps") for m in measures]),
+        row("time", [ms(m.seconds) + (" (whole pass)" if m.phase == "prefill" else " per step") for m in measures]),
+        row("FLOPs", [si(m.flops, "FLOP") for m in measures]),
+        row("bytes moved", [human_bytes(m.bytes) for m in measures]),
+        row("arithmetic intensity", [f"{m.intensity:,.1f} FLOP/B" for m in measures]),
+        row("achieved compute", [si(m.flop_s, "FLOP/s") for m in measures]),
+        row("achieved bandwidth", [si(m.bytes_s, "B/s") for m in measures]),
+    ]
+    if peaks is not None:
+        lines += [
+            row("  of peak FLOP/s", [f"{m.compute_use(peaks):.1%}" for m in measures]),
+            row("  of peak bandwidth", [f"{m.memory_use(peaks):.1%}" for m in measures]),
+            row("roofline allows", [si(m.attainable_flop_s(peaks), "FLOP/s") for m in measures]),
+        ]
+        bound = [m.bound(peaks) + "-bound" for m in measures]
+        lines.append(Content.assemble(("bound by".ljust(24), "bold"), *(
+            (b.rjust(width), "bold $text-success" if b.startswith("compute") else "bold $text-warning") for b in bound
+        )))
+    return lines
+
+
+def verdict(turn: TurnPhases, peaks: Calibration) -> list[Content]:
+    out = []
+    for m in (turn.prefill, turn.decode):
+        if m is None:
+            continue
+        if m.bound(peaks) == "compute":
+            out.append(Content.assemble(
+                (f"{m.phase}: ", "bold"), f"{m.intensity:,.1f} FLOP/B ≥ {peaks.balance:,.1f}: compute-bound; it reached "
+                f"{m.compute_use(peaks):.0%} of this machine's peak FLOP/s.",
+            ))
+        else:
+            out.append(Content.assemble(
+                (f"{m.phase}: ", "bold"), f"{m.intensity:,.1f} FLOP/B < {peaks.balance:,.1f}: memory-bound; it moved "
+                f"{m.memory_use(peaks):.0%} of this machine's measured bandwidth and used {m.compute_use(peaks):.1%} "
+                "of its arithmetic.",
+            ))
+    if out and all(m.compute_use(peaks) < 0.05 and m.memory_use(peaks) < 0.05 for m in (turn.prefill, turn.decode) if m):
+        out.append(Content.styled(
+            "Neither phase came near a limit: a model this small does so little work per pass that fixed costs "
+            "(Python, kernel launches, the sampler) take most of the time.", "$text-muted"))
+    return out
+
+
+class PhasesScreen(InstrumentScreen):
+    INSTRUMENT = "phases"
+    BINDINGS = [Binding("c", "calibrate", "Calibrate again")]
+
+    def __init__(self, link) -> None:
+        super().__init__(link)
+        self.peaks: Calibration | None = None
+        self.shape = ModelShape.of(link.session.loaded)
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="model")
+        yield Static(id="machine")
+        yield Static("The last turn", classes="section")
+        yield Static(id="table")
+        yield Static("Where each phase sits", classes="section")
+        yield Static(id="roofline")
+        yield Static(id="verdict")
+
+    def on_mount(self) -> None:
+        info = self.link.session.info
+        s = self.shape
+        self.set_title_line(f"{info.name} · {info.precision} · {info.device}")
+        self.query_one("#model", Static).update(Content.assemble(
+            ("model ", "bold"), f"P = {s.matmul_params:,} weights per token in {s.layers} layers ",
+            ("(2·P FLOPs per token)", "$text-muted"), f" · LM head {s.head_params:,} · W = {human_bytes(s.streamed_weight_bytes)} "
+            f"read per pass · KV {s.kv_bytes_per_token:,} B/token",
+        ))
+        self.peaks = phases.cached_calibration(info.device, dtype_of(info.compute_dtype))
+        if self.peaks is None:
+            self.action_calibrate()
+        self.draw()
+
+    def action_calibrate(self) -> None:
+        info = self.link.session.info
+        self.query_one("#machine", Static).update(Content.styled(
+            "measuring this machine's peak matmul FLOP/s and memory bandwidth (a few seconds, once; then cached)…",
+            "$text-warning"))
+        self.run_worker(self._calibrate(info.device, dtype_of(info.compute_dtype), refresh=self.peaks is not None),
+                        exclusive=True)
+
+    async def _calibrate(self, device: str, dtype: torch.dtype, refresh: bool) -> None:
+        try:
+            self.peaks = await self.on_engine(
+                self.link.engine.call(lambda s: phases.calibrate(device, dtype, refresh=refresh))
+            )
+        except Exception as e:
+            self.query_one("#machine", Static).update(Content.styled(f"✖ calibration failed: {e}", "$text-error"))
+            return
+        self.draw()
+
+    def draw(self) -> None:
+        peaks = self.peaks
+        if peaks is not None:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(peaks.measured_at))
+            self.query_one("#machine", Static).update(Content.assemble(
+                ("machine ", "bold"), f"{peaks.device}, {peaks.dtype}, {peaks.threads} threads: peak matmul ",
+                (si(peaks.matmul_flop_s, "FLOP/s"), "bold"), " · bandwidth ", (si(peaks.bandwidth_bytes_s, "B/s"), "bold"),
+                f" · balance {peaks.balance:,.1f} FLOP/B", (f"  (measured {when}; c measures again)", "$text-muted"),
+            ))
+        stats = self.link.last_stats
+        if stats is None:
+            self.query_one("#table", Static).update(Content.styled(
+                "No finished turn yet: send a prompt; this view fills in when the answer ends.", "$text-muted"))
+            return
+        turn = turn_phases(self.shape, stats)
+        if turn.prefill is None and turn.decode is None:
+            self.query_one("#table", Static).update(Content.styled(
+                "The last turn had nothing to measure (no prefill, under two tokens).", "$text-muted"))
+            return
+        self.query_one("#table", Static).update(Content("\n").join(measure_rows(turn, peaks)))
+        if peaks is not None:
+            width = max(30, min(80, self.size.width - 24))
+            measures = [m for m in (turn.prefill, turn.decode) if m is not None]
+            self.query_one("#roofline", Static).update(Content("\n").join(roofline(measures, peaks, width)))
+            self.query_one("#verdict", Static).update(Content("\n").join(verdict(turn, peaks)))
+
+    def engine_said(self, event: Event) -> None:
+        if isinstance(event, TurnFinished):
+            self.draw()

@@ -1,0 +1,171 @@
+"""Precision compare: the last turn at the loaded precision and at a second one, side by side.
+
+The second precision is loaded on the inference thread, the turn runs teacher-forced
+(`compare_turn`), and the second model is dropped again; the chat's model stays as it was.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.content import Content
+from textual.widgets import Button, Input, Label, Select, Static
+
+from engine import models
+from engine.instruments.precision_compare import PrecisionComparison, compare_turn
+from engine.precision import PRECISIONS
+from tui.fmt import human_bytes, ms, subscript, visible_piece
+from tui.screens.instrument import InstrumentScreen
+
+DEFAULT_TOKENS = 32
+
+
+def run_compare(precision: str, max_new_tokens: int, cancel: threading.Event):
+    """For `engine.call`: load the session's model at `precision`, compare the last turn, free it."""
+
+    def run(session) -> PrecisionComparison:
+        if cancel.is_set():
+            raise RuntimeError("cancelled")
+        other = models.load(session.info.spec, precision, session.info.device)
+        try:
+            return compare_turn(session, other, max_new_tokens, cancel)
+        finally:
+            del other
+            gc.collect()
+
+    return run
+
+
+def side_by_side(result: PrecisionComparison) -> list[Content]:
+    a, b = result.reference, result.other
+    width = 18
+
+    def row(name: str, left: str, right: str) -> Content:
+        return Content.assemble((name.ljust(22), "bold"), left.rjust(width), right.rjust(width))
+
+    return [
+        Content.assemble("".ljust(22), (f"{a.precision} (reference)".rjust(width), "bold"), (b.precision.rjust(width), "bold")),
+        row("weights in memory", human_bytes(a.weight_bytes), human_bytes(b.weight_bytes)),
+        row("prefill", ms(a.prefill_s), ms(b.prefill_s)),
+        row("ITL (median)", ms(a.itl_p50_s), ms(b.itl_p50_s)),
+        row("decode", f"{a.decode_tok_s:.1f} tok/s", f"{b.decode_tok_s:.1f} tok/s"),
+    ]
+
+
+def agreement_lines(result: PrecisionComparison, piece) -> list[Content]:
+    steps = result.steps
+    agree = sum(s.agree for s in steps)
+    lines = [Content.assemble(
+        ("top-1 agreement ", "bold"), f"{agree} of {len(steps)} steps ({result.agreement:.1%})",
+        ("   mean KL ", "bold"), f"{result.mean_kl:.5f} nats",
+        ("   max KL ", "bold"), f"{max((s.kl for s in steps), default=0.0):.5f} nats",
+    )]
+    first = result.first_divergence
+    if first is None:
+        lines.append(Content.assemble(("first divergent token ", "bold"), (
+            f"none: at every one of the {len(steps)} steps the {result.other.precision} model would pick the same token",
+            "$text-success")))
+    else:
+        lines.append(Content.assemble(
+            ("first divergent token ", "bold"), f"step {first.step + 1}: {result.reference.precision} takes ",
+            (visible_piece(piece(first.token)), "bold"), f" (p {first.ref_prob:.1%}); {result.other.precision} would take ",
+            (visible_piece(piece(first.other_top)), "bold $text-error"), f" (it gave {visible_piece(piece(first.token))} "
+            f"p {first.other_prob:.1%}). A free-running {result.other.precision} answer parts ways here.",
+        ))
+    return lines
+
+
+def step_chips(result: PrecisionComparison, piece) -> Content:
+    parts: list = []
+    for s in result.steps:
+        style = "$text-success on $success-muted" if s.agree else "$text-error on $error-muted"
+        parts += [(visible_piece(piece(s.token)), style), (subscript(s.token), "$text-muted"), " "]
+    return Content.assemble(*parts)
+
+
+class PrecisionScreen(InstrumentScreen):
+    INSTRUMENT = "precision"
+    DEFAULT_CSS = """
+    PrecisionScreen #controls { height: auto; margin-top: 1; }
+    PrecisionScreen #controls > Label { padding: 1 1 0 0; }
+    PrecisionScreen #controls > Select { width: 20; }
+    PrecisionScreen #controls > Input { width: 10; }
+    PrecisionScreen #controls > Button { margin-left: 2; }
+    """
+    BINDINGS = [Binding("r", "run", "Run")]
+
+    def __init__(self, link) -> None:
+        super().__init__(link)
+        self.result: PrecisionComparison | None = None
+        self.cancel = threading.Event()
+        """Set when the screen closes: a comparison still running stops at its next step."""
+
+    def compose_body(self) -> ComposeResult:
+        current = self.link.session.info.precision
+        others = [p for p in PRECISIONS if p != current]
+        default = "bf16" if "bf16" in others else others[0]
+        yield Static(f"The last turn answered greedily at {current} (the reference) and, fed the same tokens, at:")
+        with Horizontal(id="controls"):
+            yield Label("second precision")
+            yield Select([(p, p) for p in others], value=default, allow_blank=False, id="other")
+            yield Label("tokens")
+            yield Input(str(DEFAULT_TOKENS), id="tokens", type="integer")
+            yield Button("Run (r)", id="run", variant="primary")
+        yield Static(id="status", classes="muted")
+        yield Static("Speed and memory", classes="section")
+        yield Static(id="sides")
+        yield Static("Do they agree?", classes="section")
+        yield Static(id="agreement")
+        yield Static("The reference's tokens (green: the other model's top-1 agrees · red: it does not)", classes="section")
+        yield Static(id="chips")
+
+    def on_mount(self) -> None:
+        options = getattr(self.app, "options", None)
+        self.query_one("#tokens", Input).cursor_blink = options.cursor_blink if options is not None else True
+        self.query_one("#other", Select).focus()
+        self.set_title_line(f"reference {self.link.session.info.precision}")
+        self._status("choose a second precision and press r (or the button); it loads that precision for a moment")
+
+    def on_unmount(self) -> None:
+        self.cancel.set()
+
+    def _status(self, text: str) -> None:
+        self.query_one("#status", Static).update(text)
+
+    @on(Button.Pressed, "#run")
+    @on(Input.Submitted, "#tokens")
+    def action_run(self) -> None:
+        precision = self.query_one("#other", Select).value
+        try:
+            tokens = int(self.query_one("#tokens", Input).value)
+            if tokens < 1:
+                raise ValueError
+        except ValueError:
+            self._status("✖ tokens must be a whole number of at least 1")
+            return
+        busy = getattr(self.app, "turns", None) is not None and self.app.turns.busy
+        self._status(f"loading {precision} and running the last turn at both precisions"
+                     + (" (after the answer in progress)…" if busy else "…"))
+        self.run_worker(self._run(str(precision), tokens), exclusive=True)
+
+    async def _run(self, precision: str, tokens: int) -> None:
+        try:
+            result = await self.on_engine(self.link.engine.call(run_compare(precision, tokens, self.cancel)))
+        except Exception as e:  # a precision this machine cannot load, or no turn yet
+            self._status(f"✖ {e}")
+            return
+        self.show(result)
+
+    def show(self, result: PrecisionComparison) -> None:
+        self.result = result
+        piece = self.link.session.namer.piece
+        self._status(f"{len(result.steps)} steps after a {result.prompt_tokens}-token prompt · r runs again")
+        self.query_one("#sides", Static).update(Content("\n").join(side_by_side(result)))
+        self.query_one("#agreement", Static).update(Content("\n").join(agreement_lines(result, piece)))
+        self.query_one("#chips", Static).update(step_chips(result, piece))
+        self.set_title_line(f"{result.reference.precision} vs {result.other.precision}")

@@ -1,0 +1,183 @@
+"""Settings: precision (reloads in the background), sampling (applies from the next token), theme.
+
+Every field is checked as it is typed; a bad value gets a message under it and is never
+applied. Imports the engine's settings, so the app opens this screen only once the
+engine has started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from textual import on
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, Static
+
+from engine.precision import PRECISIONS, cpu_note
+from engine.sampling import SamplingSettings
+
+FIELDS = {
+    "temperature": "Temperature (0 = greedy)",
+    "top_k": "Top-k (0 = off)",
+    "top_p": "Top-p",
+    "min_p": "Min-p",
+    "repetition_penalty": "Repetition penalty (1 = off)",
+    "seed": "Seed (blank = random)",
+    "max_new_tokens": "Max new tokens",
+}
+WHOLE = {"top_k", "seed", "max_new_tokens"}
+
+
+def parse_field(name: str, text: str) -> Any:
+    """Text from an input to a field value; ValueError says what is wrong."""
+    text = text.strip()
+    if name == "seed" and not text:
+        return None
+    try:
+        return int(text) if name in WHOLE else float(text)
+    except ValueError:
+        kind = "a whole number" if name in WHOLE else "a number"
+        raise ValueError(f"{name} must be {kind}, got {text!r}") from None
+
+
+def check_field(settings: SamplingSettings, name: str, text: str) -> str | None:
+    """None when the value is acceptable, else the reason (with the allowed range)."""
+    try:
+        replace(settings, **{name: parse_field(name, text)})
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def field_text(settings: SamplingSettings, name: str) -> str:
+    value = getattr(settings, name)
+    return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+class SettingsScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    SettingsScreen { align: center middle; }
+    SettingsScreen > VerticalScroll { width: 76; max-width: 100%; height: auto; max-height: 100%;
+        border: thick $primary; background: $surface; padding: 0 1; }
+    SettingsScreen .heading { text-style: bold; color: $text-primary; margin-top: 1; }
+    SettingsScreen .row { height: 1; }
+    SettingsScreen .row > Label { width: 30; }
+    SettingsScreen .row > Input, SettingsScreen .row > Select { width: 1fr; }
+    SettingsScreen .error { color: $text-error; height: auto; }
+    SettingsScreen .hint { color: $text-muted; }
+    SettingsScreen #buttons { height: auto; margin-top: 1; align-horizontal: right; }
+    SettingsScreen Button { margin-left: 1; }
+    """
+    BINDINGS = [Binding("escape", "dismiss", "Close"), Binding("ctrl+s", "apply", "Apply")]
+
+    class PrecisionChosen(Message):
+        def __init__(self, precision: str) -> None:
+            super().__init__()
+            self.precision = precision
+
+    class SamplingApplied(Message):
+        def __init__(self, settings: SamplingSettings) -> None:
+            super().__init__()
+            self.settings = settings
+
+    def __init__(self, precision: str, device: str, sampling: SamplingSettings, themes: list[str]) -> None:
+        super().__init__()
+        self.precision = precision
+        self.device = device
+        self.sampling = sampling
+        self.themes = themes
+
+    def compose(self):
+        with VerticalScroll():
+            yield Static("Settings", classes="heading")
+            yield Static("Precision: a change reloads the model in the background, keeps the conversation, "
+                         "and re-prefills the cache on the next turn.", classes="hint")
+            with Horizontal(classes="row"):
+                yield Label("Precision")
+                yield Select([(p, p) for p in PRECISIONS], value=self.precision, allow_blank=False, compact=True, id="precision")
+            yield Static(self._precision_note(self.precision), id="precision-note", classes="hint")
+            yield Static("Sampling: Enter applies a field; it takes effect from the next token, also mid-answer.",
+                         classes="heading")
+            for name, label in FIELDS.items():
+                with Horizontal(classes="row"):
+                    yield Label(label)
+                    yield Input(field_text(self.sampling, name), id=name, compact=True, select_on_focus=True)
+                problem = Static("", id=f"{name}-error", classes="error", markup=False)
+                problem.display = False
+                yield problem
+            yield Static("Theme", classes="heading")
+            with Horizontal(classes="row"):
+                yield Label("Theme (saved)")
+                yield Select([(t, t) for t in self.themes], value=self.app.theme, allow_blank=False, compact=True, id="theme")
+            with Horizontal(id="buttons"):
+                yield Button("Apply  ^s", id="apply", variant="primary")
+                yield Button("Close  esc", id="close")
+
+    def on_mount(self) -> None:
+        self._show_note(self.precision)
+        self.query_one("#temperature", Input).focus()
+
+    def _show_note(self, precision: str) -> None:
+        note = self.query_one("#precision-note", Static)
+        note.update(self._precision_note(precision))
+        note.display = bool(self._precision_note(precision))
+
+    def _precision_note(self, precision: str) -> str:
+        note = cpu_note(precision) if self.device == "cpu" else None
+        return note or ""
+
+    @on(Select.Changed, "#precision")
+    def _precision(self, event: Select.Changed) -> None:
+        self._show_note(str(event.value))
+        if event.value != self.precision:
+            self.precision = str(event.value)
+            self.post_message(self.PrecisionChosen(self.precision))
+
+    @on(Select.Changed, "#theme")
+    def _theme(self, event: Select.Changed) -> None:
+        self.app.theme = str(event.value)
+
+    @on(Input.Changed)
+    def _check(self, event: Input.Changed) -> None:
+        self._show_problem(event.input.id or "", check_field(self.sampling, event.input.id or "", event.value))
+
+    @on(Input.Submitted)
+    def _submitted(self) -> None:
+        self._apply()
+
+    @on(Button.Pressed, "#apply")
+    def action_apply(self) -> None:
+        if self._apply():
+            self.dismiss()
+
+    @on(Button.Pressed, "#close")
+    def _close(self) -> None:
+        self.dismiss()
+
+    def _show_problem(self, name: str, problem: str | None) -> None:
+        message = self.query_one(f"#{name}-error", Static)
+        message.update(problem or "")
+        message.display = bool(problem)
+
+    def _apply(self) -> bool:
+        """Apply every field if all are valid; otherwise show each problem and change nothing."""
+        values, ok = {}, True
+        for name in FIELDS:
+            text = self.query_one(f"#{name}", Input).value
+            problem = check_field(self.sampling, name, text)
+            self._show_problem(name, problem)
+            if problem:
+                ok = False
+            else:
+                values[name] = parse_field(name, text)
+        if not ok:
+            return False
+        settings = replace(self.sampling, **values)
+        if settings != self.sampling:
+            self.sampling = settings
+            self.post_message(self.SamplingApplied(settings))
+        return True

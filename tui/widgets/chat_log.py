@@ -1,0 +1,342 @@
+"""The conversation: user messages, streamed Markdown answers, and notes.
+
+User messages and answers are `ChatMessage`s: once the engine has saved one it knows the
+message's index in the conversation and how many versions (branches) the store holds, and
+shows "‹ 2/3 ›" when there is more than one. A message can be selected (focused): ↑/↓ move
+between messages, ←/→ step between versions, and on a user message `e` asks to edit it.
+The widgets only post what was asked for; the app talks to the engine.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, Sequence
+
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.css.query import NoMatches
+from textual.message import Message
+from textual.widgets import Markdown, Static
+from textual.widgets.markdown import MarkdownStream
+
+from engine.events import SavedMessage
+
+
+def version_label(version: int, versions: int) -> Content:
+    """'‹ 2/3 ›', an arrow dimmed where there is no version further that way."""
+    back = "$text-accent" if version > 1 else "$text-disabled"
+    forward = "$text-accent" if version < versions else "$text-disabled"
+    return Content.assemble(("‹ ", back), (f"{version}/{versions}", "bold"), (" ›", forward))
+
+
+class ChatMessage(Vertical, can_focus=True):
+    """A message the engine knows by its index once saved; the store may hold other versions of it."""
+
+    DEFAULT_CSS = """
+    ChatMessage { height: auto; }
+    ChatMessage > .versions { color: $text-muted; display: none; }
+    ChatLog > ChatMessage:focus { border-left: thick $accent; background: $accent 15%; }
+    """
+    BINDINGS = [
+        Binding("left", "version(-1)", "‹ Version"),
+        Binding("right", "version(1)", "Version ›"),
+        Binding("up", "neighbour(-1)", "Previous message", show=False),
+        Binding("down", "neighbour(1)", "Next message", show=False),
+        Binding("escape", "leave", "Back to prompt"),
+    ]
+
+    class VersionStep(Message):
+        """Show the previous (-1) or next (+1) version of message `index`."""
+
+        def __init__(self, index: int, step: int) -> None:
+            super().__init__()
+            self.index = index
+            self.step = step
+
+    class Leave(Message):
+        """Selection is done: back to the prompt."""
+
+    def __init__(self, saved: SavedMessage | None = None, index: int | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.saved = saved
+        """What the store holds for this message (None until saved, or when saving is off)."""
+        self.index = index
+        """Its position in the engine's conversation (None until saved)."""
+
+    def versions_label(self) -> Static:
+        label = Static("", classes="versions")
+        self._paint_versions(label)
+        return label
+
+    def set_saved(self, index: int, saved: SavedMessage) -> None:
+        self.index, self.saved = index, saved
+        self._repaint()
+
+    def forget(self) -> None:
+        """The engine no longer has this message at a known place (a newer one took it, or it was trimmed)."""
+        self.index, self.saved = None, None
+        self._repaint()
+
+    def _repaint(self) -> None:
+        try:
+            self._paint_versions(self.query_one(".versions", Static))
+        except NoMatches:  # not composed yet: compose paints it
+            pass
+        self.refresh_bindings()
+
+    def _paint_versions(self, label: Static) -> None:
+        saved = self.saved
+        label.display = saved is not None and saved.versions > 1
+        if label.display:
+            label.update(version_label(saved.version, saved.versions))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "version":
+            if self.saved is None or self.index is None or self.saved.versions < 2:
+                return False
+            return True if 1 <= self.saved.version + int(parameters[0]) <= self.saved.versions else None
+        return True
+
+    def action_version(self, step: int) -> None:
+        if self.index is not None:
+            self.post_message(self.VersionStep(self.index, step))
+
+    def action_neighbour(self, step: int) -> None:
+        messages = list(self.parent.query_children(ChatMessage)) if self.parent else [self]
+        position = messages.index(self) + step
+        if 0 <= position < len(messages):
+            messages[position].focus()
+        elif step > 0:
+            self.post_message(self.Leave())
+
+    def action_leave(self) -> None:
+        self.post_message(self.Leave())
+
+
+class UserMessage(ChatMessage):
+    """What the user said; `e` or Enter on it asks to edit it (a new branch from here)."""
+
+    BINDINGS = [Binding("e,enter", "edit", "Edit")]
+
+    class EditRequested(Message):
+        def __init__(self, index: int, text: str) -> None:
+            super().__init__()
+            self.index = index
+            self.text = text
+
+    def __init__(self, text: str, saved: SavedMessage | None = None, index: int | None = None) -> None:
+        super().__init__(saved, index, classes="user")
+        self.text = text
+
+    def compose(self):
+        yield Static(self.text, markup=False)
+        yield self.versions_label()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "edit":
+            return True if self.index is not None else None
+        return super().check_action(action, parameters)
+
+    def action_edit(self) -> None:
+        if self.index is not None:
+            self.post_message(self.EditRequested(self.index, self.text))
+
+
+class Answer(ChatMessage):
+    """One answer: Markdown streamed as tokens arrive (or given whole, from history), then a line of stats."""
+
+    DEFAULT_CSS = """
+    Answer { height: auto; margin: 0 1 1 0; padding: 0 1; border-left: thick $primary; background: $boost; }
+    Answer > Markdown { margin: 0; padding: 0; background: transparent; }
+    Answer > .meta { color: $text-muted; }
+    """
+
+    def __init__(
+        self, note: str, text: str = "", prompt: UserMessage | None = None,
+        saved: SavedMessage | None = None, index: int | None = None,
+    ) -> None:
+        super().__init__(saved, index)
+        self._note = note
+        self._stream: MarkdownStream | None = None
+        self.text = text
+        self.prompt = prompt
+        """The user message this answers, when it was asked here (an edit or a typed prompt)."""
+
+    def compose(self):
+        yield Markdown(self.text)
+        yield self.versions_label()
+        meta = Static(self._note, classes="meta", markup=False)
+        meta.display = bool(self._note)
+        yield meta
+
+    def set_note(self, note: str) -> None:
+        meta = self.query_one(".meta", Static)
+        meta.update(note)
+        meta.display = bool(note)
+
+    async def write(self, text: str) -> None:
+        if not text:
+            return
+        if self._stream is None:  # made at the first text, so stop() never meets a task that has not run
+            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        self.text += text
+        await self._stream.write(text)
+
+    async def finish(self, note: str) -> None:
+        """Stop the stream (it writes any fragment still pending) and show the stats."""
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.set_note(note)
+
+
+class ChatLog(VerticalScroll):
+    """Follows the newest text (anchored) until the user scrolls up."""
+
+    DEFAULT_CSS = """
+    ChatLog { padding: 0 1; }
+    ChatLog > .user { margin: 0 1 1 6; padding: 0 1; border-left: thick $secondary; background: $boost; }
+    ChatLog > .note { margin: 0 1 1 0; color: $text-muted; }
+    ChatLog > .error { margin: 0 1 1 0; padding: 0 1; color: $text-error; background: $error-muted; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._waiting: deque[Answer] = deque()
+        self._unanswered: UserMessage | None = None
+        """The user message added last, until the answer box expected for it is made."""
+        self.current: Answer | None = None
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    # Mounts are awaited, so an answer box is complete before the engine can write to it.
+    async def add_user(self, text: str) -> UserMessage:
+        message = UserMessage(text)
+        await self.mount(message)
+        self._unanswered = message
+        self.anchor()
+        return message
+
+    def add_note(self, text: str, error: bool = False) -> None:
+        self.mount(Static(text, classes="error" if error else "note", markup=False))
+
+    async def expect_answer(self, note: str) -> Answer:
+        """An answer box waiting for its turn (the engine answers prompts in order)."""
+        answer = Answer(note, prompt=self._unanswered)
+        self._unanswered = None
+        await self.mount(answer)
+        self._waiting.append(answer)
+        return answer
+
+    async def begin_answer(self, note: str) -> Answer:
+        if not self._waiting:  # a turn nobody asked for here (e.g. after a new chat mid-answer)
+            await self.expect_answer(note)
+        answer = self._waiting.popleft()
+        answer.set_note(note)
+        self.current = answer
+        return answer
+
+    async def write(self, text: str) -> None:
+        if self.current is not None:
+            await self.current.write(text)
+
+    async def finish(self, note: str) -> None:
+        """End the answer in progress, or, when the turn ended before it began, the next waiting one."""
+        if self.current is not None:
+            await self.current.finish(note)
+            self.current = None
+        elif self._waiting:
+            self._waiting.popleft().set_note(note)
+
+    def take_waiting(self) -> list[Answer]:
+        """The answer boxes still waiting for their turn (their prompts were withdrawn)."""
+        waiting = list(self._waiting)
+        self._waiting.clear()
+        return waiting
+
+    async def drop_last_answer(self) -> None:
+        answers = self.query(Answer)
+        if answers:
+            await answers.last().remove()
+
+    async def clear(self) -> None:
+        if self.current is not None:
+            await self.current.finish("")
+            self.current = None
+        self._waiting.clear()
+        self._unanswered = None
+        await self.remove_children()
+
+    # -- saved messages: indices, versions, history -------------------------------------
+    def messages(self) -> list[ChatMessage]:
+        return list(self.query_children(ChatMessage))
+
+    def message_at(self, index: int) -> ChatMessage | None:
+        return next((m for m in self.messages() if m.index == index), None)
+
+    def attach_saved(self, index: int, saved: SavedMessage) -> None:
+        """The engine saved message `index`: mark the widget showing it (and forget stale places)."""
+        target = self._showing(saved.role)
+        for message in self.messages():
+            if message is not target and message.index is not None and message.index >= index:
+                message.forget()  # e.g. a prompt the engine refused: its place was taken
+        if target is not None:
+            target.set_saved(index, saved)
+
+    def _showing(self, role: str) -> ChatMessage | None:
+        """The widget an engine save refers to: the answer in progress, or the prompt about to be answered."""
+        if role == "assistant":
+            answers = list(self.query_children(Answer))
+            return self.current or (answers[-1] if answers else None)
+        prompts = [answer.prompt for answer in self._waiting if answer.prompt is not None]
+        if prompts:
+            return prompts[0]
+        return next((m for m in reversed(list(self.query_children(UserMessage))) if m.index is None), None)
+
+    def forget_first(self, count: int) -> None:
+        """The engine dropped its oldest `count` messages (the context window filled up)."""
+        for message in self.messages():
+            if message.index is None:
+                continue
+            if message.index < count:
+                message.forget()
+            else:
+                message.index -= count
+
+    async def truncate_from(self, index: int) -> bool:
+        """Remove message `index` and everything shown after it; False if it is not shown."""
+        start = self.message_at(index)
+        if start is None:
+            return False
+        children = list(self.children)
+        await self.remove_children(children[children.index(start) :])
+        return True
+
+    async def show_history(self, heading: str, messages: Sequence[SavedMessage], focus: int | None = None) -> None:
+        """Redraw the log as `messages`; prompts still waiting to be answered stay below them."""
+        keep = {answer for answer in self._waiting} | {a.prompt for a in self._waiting if a.prompt is not None}
+        if self._unanswered is not None:
+            keep.add(self._unanswered)
+        self.current = None
+        await self.remove_children([child for child in self.children if child not in keep])
+        widgets = [Static(heading, classes="note", markup=False), *self._history_widgets(messages)]
+        first_kept = self.children[0] if self.children else None
+        await self.mount_all(widgets, before=first_kept)
+        chosen = self.message_at(focus) if focus is not None else None
+        if chosen is not None:
+            chosen.focus()
+        else:
+            self.scroll_end(animate=False)
+            self.anchor()
+
+    @staticmethod
+    def _history_widgets(messages: Iterable[SavedMessage]) -> list[ChatMessage]:
+        widgets: list[ChatMessage] = []
+        for index, message in enumerate(messages):
+            if message.role == "user":
+                widgets.append(UserMessage(message.content, message, index))
+            else:
+                widgets.append(Answer("", message.content, saved=message, index=index))
+        return widgets

@@ -1,0 +1,105 @@
+"""The KV cache panel: a gauge of tokens against the window, real bytes, and the per-token formula.
+
+Drawn by `render()` at a fixed height, so an update repaints this panel only.
+"""
+
+from __future__ import annotations
+
+from textual.content import Content
+from textual.widget import Widget
+
+from engine.events import CacheChanged, ModelInfo, PhaseChanged
+from tui.fmt import human_bytes
+
+GAUGE_WIDTH = 30
+
+
+def gauge(used: int, capacity: int, width: int = GAUGE_WIDTH) -> Content:
+    filled = round(width * used / capacity) if capacity else 0
+    filled = min(width, max(filled, 1 if used else 0))
+    return Content.assemble(("█" * filled, "$accent"), ("░" * (width - filled), "$text-muted"))
+
+
+def formula(info: ModelInfo) -> str:
+    """The bytes-per-token formula with this model's numbers plugged in."""
+    return (
+        f"2 (K,V) × {info.layers} layers × {info.kv_heads} kv heads × {info.head_dim} dims"
+        f" × {info.cache_element_bytes} B = {info.kv_bytes_per_token:,} B/token"
+    )
+
+
+class KVCachePanel(Widget):
+    DEFAULT_CSS = """
+    KVCachePanel { height: 9; border: round $primary 50%; border-title-color: $text; padding: 0 1; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.border_title = "KV cache"
+        self.info: ModelInfo | None = None
+        self.cache: CacheChanged | None = None
+        self.turn: PhaseChanged | None = None
+        self.fresh = False
+        self.resumed = False
+        """A saved conversation was just resumed: the next turn prefills its history, or reuses a saved cache."""
+
+    def set_model(self, info: ModelInfo) -> None:
+        """A (re)loaded model starts with an empty cache."""
+        self.info, self.cache, self.turn = info, None, None
+        self.fresh, self.resumed = True, False
+        self.refresh()
+
+    def set_resumed(self) -> None:
+        """A saved conversation became current (its cache, if loaded from disk, follows as CacheChanged)."""
+        self.turn, self.fresh, self.resumed = None, False, True
+        self.refresh()
+
+    def set_turn(self, event: PhaseChanged) -> None:
+        self.turn = event
+        self.fresh = self.resumed = False
+        self.refresh()
+
+    def set_cache(self, event: CacheChanged, repaint: bool = True) -> None:
+        self.cache = event
+        if repaint:
+            self.refresh()
+
+    def clear(self) -> None:
+        self.cache, self.turn = None, None
+        self.resumed = False
+        self.refresh()
+
+    def render(self) -> Content:
+        if self.info is None:
+            return Content.styled("no model loaded yet", "$text-muted")
+        capacity = self.cache.capacity if self.cache else self.info.context
+        used = self.cache.tokens if self.cache else 0
+        real = self.cache.bytes if self.cache else 0
+        per_token = self.cache.bytes_per_token if self.cache else self.info.kv_bytes_per_token
+        lines = [
+            Content.assemble(gauge(used, capacity), f" {used / capacity:.1%}" if capacity else ""),
+            Content.assemble(("tokens ", "bold"), f"{used:,} / {capacity:,} in the window"),
+            Content.assemble(("bytes  ", "bold"), f"{human_bytes(real)} in the tensors"),
+            Content.assemble(("per token ", "bold"), formula(self.info)),
+            Content.assemble(
+                ("formula ", "bold"), f"{used:,} × {per_token:,} B = {human_bytes(used * per_token)}",
+            ),
+            self._turn_line(),
+        ]
+        return Content("\n").join(lines)
+
+    def _turn_line(self) -> Content:
+        if self.resumed and self.cache is not None and self.cache.tokens:
+            return Content.styled(f"resumed from disk: next turn reuses {self.cache.tokens:,} tokens", "$text-success")
+        if self.resumed:
+            return Content.styled("resumed: the next turn prefills the history", "$text-warning")
+        if self.fresh:
+            return Content.styled("new cache: the next turn prefills the whole conversation", "$text-warning")
+        if self.turn is None:
+            return Content.styled("this turn: –", "$text-muted")
+        return Content.assemble(
+            ("this turn ", "bold"),
+            (f"{self.turn.reused:,} reused", "$text-success"),
+            " · ",
+            (f"{self.turn.tokens:,} newly prefilled", "$text-warning"),
+        )

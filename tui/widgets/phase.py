@@ -1,0 +1,122 @@
+"""The phase panel: IDLE / PREFILL / DECODE at a glance, TTFT, ITL, tokens/s and a latency sparkline.
+
+Drawn by `render()` at a fixed height, so an update repaints this panel only (no layout pass).
+Given a single line (small terminals), it draws a one-line strip instead.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from textual.content import Content
+from textual.widget import Widget
+
+from engine.events import PhaseChanged, PrefillProgress, TokenSampled, TurnStats
+from tui.fmt import ms, sparkline
+
+BADGES = {
+    "idle": ("IDLE", "$text-muted on $panel"),
+    "prefill": ("PREFILL", "bold $background on $warning"),
+    "decode": ("DECODE", "bold $background on $success"),
+}
+WHY = {
+    "idle": "waiting for a prompt",
+    "prefill": "the whole prompt at once: compute-bound",
+    "decode": "one token per step: memory-bound",
+}
+
+
+class PhasePanel(Widget):
+    DEFAULT_CSS = """
+    PhasePanel { height: 8; border: round $primary 50%; border-title-color: $text; padding: 0 1;
+        text-wrap: nowrap; text-overflow: ellipsis; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.border_title = "Phase"
+        self.phase = "idle"
+        self.prompt_new = 0
+        self.prompt_reused = 0
+        self.progress: tuple[int, int] | None = None
+        self.ttft_s: float | None = None
+        self.itl: list[float] = []
+        self.tokens = 0
+        self.final: TurnStats | None = None
+
+    # -- what the engine said -------------------------------------------------
+    def set_phase(self, event: PhaseChanged) -> None:
+        self.phase = event.phase
+        if event.phase == "prefill":
+            self.prompt_new, self.prompt_reused = event.tokens, event.reused
+            self.progress, self.ttft_s, self.final = None, None, None
+            self.itl, self.tokens = [], 0
+        self.refresh()
+
+    def prefill_progress(self, event: PrefillProgress, repaint: bool = True) -> None:
+        self.progress = (event.done, event.total)
+        if repaint:
+            self.refresh()
+
+    def add_tokens(self, tokens: list[TokenSampled], repaint: bool = True) -> None:
+        for token in tokens:
+            if token.index == 0:
+                self.ttft_s = token.latency_s
+            else:
+                self.itl.append(token.latency_s)
+        self.tokens += len(tokens)
+        if repaint:
+            self.refresh()
+
+    def finish(self, stats: TurnStats) -> None:
+        self.final = stats
+        self.phase = "idle"
+        self.ttft_s = stats.ttft_s
+        self.refresh()
+
+    # -- drawing ----------------------------------------------------------------
+    def render(self) -> Content:
+        if self.content_size.height <= 1:
+            return self._strip()
+        label, style = BADGES[self.phase]
+        last = self.itl[-1] if self.itl else None
+        prefill = f"{self.final.prefill_tok_s:,.0f} tok/s" if self.final else "–"
+        return Content.assemble(
+            (f" {label} ", style), " ", self._detail(), "\n",
+            (WHY[self.phase], "italic $text-muted"), "\n",
+            ("TTFT ", "bold"), ms(self.ttft_s), "  ",
+            ("ITL ", "bold"), f"last {ms(last)} · median {ms(self.median_itl)}", "\n",
+            ("decode ", "bold"), f"{self.decode_tok_s:.1f} tok/s", "  ",
+            ("prefill ", "bold"), prefill, "\n",
+            (sparkline(self.itl, max(10, self.content_size.width)), "$accent"), "\n",
+            (f"ITL of each token, newest right (top = {ms(max(self.itl, default=None))})", "$text-muted"),
+        )
+
+    def _strip(self) -> Content:
+        """The one-line form for small terminals."""
+        label, style = BADGES[self.phase]
+        numbers = f"TTFT {ms(self.ttft_s)} · ITL {ms(self.median_itl)} · {self.decode_tok_s:.1f} tok/s"
+        return Content.assemble((f" {label} ", style), " ", self._detail(), ("  " + numbers, "$text-muted"))
+
+    def _detail(self) -> Content:
+        if self.phase == "prefill":
+            done = f" · {self.progress[0]}/{self.progress[1]} done" if self.progress else ""
+            return Content(f"{self.prompt_new} new tokens · {self.prompt_reused} reused from the cache{done}")
+        if self.phase == "decode":
+            return Content(f"token {self.tokens}")
+        if self.final is not None:
+            return Content.styled(f"last turn: {self.final.generated_tokens} tokens, stop: {self.final.stop}", "$text-muted")
+        return Content("")
+
+    @property
+    def median_itl(self) -> float | None:
+        if self.final is not None and self.final.generated_tokens > 1:
+            return self.final.itl_p50_s
+        return statistics.median(self.itl) if self.itl else None
+
+    @property
+    def decode_tok_s(self) -> float:
+        if self.final is not None:
+            return self.final.decode_tok_s
+        total = sum(self.itl)
+        return len(self.itl) / total if total > 0 else 0.0

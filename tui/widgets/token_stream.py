@@ -1,0 +1,135 @@
+"""The token panel: this turn's prompt tokens (reused ones marked) and each generated token as a chip.
+
+Drawn by `render()` at a fixed height: it shows the newest chips that fit and counts the
+rest, so an update repaints this panel only and a long answer stays cheap to draw.
+"""
+
+from __future__ import annotations
+
+import math
+
+from textual.content import Content
+from textual.widget import Widget
+
+from engine.events import PromptTokens, TokenSampled
+from tui.fmt import PROB_LEVELS, prob_style, subscript, visible_piece
+
+KEEP = 2000
+"""Generated chips kept (far more than fit on screen)."""
+REUSED = "$text-muted on $panel"
+NEW = "$text-warning on $warning-muted"
+EMPTY = "the tokens of the next turn appear here"
+
+
+def chip(token_id: int, piece: str, style: str, click: str = "") -> Content:
+    """`click`: an action a mouse click on the chip runs (e.g. open the token inspector at this step)."""
+    click = f" @click={click}" if click else ""
+    return Content.assemble((visible_piece(piece), style + click), (subscript(token_id), "$text-muted" + click), " ")
+
+
+def legend() -> Content:
+    parts: list = []
+    for floor, level in PROB_LEVELS:
+        parts += [(f"≥{floor:g}", f"$text-{level} on ${level}-muted"), " "]
+    return Content.assemble("p ", *parts)
+
+
+def pack_tail(chips: list[Content], width: int, lines: int) -> tuple[list[list[Content]], int]:
+    """The newest chips that fill `lines` rows of `width` cells, and how many older ones did not fit."""
+    rows: list[list[Content]] = []
+    i = len(chips)
+    while i > 0 and len(rows) < lines:
+        row: list[Content] = []
+        used = 0
+        while i > 0 and (not row or used + chips[i - 1].cell_length <= width):
+            row.insert(0, chips[i - 1])
+            used += chips[i - 1].cell_length
+            i -= 1
+        rows.insert(0, row)
+    if i and rows:  # make room for the "…N earlier" note on the first row
+        note = len(f"…{i + len(rows[0])} earlier ")
+        while len(rows[0]) > 1 and sum(c.cell_length for c in rows[0]) + note > width:
+            rows[0].pop(0)
+            i += 1
+    return rows, i
+
+
+def pack_head(chips: list[Content], width: int) -> list[list[Content]]:
+    """All chips, filling rows from the first (how one reads)."""
+    rows: list[list[Content]] = [[]]
+    used = 0
+    for chip_ in chips:
+        if rows[-1] and used + chip_.cell_length > width:
+            rows.append([])
+            used = 0
+        rows[-1].append(chip_)
+        used += chip_.cell_length
+    return rows
+
+
+def block(chips: list[Content], width: int, lines: int) -> list[Content]:
+    """Rows of chips: all of them when they fit, else the newest with a count of the rest."""
+    rows, hidden = pack_tail(chips, width, lines)
+    if not hidden:
+        rows = pack_head(chips, width)
+    out = [Content.assemble(*row) for row in rows]
+    if hidden:
+        out[0] = Content.assemble((f"…{hidden} earlier ", "$text-muted"), out[0])
+    return out or [Content("")]
+
+
+class TokenStream(Widget):
+    DEFAULT_CSS = """
+    TokenStream { height: 8; border: round $primary 50%; border-title-color: $text; padding: 0 1; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.border_title = "Tokens"
+        # Chips may carry @click; Textual's link styling would paint over their probability colours.
+        self.auto_links = False
+        self.prompt: PromptTokens | None = None
+        self.prompt_chips: list[Content] = []
+        self.chips: list[Content] = []
+        self.generated = 0
+
+    def set_prompt(self, prompt: PromptTokens) -> None:
+        self.prompt, self.chips, self.generated = prompt, [], 0
+        self.prompt_chips = [
+            chip(i, piece, REUSED if n < prompt.reused else NEW) for n, (i, piece) in enumerate(zip(prompt.ids, prompt.pieces))
+        ]
+        self.refresh()
+
+    def add(self, tokens: list[TokenSampled], repaint: bool = True) -> None:
+        self.chips.extend(
+            chip(t.id, t.piece, prob_style(math.exp(t.logprob)), f"app.instrument('inspector',{t.index})") for t in tokens
+        )
+        del self.chips[:-KEEP]
+        self.generated += len(tokens)
+        if repaint:
+            self.refresh()
+
+    def clear(self) -> None:
+        self.prompt, self.prompt_chips, self.chips, self.generated = None, [], [], 0
+        self.refresh()
+
+    def render(self) -> Content:
+        if self.prompt is None:
+            return Content.styled(EMPTY, "$text-muted")
+        p = self.prompt
+        width, height = self.content_size.width, self.content_size.height
+        prompt = Content.assemble(
+            ("prompt ", "bold"), f"{len(p.ids)} tokens: ", (f"{p.reused} reused", REUSED), " · ",
+            (f"{len(p.ids) - p.reused} prefilled now", NEW),
+        )
+        answer = Content.assemble(("answer ", "bold"), f"{self.generated} tokens  ", legend())
+        if prompt.cell_length + answer.cell_length + 3 <= width:
+            summary = [Content.assemble(prompt, "   ", answer)]
+        else:
+            summary = [prompt, answer]
+        room = max(2, height - len(summary))
+        # The answer gets the rows it needs (up to all but one); the prompt gets the rest.
+        answer_rows = min(room - 1, max(1, len(pack_tail(self.chips, width, room - 1)[0])))
+        lines = [*summary, *block(self.prompt_chips, width, room - answer_rows)]
+        lines += block(self.chips, width, answer_rows)
+        return Content("\n").join(lines)

@@ -1,0 +1,85 @@
+"""The top-k panel: the candidates of the latest step as bars, the chosen one marked, and the entropy.
+
+Drawn by `render()` at a fixed height, so an update repaints this panel only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from textual.content import Content
+from textual.widget import Widget
+
+from engine.events import TokenSampled
+from tui.fmt import entropy_bits, prob_color, visible_piece
+
+PIECE_WIDTH = 12
+
+
+def sampling_line(settings: Any) -> str:
+    """The settings in effect (a change applies from the next token)."""
+    s = settings
+    return (
+        f"T {s.temperature:g} · top-k {s.top_k or '–'} · top-p {s.top_p:g} · min-p {s.min_p:g}"
+        f" · rep {s.repetition_penalty:g}"
+    )
+
+
+class TopKPanel(Widget):
+    DEFAULT_CSS = """
+    TopKPanel { height: 15; border: round $primary 50%; border-title-color: $text; padding: 0 1;
+        text-wrap: nowrap; text-overflow: ellipsis; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.border_title = "Top-k: next-token candidates"
+        self.token: TokenSampled | None = None
+        self.sampling: Any = None
+
+    def show_token(self, token: TokenSampled, repaint: bool = True) -> None:
+        self.token = token
+        if repaint:
+            self.refresh()
+
+    def set_sampling(self, settings: Any) -> None:
+        self.sampling = settings
+        self.refresh()
+
+    def clear(self) -> None:
+        self.token = None
+        self.refresh()
+
+    def render(self) -> Content:
+        lines = self._lines(self.token) if self.token else [Content.styled("no token sampled yet", "$text-muted")]
+        lines += [Content("")] * max(0, self.content_size.height - 1 - len(lines))
+        if self.sampling is not None:
+            lines.append(Content.styled(sampling_line(self.sampling), "$text-muted"))
+        return Content("\n").join(lines)
+
+    def _lines(self, token: TokenSampled) -> list[Content]:
+        probs = [c.prob for c in token.top_k]
+        lines = [Content.assemble(
+            ("step ", "bold"), f"{token.index + 1} · position {token.position} · ",
+            ("entropy ", "bold"), f"≥ {entropy_bits(probs):.2f} bits",
+        )]
+        width = max(6, self.content_size.width - PIECE_WIDTH - 12)
+        top = probs[0] if probs else 1.0
+        for rank, c in enumerate(token.top_k, 1):
+            chosen = c.id == token.id
+            filled = round(width * c.prob / top) if top > 0 else 0
+            lines.append(Content.assemble(
+                ("▶" if chosen else " ", "bold $accent"),
+                (f"{rank:>2} ", "bold $accent" if chosen else "$text-muted"),
+                (visible_piece(c.piece)[:PIECE_WIDTH].ljust(PIECE_WIDTH), "bold reverse" if chosen else ""),
+                " ", ("█" * filled, prob_color(c.prob)), " " * (width - filled), f" {c.prob:6.1%}",
+            ))
+        if token.id not in {c.id for c in token.top_k}:
+            lines.append(Content.styled(
+                f"▶ chosen {visible_piece(token.piece)[:PIECE_WIDTH]} p={math.exp(token.logprob):.2%}, not in the top {len(probs)}",
+                "$text-warning",
+            ))
+        else:
+            lines.append(Content.styled(f"these {len(probs)} hold {sum(probs):.0%}; the rest add entropy", "$text-muted"))
+        return lines
