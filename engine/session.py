@@ -255,6 +255,9 @@ class ChatSession:
                 last += waited  # time spent waiting for the student is not latency
             finished = stop_at_eos and draw.id in self.stop_ids
             text = "" if finished else detok.add(draw.id)
+            stop = self._stop_reason(finished, index + 1)
+            if stop:  # the last token carries any bytes still held back, so the stream is whole
+                text += detok.flush()
             now = time.perf_counter()
             latencies.append(now - last)
             last = now
@@ -276,15 +279,13 @@ class ChatSession:
             if index == first:
                 yield PhaseChanged("decode")
             index += 1
-            stop = self._stop_reason(finished, index)
+            if stop is None and self.cancel.is_set():  # Esc while this token was shown
+                stop = "cancelled"  # held-back bytes of a split character are dropped, as never shown
             if stop:
                 break
             logits = self._forward([draw.id])
             context_ids.append(draw.id)
             yield self.cache_event()
-        tail = detok.flush()
-        if tail:
-            pieces.append(tail)
         return "".join(pieces), latencies, stop
 
     def _candidates(self, draw: Draw) -> tuple[Candidate, ...]:

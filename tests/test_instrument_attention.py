@@ -83,3 +83,18 @@ def test_heads_differ_and_the_mean_is_their_average(tiny_loaded):
     assert len({tuple(round(w, 6) for w in h) for h in heads}) > 1
     for i, value in enumerate(mean):
         assert value == pytest.approx(sum(h[i] for h in heads) / 4, abs=1e-6)
+
+
+def test_disable_after_a_model_switch_keeps_the_new_models_fast_path(tiny_model_dir):
+    from engine import models
+    from engine.instruments.attention import AttentionProbe
+    from engine.session import ChatSession
+
+    session = ChatSession(models.load(str(tiny_model_dir), "fp32", "cpu"))
+    probe = AttentionProbe(session)
+    probe.enable()
+    session.use_model(models.load(str(tiny_model_dir), "bf16", "cpu"))
+    new_fast = session.fast
+    probe.disable()
+    assert session.fast is new_fast is not None
+    assert session.fast.weight_dtype.is_floating_point and str(session.fast.weight_dtype) == "torch.bfloat16"

@@ -273,3 +273,19 @@ def test_too_long_prompt_fails_in_one_line_and_keeps_the_conversation(tiny_loade
     events = list(chat.send("ok"))
     assert isinstance(events[-1], TurnFinished)
     assert prefill_phase(events).reused == held
+
+
+def test_streamed_text_equals_the_answer_even_when_cut_mid_character(tiny_loaded):
+    """The tiny model emits stray UTF-8 bytes; whatever the limit, what streamed is what is kept."""
+    from engine.events import TokenSampled as Token
+    from engine.events import TurnFinished as Finished
+
+    for limit in range(1, 16):
+        session = ChatSession(tiny_loaded, SamplingSettings(temperature=0.0, max_new_tokens=limit))
+        streamed, final = "", None
+        for event in session.send("추론은 어떻게 작동하나요? 🤖"):
+            if isinstance(event, Token):
+                streamed += event.text
+            elif isinstance(event, Finished):
+                final = event.text
+        assert streamed == final == session.messages[-1].content

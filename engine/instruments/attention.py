@@ -61,6 +61,7 @@ class AttentionProbe:
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._previous: str | None = None
         self._fast = None
+        self._model: torch.nn.Module | None = None
 
     @property
     def enabled(self) -> bool:
@@ -69,7 +70,7 @@ class AttentionProbe:
     def enable(self) -> None:
         if self.enabled:
             return
-        model = self.session.model
+        model = self._model = self.session.model
         self._previous = model.config._attn_implementation
         model.set_attn_implementation("eager")
         self._fast, self.session.fast = getattr(self.session, "fast", None), None  # hooks need the HF forward
@@ -83,9 +84,11 @@ class AttentionProbe:
         self._hooks.clear()
         self._rows.clear()
         if self._previous is not None:
-            self.session.model.set_attn_implementation(self._previous)
+            self._model.set_attn_implementation(self._previous)
             self._previous = None
-            self.session.fast, self._fast = self._fast, None
+            if self.session.model is self._model:  # a model switched meanwhile brought its own fast path
+                self.session.fast = self._fast
+            self._fast = self._model = None
 
     def _keeper(self, layer: int):
         def keep(module: torch.nn.Module, args, output) -> None:
