@@ -71,8 +71,11 @@ class Router:
     def repaint_stats(self) -> None:
         self._stats_timer = None
         self._stats_shown = time.monotonic()
-        for panel in (PhasePanel, KVCachePanel, TopKPanel, TokenStream):
-            self.app.part(panel).refresh()
+        try:
+            for panel in (PhasePanel, KVCachePanel, TopKPanel, TokenStream):
+                self.app.part(panel).refresh()
+        except (NoMatches, IndexError):  # the timer fired while the app was closing: nothing to paint
+            return
 
     def _figure(self, event: Event, paint: bool = True) -> None:
         app = self.app
