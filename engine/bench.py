@@ -21,7 +21,7 @@ from . import models
 from .events import TokenSampled, TurnFinished
 from .models import LoadedModel
 from .sampling import SamplingSettings
-from .session import ChatSession
+from .session import ChatSession, Message
 
 FILLER = (
     "The history of computing is a story of abstraction layered on abstraction, from switches and "
@@ -63,8 +63,11 @@ class PrecisionResult:
     generate: dict = field(default_factory=dict)
     multi_turn: dict = field(default_factory=dict)
     long_context: dict = field(default_factory=dict)
+    quality: dict = field(default_factory=dict)
     peak_memory_bytes: int = 0
     bandwidth_bound_tok_s: float = 0.0
+    fp32_generate_tok_s: float = 0.0
+    """transformers' generate at fp32 in this run (the targets are ratios to it), 0 if not run."""
 
     @property
     def decode_vs_generate(self) -> float:
@@ -81,6 +84,10 @@ class PrecisionResult:
             "decode": self.decode,
             "generate": self.generate,
             "decode_vs_generate": round(self.decode_vs_generate, 3),
+            "decode_vs_fp32_generate": round(self.decode.get("tok_s", 0.0) / self.fp32_generate_tok_s, 3)
+            if self.fp32_generate_tok_s
+            else 0.0,
+            "quality": self.quality,
             "multi_turn": self.multi_turn,
             "long_context": self.long_context,
             "peak_memory_bytes": self.peak_memory_bytes,
@@ -248,6 +255,26 @@ def bench_long_context(loaded: LoadedModel, context: int, weight_bytes: int, tok
     return result
 
 
+def bench_quality(reference: LoadedModel, loaded: LoadedModel, tokens: int = 32) -> dict:
+    """What a precision does to the distribution: fp32 answers each question greedily, the other
+    is teacher-forced on its tokens (engine/instruments/precision_compare.py)."""
+    from .instruments.precision_compare import compare_precisions
+
+    session = _greedy(reference, tokens)
+    agree, kl, steps = [], [], 0
+    for question in QUESTIONS:
+        session.messages = [Message("user", question)]
+        compared = compare_precisions(reference, loaded, session.template(session.messages), tokens, session.stop_ids)
+        agree += [s.agree for s in compared.steps]
+        kl += [s.kl for s in compared.steps]
+    return {
+        "steps": len(agree),
+        "top1_agreement": round(sum(agree) / len(agree), 3),
+        "mean_kl_nats": round(statistics.fmean(kl), 4),
+        "max_kl_nats": round(max(kl), 3),
+    }
+
+
 def measure_bandwidth(device: str, megabytes: int = 512) -> float:
     """Bytes/s for reading a large buffer once (the memory bound a decode step pays)."""
     data = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
@@ -272,8 +299,9 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
     device = models.resolve_device(config.device)
     bandwidth = measure_bandwidth(device)
     report(f"measured memory bandwidth: {bandwidth / 1e9:.1f} GB/s")
-    results = []
-    for precision in config.precisions:
+    results: list[PrecisionResult] = []
+    # fp32 first: the targets are ratios to its generate, and it is the quality reference.
+    for precision in sorted(config.precisions, key=lambda p: p != "fp32"):
         report(f"loading {config.model} at {precision} on {device}{' (random weights)' if config.random_weights else ''}")
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -295,7 +323,14 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
         per_token_bytes = info.weight_bytes + info.kv_bytes_per_token * 64
         result.bandwidth_bound_tok_s = bandwidth / per_token_bytes
         result.peak_memory_bytes = peak_memory_bytes(device)
-        results.append(result.as_dict())
+        if results and results[0].precision == "fp32":
+            result.fp32_generate_tok_s = results[0].generate["tok_s"]
+            if not config.random_weights:  # agreement between random models says nothing
+                report(f"[{precision}] top-1 agreement and KL against fp32, teacher-forced")
+                result.quality = bench_quality(models.load(config.model, "fp32", device), loaded)
+        elif precision == "fp32":
+            result.fp32_generate_tok_s = result.generate["tok_s"]
+        results.append(result)
         del loaded
         gc.collect()
     return {
@@ -304,5 +339,5 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
         "random_weights": config.random_weights,
         "bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "torch_threads": torch.get_num_threads(),
-        "results": results,
+        "results": [r.as_dict() for r in results],
     }

@@ -19,10 +19,14 @@ bytes to read) but prefill slow; prefill therefore upcasts each weight to float3
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import pages
+from .int8 import Int8Linear
 from .kvcache import KVCache
 
 UPCAST_ABOVE = 4
@@ -52,29 +56,50 @@ def transposed_is_faster(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 class _Layer:
-    def __init__(self, block: nn.Module, transposed: bool):
+    def __init__(self, block: nn.Module, fuse: "_Fuser"):
         attn, mlp = block.self_attn, block.mlp
-        self.wqkv = _fuse(transposed, attn.q_proj, attn.k_proj, attn.v_proj)
-        self.wo = _fuse(transposed, attn.o_proj)
-        self.wgu = _fuse(transposed, mlp.gate_proj, mlp.up_proj)
-        self.wdown = _fuse(transposed, mlp.down_proj)
+        self.wqkv = fuse(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.wo = fuse(attn.o_proj)
+        self.wgu = fuse(mlp.gate_proj, mlp.up_proj)
+        self.wdown = fuse(mlp.down_proj)
         self.ln1 = block.input_layernorm.weight.detach()
         self.ln2 = block.post_attention_layernorm.weight.detach()
 
 
-def _fuse(transposed: bool, *linears: nn.Linear) -> torch.Tensor:
-    """Stack [out, in] weights into one matrix (stored [in, out] if `transposed`), and point
-    each module at its slice of it, so the HF forward still works and nothing is stored twice."""
-    fused = torch.cat([linear.weight.detach() for linear in linears], dim=0)
-    if transposed:
-        fused = fused.t().contiguous()
-    start = 0
-    for linear in linears:
-        rows = linear.weight.shape[0]
-        view = fused[:, start : start + rows].t() if transposed else fused[start : start + rows]
-        linear.weight = nn.Parameter(view, requires_grad=False)
-        start += rows
-    return fused
+class _Fuser:
+    """Stacks [out, in] weights into one matrix (stored [in, out] if `transposed`) and points
+    each module at its slice of it, so the HF forward still works and nothing is stored twice.
+    w8a8 modules fuse their int8 rows the same way (engine/int8.py).
+
+    Each source is copied straight into its place in the fused matrix and its pages of the
+    weight file are handed back at once, so the file and the copies are never resident together.
+    """
+
+    def __init__(self, transposed: bool):
+        self.transposed = transposed
+        self.mappings = pages.weight_file_mappings()
+
+    def __call__(self, *linears: nn.Module) -> torch.Tensor | Int8Linear:
+        if isinstance(linears[0], Int8Linear):
+            return linears[0] if len(linears) == 1 else Int8Linear.fuse(list(linears))
+        first = linears[0].weight
+        rows = sum(linear.weight.shape[0] for linear in linears)
+        shape = (first.shape[1], rows) if self.transposed else (rows, first.shape[1])
+        fused = torch.empty(shape, dtype=first.dtype, device=first.device)
+        start = 0
+        for linear in linears:
+            source = linear.weight.detach()
+            stop = start + source.shape[0]
+            if self.transposed:
+                fused[:, start:stop].copy_(source.t())
+                view = fused[:, start:stop].t()
+            else:
+                fused[start:stop].copy_(source)
+                view = fused[start:stop]
+            linear.weight = nn.Parameter(view, requires_grad=False)
+            pages.release(source, self.mappings)
+            start = stop
+        return fused
 
 
 def _own_remaining_weights(model: nn.Module, fused: list[torch.Tensor]) -> None:
@@ -90,6 +115,17 @@ def _own_remaining_weights(model: nn.Module, fused: list[torch.Tensor]) -> None:
                 setattr(module, name, nn.Parameter(param.detach().clone(), requires_grad=False))
 
 
+_built: "weakref.WeakKeyDictionary[nn.Module, FastLlama]" = weakref.WeakKeyDictionary()
+
+
+def for_model(model: nn.Module) -> "FastLlama":
+    """The model's fast path, built (and its weights fused) once however many sessions use it."""
+    fast = _built.get(model)
+    if fast is None:
+        fast = _built[model] = FastLlama(model)
+    return fast
+
+
 class FastLlama:
     """forward(ids, cache) -> the last position's logits, same contract as the HF path."""
 
@@ -103,14 +139,15 @@ class FastLlama:
         weight = inner.embed_tokens.weight
         self.transposed = transposed_is_faster(weight.dtype, weight.device)
         self.norm = inner.norm.weight
-        tied = model.lm_head.weight is weight
-        self.lm_head = _fuse(self.transposed, model.lm_head)
+        tied = getattr(model.lm_head, "weight", None) is weight
+        fuse = _Fuser(self.transposed)
+        self.lm_head = fuse(model.lm_head)
         if tied:  # one matrix serves both: embedding rows are lm_head's output rows
             inner.embed_tokens.weight = model.lm_head.weight
         self.embed = inner.embed_tokens.weight  # [vocab, hidden], possibly a transposed view
-        self.layers = [_Layer(block, self.transposed) for block in inner.layers]
+        self.layers = [_Layer(block, fuse) for block in inner.layers]
         matrices = [self.lm_head] + [w for l in self.layers for w in (l.wqkv, l.wo, l.wgu, l.wdown)]
-        _own_remaining_weights(model, matrices)
+        _own_remaining_weights(model, [m for m in matrices if isinstance(m, torch.Tensor)])
         rotary = inner.rotary_emb
         self.inv_freq = rotary.inv_freq.float()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
@@ -126,6 +163,8 @@ class FastLlama:
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, upcast: bool) -> torch.Tensor:
         """x @ W.T for a weight stored [out, in] (or x @ W for one stored [in, out])."""
+        if isinstance(weight, Int8Linear):
+            return weight(x)
         if weight.dtype != x.dtype:
             if upcast:
                 weight = weight.to(x.dtype)

@@ -22,6 +22,7 @@ from typing import Callable
 import platformdirs
 import torch
 
+from . import int8
 from .events import ModelInfo
 from .precision import Precision, precision_for, quantization_config, resolve_device
 
@@ -172,6 +173,9 @@ def load(spec: str, precision: str = "fp32", device: str = "auto", progress: Pro
         raise ModelError(f"cannot load {spec} at {prec.name}: {_one_line(e)}") from None
     if quant is None:
         model.to(device)
+    if prec.w8a8:
+        progress("quantizing to int8 (w8a8)", 0.95)
+        int8.quantize_linears(model, int8.calibration_ids(tokenizer))
     model.eval()
     progress("ready", 1.0)
     info = describe(model, spec, display_name(source), prec, device, time.perf_counter() - started)
@@ -184,6 +188,12 @@ def parameter_count(model: torch.nn.Module) -> int:
     for p in model.parameters():
         state = getattr(p, "quant_state", None)
         total += state.shape.numel() if state is not None else p.numel()
+    # w8a8 linears hold packed int8 rows, not parameters; a tied LM head repeats the embedding.
+    head = model.get_output_embeddings()
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    for module in model.modules():
+        if isinstance(module, int8.Int8Linear) and module.source is None and not (tied and module is head):
+            total += module.in_features * module.out_features
     return total
 
 
@@ -206,7 +216,7 @@ def describe(
         device=device,
         compute_dtype=str(precision.dtype).removeprefix("torch."),
         parameters=parameter_count(model),
-        weight_bytes=int(model.get_memory_footprint()),
+        weight_bytes=int(model.get_memory_footprint()) + int8.weight_bytes(model),
         layers=config.num_hidden_layers,
         heads=heads,
         kv_heads=getattr(config, "num_key_value_heads", None) or heads,

@@ -1,4 +1,9 @@
-"""The precisions llmchat offers, what each needs from the device, and how to load at each."""
+"""The precisions llmchat offers, what each needs from the device, and how to load at each.
+
+fp32/bf16/fp16 are plain weight dtypes; int8 and nf4 quantize through bitsandbytes (GPU-first
+kernels); w8a8 quantizes weights and activations to int8 through torch's own fbgemm CPU
+kernels (engine/int8.py), the fastest way to decode on a CPU without 16-bit matmul.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "w8a8")
 
 
 class PrecisionError(ValueError):
@@ -21,6 +26,11 @@ class Precision:
     bits: int
     """Bits per weight element of the linear layers."""
     quantized: bool
+    """Quantized through bitsandbytes at load time."""
+
+    @property
+    def w8a8(self) -> bool:
+        return self.name == "w8a8"
 
 
 def resolve_device(device: str) -> str:
@@ -40,6 +50,8 @@ def precision_for(name: str, device: str) -> Precision:
         raise PrecisionError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
     if name in ("int8", "nf4"):
         _require_bitsandbytes(name)
+    if name == "w8a8":
+        _require_fbgemm(device)
     compute = {
         "fp32": torch.float32,
         "bf16": torch.bfloat16,
@@ -47,10 +59,12 @@ def precision_for(name: str, device: str) -> Precision:
         # bitsandbytes dequantizes into this dtype for each matmul.
         "int8": torch.float16 if device == "cuda" else torch.float32,
         "nf4": torch.bfloat16 if device == "cuda" else torch.float32,
+        # Loaded in float32, then quantized; activations and the KV cache stay float32.
+        "w8a8": torch.float32,
     }[name]
     if name == "bf16" and device == "cuda" and not torch.cuda.is_bf16_supported():
         raise PrecisionError("bf16 is not supported by this GPU; use fp16 or fp32")
-    bits = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "nf4": 4}[name]
+    bits = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "nf4": 4, "w8a8": 8}[name]
     return Precision(name, compute, bits, name in ("int8", "nf4"))
 
 
@@ -58,8 +72,15 @@ def cpu_note(name: str) -> str | None:
     """An honest word on what a precision costs on this CPU, or None."""
     if name in ("bf16", "fp16") and not _cpu_has_native_bf16():
         return (
-            f"{name} on this CPU: weights take half the memory, but there are no native "
-            "16-bit matmul instructions, so prefill is several times slower than fp32"
+            f"{name} on this CPU: half the bytes per weight, so decode is faster, but there are no "
+            "native 16-bit matmul instructions: prefill upcasts each weight to fp32 on the fly "
+            "(a little slower than fp32; without that it would be several times slower)"
+        )
+    if name == "w8a8":
+        return (
+            "w8a8 on CPU: int8 weights and activations through torch's fbgemm kernels, the fastest "
+            "decode here; every matmul rounds its input to 7 bits, so the top-k drifts more than "
+            "at bf16 (F8 compares them)"
         )
     if name in ("int8", "nf4"):
         return (
@@ -75,6 +96,16 @@ def _cpu_has_native_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _require_fbgemm(device: str) -> None:
+    from . import int8
+
+    if device != "cpu":
+        raise PrecisionError("w8a8 runs on torch's fbgemm CPU kernels; on a GPU use int8, nf4, bf16 or fp16")
+    missing = int8.available()
+    if missing:
+        raise PrecisionError(f"w8a8: {missing}; use fp32, bf16 or fp16")
 
 
 def _require_bitsandbytes(name: str) -> None:

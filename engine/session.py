@@ -99,7 +99,7 @@ class ChatSession:
         self._no_ids = torch.empty(0, dtype=torch.long, device=self.device)
         self.fast = None
         if self.fast_path_wanted and fastpath.supports(self.model) is None:
-            self.fast = fastpath.FastLlama(self.model)
+            self.fast = fastpath.for_model(self.model)
 
     def _stop_ids(self) -> set[int]:
         ids = set()

@@ -156,7 +156,7 @@ def _bitsandbytes_runs_on_cpu() -> bool:
 
 
 @pytest.mark.skipif(not _bitsandbytes_runs_on_cpu(), reason="bitsandbytes cannot run on this machine")
-@pytest.mark.parametrize("precision", ["int8", "nf4"])
+@pytest.mark.parametrize("precision", ["int8", "nf4", "w8a8"])
 def test_quantized_precisions_load_and_generate(tiny_model_dir, tiny_loaded, precision):
     loaded = models.load(str(tiny_model_dir), precision, "cpu")
     assert loaded.info.precision == precision

@@ -16,13 +16,15 @@ def print_tables(result: dict) -> None:
     console.print(f"[bold]{title}[/]  memory bandwidth {result['bandwidth_gb_s']} GB/s, {result['torch_threads']} threads")
 
     decode = Table(title="Decode tok/s: our instrumented loop vs transformers generate (same run)")
-    for column in ("prec", "ours", "generate", "ratio", "ITL p50 ms", "ITL p90 ms",
+    for column in ("prec", "ours", "generate", "ratio", "vs fp32 gen", "ITL p50 ms", "ITL p90 ms",
                    "bound", "of bound", "weights", "peak RSS"):
         decode.add_column(column, justify="right")
     for r in result["results"]:
         decode.add_row(
             r["precision"], f"{r['decode']['tok_s']:.1f}", f"{r['generate']['tok_s']:.1f}",
-            f"{r['decode_vs_generate']:.2f}x", f"{r['decode']['itl_ms_p50']:.1f}", f"{r['decode']['itl_ms_p90']:.1f}",
+            f"{r['decode_vs_generate']:.2f}x",
+            f"{r['decode_vs_fp32_generate']:.2f}x" if r["decode_vs_fp32_generate"] else "-",
+            f"{r['decode']['itl_ms_p50']:.1f}", f"{r['decode']['itl_ms_p90']:.1f}",
             f"{r['bandwidth_bound_tok_s']:.0f}", f"{r['fraction_of_bound']:.0%}", _mb(r["weight_bytes"]),
             _mb(r["peak_memory_bytes"]),
         )
@@ -44,6 +46,17 @@ def print_tables(result: dict) -> None:
         turns.add_row(r["precision"], str(m["turn"]), str(m["prompt_tokens"]), str(m["reused_tokens"]),
                       f"{m['ttft_ms_reused']:.1f}", f"{m['ttft_ms_fresh']:.1f}", f"{m['speedup']:.1f}x")
     console.print(turns)
+
+    if any(r["quality"] for r in result["results"]):
+        quality = Table(title="What each precision does to the next-token distribution, against fp32 (teacher-forced)")
+        for column in ("precision", "steps", "top-1 agreement", "mean KL nats", "max KL nats"):
+            quality.add_column(column, justify="right")
+        for r in result["results"]:
+            q = r["quality"]
+            if q:
+                quality.add_row(r["precision"], str(q["steps"]), f"{q['top1_agreement']:.1%}",
+                                f"{q['mean_kl_nats']:.4f}", f"{q['max_kl_nats']:.3f}")
+        console.print(quality)
 
     if any(r["long_context"] for r in result["results"]):
         long = Table(title="ITL against context length: measured vs predicted by bytes read per token")

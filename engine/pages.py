@@ -1,0 +1,61 @@
+"""Hand back the pages of a memory-mapped weight file once its tensors have been copied.
+
+transformers maps a safetensors file and hands out tensors that are views of the mapping; the
+pages count toward the process's resident memory once read. The fast path copies every matrix
+into a fused one, so without this the file's pages and the copies would be resident together
+(the peak). The pages are private, clean and read-only here: dropping them (MADV_DONTNEED)
+costs nothing but a re-read from the file if anything touches them again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+
+import torch
+
+MADV_DONTNEED = 4  # Linux
+
+
+def weight_file_mappings(suffix: str = ".safetensors") -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of weight files; empty where /proc is absent."""
+    try:
+        lines = open("/proc/self/maps").read().splitlines()
+    except OSError:
+        return []
+    ranges = []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].endswith(suffix):
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            ranges.append((low, high))
+    return ranges
+
+
+def release(tensor: torch.Tensor, mappings: list[tuple[int, int]]) -> int:
+    """Drop the whole pages of `tensor` that lie in one of `mappings`; returns the bytes dropped."""
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return 0
+    if not any(low <= start and end <= high for low, high in mappings):
+        return 0
+    page = mmap.PAGESIZE
+    first, last = -(-start // page) * page, end // page * page
+    if last <= first or _libc() is None:
+        return 0
+    if _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_DONTNEED) != 0:
+        return 0
+    return last - first
+
+
+_LIBC: ctypes.CDLL | None = None
+
+
+def _libc() -> ctypes.CDLL | None:
+    global _LIBC
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        _LIBC = ctypes.CDLL(name, use_errno=True) if name else None
+    return _LIBC

@@ -1,0 +1,28 @@
+"""`llmchat bench` in one run: ours vs generate, ratios to fp32 generate, quality against fp32."""
+
+import pytest
+
+from engine import bench, int8
+
+
+@pytest.mark.skipif(int8.available() is not None, reason="no fbgemm in this torch")
+def test_bench_reports_ratios_and_quality_for_each_precision(tiny_model_dir):
+    config = bench.BenchConfig(
+        model=str(tiny_model_dir), precisions=("w8a8", "fp32"), device="cpu",
+        prompt_lengths=(8, 16), decode_tokens=6, repeats=1, turns=2,
+    )
+    lines: list[str] = []
+    result = bench.run(config, report=lines.append)
+    fp32, w8a8 = result["results"]
+    assert (fp32["precision"], w8a8["precision"]) == ("fp32", "w8a8")  # fp32 first: the reference
+    assert result["bandwidth_gb_s"] > 0 and any("bandwidth" in line for line in lines)
+    for r in (fp32, w8a8):
+        assert r["decode"]["tok_s"] > 0 and r["generate"]["tok_s"] > 0
+        assert r["decode_vs_generate"] == pytest.approx(r["decode"]["tok_s"] / r["generate"]["tok_s"], rel=0.01)
+        assert r["decode_vs_fp32_generate"] == pytest.approx(r["decode"]["tok_s"] / fp32["generate"]["tok_s"], rel=0.01)
+        assert [row["prompt_tokens"] for row in r["prefill"]] == [8, 16]
+        assert r["multi_turn"]["reused_tokens"] > 0
+    assert fp32["quality"] == {}  # the reference is not compared with itself
+    quality = w8a8["quality"]
+    assert quality["steps"] > 0 and 0.0 <= quality["top1_agreement"] <= 1.0 and quality["mean_kl_nats"] >= 0.0
+    assert w8a8["weight_bytes"] < fp32["weight_bytes"]
