@@ -51,7 +51,7 @@ def describe(loaded: LoadedModel) -> dict[str, str]:
         "model_name": info.name,
         "weights": weights_fingerprint(loaded.model),
         "precision": info.precision,
-        "dtype": info.compute_dtype,
+        "dtype": info.cache_dtype,
         "layers": str(info.layers),
         "kv_heads": str(info.kv_heads),
         "head_dim": str(info.head_dim),
@@ -152,8 +152,8 @@ def _check_tensors(tensors: dict[str, torch.Tensor], ids: list[int], loaded: Loa
     for name, tensor in tensors.items():
         if tuple(tensor.shape) != shape:
             raise _Mismatch(f"{name} has shape {tuple(tensor.shape)}, expected {shape}")
-        if str(tensor.dtype).removeprefix("torch.") != info.compute_dtype:
-            raise _Mismatch(f"{name} is {tensor.dtype}, the model computes in {info.compute_dtype}")
+        if str(tensor.dtype).removeprefix("torch.") != info.cache_dtype:
+            raise _Mismatch(f"{name} is {tensor.dtype}, this model's cache holds {info.cache_dtype}")
         if not torch.isfinite(tensor).all():
             raise _Mismatch(f"{name} holds NaN or infinite values")
 
@@ -161,7 +161,7 @@ def _check_tensors(tensors: dict[str, torch.Tensor], ids: list[int], loaded: Loa
 def _fill(tensors: dict[str, torch.Tensor], ids: list[int], loaded: LoadedModel) -> KVCache:
     """A fresh KVCache holding the loaded positions, on the model's device."""
     device = next(loaded.model.parameters()).device
-    cache = KVCache(loaded.info.layers)
+    cache = KVCache.for_model(loaded.info)
     for i, layer in enumerate(cache.hf.layers):
         layer.update(tensors[f"layers.{i}.keys"].to(device), tensors[f"layers.{i}.values"].to(device))
     cache.appended(ids)

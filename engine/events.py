@@ -20,6 +20,8 @@ class ModelInfo:
     precision: str
     device: str
     compute_dtype: str
+    cache_dtype: str
+    """The KV cache's element type: fp32 on CPUs without 16-bit arithmetic, else compute_dtype."""
     parameters: int
     weight_bytes: int
     layers: int

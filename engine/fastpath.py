@@ -208,10 +208,8 @@ class FastLlama:
             qkv = self._linear(a, layer.wqkv, upcast).view(n, qk_heads + self.kv_heads, self.head_dim)
             qk = self._rotate(qkv[:, :qk_heads], cos, sin)  # q and k rotate together
             q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]
-            # The cache keeps the weights' dtype, as the HF path does, so both can share it.
-            keys, values = cache_layer.update(
-                k.transpose(0, 1)[None].to(self.weight_dtype), v.transpose(0, 1)[None].to(self.weight_dtype)
-            )
+            # Stored in the cache's own dtype (engine/kvcache.py); attention runs in it.
+            keys, values = cache_layer.append(k.transpose(0, 1)[None], v.transpose(0, 1)[None])
             attn = F.scaled_dot_product_attention(
                 q.transpose(0, 1)[None].to(keys.dtype), keys, values, attn_mask=mask, enable_gqa=True
             )

@@ -3,6 +3,10 @@
 Each layer writes into a pre-allocated buffer that grows by doubling, so a decode step
 stores one position instead of copying the whole cache, and cropping for prefix reuse is a
 length change. The token list always holds exactly the ids that were fed to the model.
+
+The cache may keep another dtype than the model computes in (fp32 for a 16-bit model on a CPU
+without 16-bit arithmetic, engine/precision.py): the fast path reads it as stored (`append`),
+the Hugging Face forward gets it in its own dtype (`update`).
 """
 
 from __future__ import annotations
@@ -16,11 +20,17 @@ class PreallocatedLayer(DynamicLayer):
 
     initial_capacity = 256
 
+    def __init__(self, storage_dtype: torch.dtype | None = None):
+        super().__init__()
+        self.storage_dtype = storage_dtype
+        """None stores whatever dtype arrives first."""
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         self.length = 0
-        self._k = key_states.new_empty(self._shape(key_states, self.initial_capacity))
-        self._v = value_states.new_empty(self._shape(value_states, self.initial_capacity))
+        dtype = self.storage_dtype or key_states.dtype
+        self._k = key_states.new_empty(self._shape(key_states, self.initial_capacity), dtype=dtype)
+        self._v = value_states.new_empty(self._shape(value_states, self.initial_capacity), dtype=dtype)
         self._expose()
         self.is_initialized = True
 
@@ -46,6 +56,14 @@ class PreallocatedLayer(DynamicLayer):
             setattr(self, name, new)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """The HF protocol: store, and return the whole cache in the caller's dtype."""
+        keys, values = self.append(key_states, value_states)
+        if keys.dtype != key_states.dtype:  # a copy, on the reference path only
+            return keys.to(key_states.dtype), values.to(value_states.dtype)
+        return keys, values
+
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store new positions (converted to the storage dtype); views of the whole cache as stored."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[2]
@@ -94,10 +112,15 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class KVCache:
     """One conversation's cache, with the ids it holds."""
 
-    def __init__(self, num_layers: int):
+    def __init__(self, num_layers: int, dtype: torch.dtype | None = None):
         self.num_layers = num_layers
         self.ids: list[int] = []
-        self.hf = Cache(layers=[PreallocatedLayer() for _ in range(num_layers)])
+        self.hf = Cache(layers=[PreallocatedLayer(dtype) for _ in range(num_layers)])
+
+    @classmethod
+    def for_model(cls, info) -> "KVCache":
+        """An empty cache shaped and typed for a loaded model (its ModelInfo)."""
+        return cls(info.layers, getattr(torch, info.cache_dtype))
 
     def __len__(self) -> int:
         return len(self.ids)

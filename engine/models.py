@@ -215,6 +215,7 @@ def describe(
         precision=precision.name,
         device=device,
         compute_dtype=str(precision.dtype).removeprefix("torch."),
+        cache_dtype=str(precision.cache_dtype).removeprefix("torch."),
         parameters=parameter_count(model),
         weight_bytes=int(model.get_memory_footprint()) + int8.weight_bytes(model),
         layers=config.num_hidden_layers,
@@ -224,7 +225,7 @@ def describe(
         hidden_size=config.hidden_size,
         vocab_size=config.vocab_size,
         context=getattr(config, "max_position_embeddings", 2048),
-        cache_element_bytes=torch.empty(0, dtype=precision.dtype).element_size(),
+        cache_element_bytes=torch.empty(0, dtype=precision.cache_dtype).element_size(),
         load_s=load_s,
     )
 

@@ -92,7 +92,7 @@ class ChatSession:
         self.tokenizer = loaded.tokenizer
         self.info = loaded.info
         self.device = next(self.model.parameters()).device
-        self.cache = KVCache(loaded.info.layers)
+        self.cache = KVCache.for_model(loaded.info)
         self.namer = PieceNamer(self.tokenizer)
         self.context = min(self._context_limit or self.info.context, self.info.context)
         self.stop_ids = self._stop_ids()

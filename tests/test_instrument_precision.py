@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from engine import models
+from engine import fastpath, models
 from engine.events import TokenSampled
 from engine.instruments.precision_compare import compare_precisions, compare_turn, turn_ids
+from engine.kvcache import KVCache
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession, Message
 
@@ -47,9 +48,13 @@ def test_a_model_against_itself_agrees_everywhere(tiny_loaded):
 def test_kl_matches_a_direct_computation(tiny_loaded, tiny_bf16):
     ids = ChatSession(tiny_loaded).template([Message("user", "Paris")])
     result = compare_precisions(tiny_loaded, tiny_bf16, ids, max_new_tokens=1)
-    with torch.inference_mode():
-        p = torch.log_softmax(tiny_loaded.model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
-        q = torch.log_softmax(tiny_bf16.model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
+    with torch.inference_mode():  # the forward the chat loop runs: the fast path
+
+        def logprobs(loaded):
+            logits = fastpath.for_model(loaded.model).forward(torch.tensor([ids]), KVCache.for_model(loaded.info))
+            return torch.log_softmax(logits.float(), -1)
+
+        p, q = logprobs(tiny_loaded), logprobs(tiny_bf16)
     assert result.steps[0].kl == pytest.approx(float((p.exp() * (p - q)).sum()), rel=1e-3, abs=1e-6)
     assert result.steps[0].token == int(p.argmax()) and result.steps[0].other_top == int(q.argmax())
 

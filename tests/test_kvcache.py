@@ -2,8 +2,10 @@
 
 import pytest
 import torch
+
 from transformers.cache_utils import DynamicCache
 
+import engine.precision as precision_module
 from engine import models
 from engine.kvcache import KVCache, PreallocatedLayer, common_prefix
 
@@ -52,7 +54,7 @@ def model(tiny_loaded):
 
 @pytest.fixture
 def cache(tiny_loaded):
-    return KVCache(tiny_loaded.info.layers)
+    return KVCache.for_model(tiny_loaded.info)
 
 
 @pytest.mark.parametrize(
@@ -98,14 +100,14 @@ def test_crop_keeps_the_first_positions(model, cache):
 def test_crop_then_generate_equals_fresh_generate(model, tiny_loaded):
     """Reusing a cropped cache gives the same tokens and logits as prefilling from scratch."""
     shared, old_tail, new_tail = PROMPT, [300, 301, 302, 303], [201, 1, 67, 85, 85]
-    reused_cache = KVCache(tiny_loaded.info.layers)
+    reused_cache = KVCache.for_model(tiny_loaded.info)
     feed(model, reused_cache, shared + old_tail)
     greedy(model, reused_cache, [201], 6)  # an old answer that the edit throws away
     keep = reused_cache.reuse(shared + new_tail)
     assert keep == len(shared)
     ids_a, logits_a = greedy(model, reused_cache, new_tail, 12)
 
-    fresh_cache = KVCache(tiny_loaded.info.layers)
+    fresh_cache = KVCache.for_model(tiny_loaded.info)
     ids_b, logits_b = greedy(model, fresh_cache, shared + new_tail, 12)
     assert ids_a == ids_b
     assert len(set(ids_a)) > 1  # a real sequence, not one token repeated
@@ -119,11 +121,15 @@ def _formula(config, element_bytes: int, tokens: int) -> int:
     return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * element_bytes * tokens
 
 
-@pytest.mark.parametrize("precision, element_bytes", [("fp32", 4), ("bf16", 2)])
+# A 16-bit model keeps an fp32 cache on a CPU without 16-bit arithmetic (engine/precision.py).
+BF16_CACHE_BYTES = 2 if precision_module._cpu_has_native_bf16() else 4
+
+
+@pytest.mark.parametrize("precision, element_bytes", [("fp32", 4), ("bf16", BF16_CACHE_BYTES)])
 def test_tensor_bytes_equal_the_formula(tiny_model_dir, precision, element_bytes):
     loaded = models.load(str(tiny_model_dir), precision, "cpu")
     config = loaded.model.config
-    cache = KVCache(loaded.info.layers)
+    cache = KVCache.for_model(loaded.info)
     assert cache.tensor_bytes() == 0
     feed(loaded.model, cache, PROMPT)
     assert cache.tensor_bytes() == _formula(config, element_bytes, len(PROMPT))
@@ -133,6 +139,20 @@ def test_tensor_bytes_equal_the_formula(tiny_model_dir, precision, element_bytes
     assert cache.tensor_bytes() == _formula(config, element_bytes, 3)
     assert loaded.info.kv_bytes_per_token == _formula(config, element_bytes, 1)
     assert cache.reserved_bytes() >= cache.tensor_bytes()
+
+
+def test_hf_forward_reads_a_cache_stored_in_another_dtype(tiny_model_dir):
+    """fp32 storage under a bf16 model: the HF forward gets bf16 views, the same logits as a bf16 cache."""
+    loaded = models.load(str(tiny_model_dir), "bf16", "cpu")
+    ids = torch.tensor([PROMPT])
+    with torch.inference_mode():
+        logits = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            cache = KVCache(loaded.info.layers, dtype)
+            loaded.model(input_ids=ids[:, :-1], cache=cache.hf, use_cache=True)
+            logits[dtype] = loaded.model(input_ids=ids[:, -1:], cache=cache.hf, use_cache=True).logits[0, -1]
+            assert cache.hf.layers[0].keys.dtype == dtype
+    assert torch.equal(logits[torch.float32], logits[torch.bfloat16])  # bf16 values survive fp32 storage exactly
 
 
 def test_growth_past_initial_capacity_keeps_contents(model, cache, monkeypatch):

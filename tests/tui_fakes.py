@@ -20,7 +20,7 @@ from engine.events import (
 )
 
 INFO = ModelInfo(
-    spec="fake-135m", name="fake-135m", precision="fp32", device="cpu", compute_dtype="float32",
+    spec="fake-135m", name="fake-135m", precision="fp32", device="cpu", compute_dtype="float32", cache_dtype="float32",
     parameters=134_515_008, weight_bytes=538_060_032, layers=30, heads=9, kv_heads=3, head_dim=64,
     hidden_size=576, vocab_size=49152, context=8192, cache_element_bytes=4, load_s=0.5,
 )

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from .. import fastpath
 from ..kvcache import KVCache
 from ..models import LoadedModel
 
@@ -86,8 +87,10 @@ class _Runner:
 
     def __init__(self, loaded: LoadedModel, chunk: int):
         self.model = loaded.model
+        # The forward the chat loop runs, so the comparison measures what the user gets.
+        self.fast = fastpath.for_model(loaded.model) if fastpath.supports(loaded.model) is None else None
         self.device = next(loaded.model.parameters()).device
-        self.cache = KVCache(loaded.info.layers)
+        self.cache = KVCache.for_model(loaded.info)
         self.chunk = chunk
 
     def feed(self, ids: list[int]) -> tuple[torch.Tensor, float]:
@@ -95,9 +98,12 @@ class _Runner:
         for start in range(0, len(ids), self.chunk):
             part = ids[start : start + self.chunk]
             inputs = torch.tensor([part], device=self.device)
-            out = self.model(input_ids=inputs, cache=self.cache.hf, use_cache=True, logits_to_keep=1)
+            if self.fast is not None:
+                logits = self.fast.forward(inputs, self.cache)
+            else:
+                logits = self.model(input_ids=inputs, cache=self.cache.hf, use_cache=True, logits_to_keep=1).logits[0, -1]
             self.cache.appended(part)
-        logprobs = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return logprobs, time.perf_counter() - started
