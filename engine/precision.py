@@ -70,18 +70,19 @@ def precision_for(name: str, device: str) -> Precision:
         raise PrecisionError("bf16 is not supported by this GPU; use fp16 or fp32")
     bits = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "nf4": 4, "w8a8": 8}[name]
     cache = compute
-    if device == "cpu" and compute in (torch.bfloat16, torch.float16) and not _cpu_has_native_bf16():
+    if device == "cpu" and compute in (torch.bfloat16, torch.float16) and not cpu_has_native_16bit():
         cache = torch.float32
     return Precision(name, compute, bits, name in ("int8", "nf4"), cache)
 
 
 def cpu_note(name: str) -> str | None:
     """An honest word on what a precision costs on this CPU, or None."""
-    if name in ("bf16", "fp16") and not _cpu_has_native_bf16():
+    if name in ("bf16", "fp16") and not cpu_has_native_16bit():
         return (
             f"{name} on this CPU: half the bytes per weight, so decode is faster, but there are no "
             "native 16-bit matmul instructions: prefill upcasts each weight to fp32 on the fly "
-            "(a little slower than fp32; without that it would be several times slower)"
+            "(a little slower than fp32; without that it would be several times slower), and "
+            "the KV cache stays fp32 (attention over a 16-bit cache is slower here than reading it)"
         )
     if name == "w8a8":
         return (
@@ -97,7 +98,8 @@ def cpu_note(name: str) -> str | None:
     return None
 
 
-def _cpu_has_native_bf16() -> bool:
+def cpu_has_native_16bit() -> bool:
+    """Whether this CPU has 16-bit matmul instructions (AVX-512 BF16 or AMX)."""
     try:
         flags = open("/proc/cpuinfo").read()
     except OSError:

@@ -5,9 +5,9 @@ import torch
 
 from transformers.cache_utils import DynamicCache
 
-import engine.precision as precision_module
 from engine import models
 from engine.kvcache import KVCache, PreallocatedLayer, common_prefix
+from engine.precision import cpu_has_native_16bit
 
 PROMPT = [1, 87, 85, 267, 201, 262, 78, 78, 81, 2, 201, 1, 67, 85]
 
@@ -122,7 +122,7 @@ def _formula(config, element_bytes: int, tokens: int) -> int:
 
 
 # A 16-bit model keeps an fp32 cache on a CPU without 16-bit arithmetic (engine/precision.py).
-BF16_CACHE_BYTES = 2 if precision_module._cpu_has_native_bf16() else 4
+BF16_CACHE_BYTES = 2 if cpu_has_native_16bit() else 4
 
 
 @pytest.mark.parametrize("precision, element_bytes", [("fp32", 4), ("bf16", BF16_CACHE_BYTES)])

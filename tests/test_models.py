@@ -13,8 +13,7 @@ import torch
 from engine import models
 from engine.events import TokenSampled, TurnFinished
 from engine.models import ModelError
-import engine.precision as precision_module
-from engine.precision import PRECISIONS, PrecisionError
+from engine.precision import PRECISIONS, PrecisionError, cpu_has_native_16bit
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 
@@ -177,7 +176,7 @@ def test_half_precisions_load_and_generate(tiny_model_dir, precision, dtype):
     loaded = models.load(str(tiny_model_dir), precision, "cpu")
     assert next(loaded.model.parameters()).dtype == dtype
     # On a CPU without 16-bit arithmetic the cache stays fp32 (engine/precision.py).
-    assert loaded.info.cache_element_bytes == (2 if precision_module._cpu_has_native_bf16() else 4)
+    assert loaded.info.cache_element_bytes == (2 if cpu_has_native_16bit() else 4)
     chat = ChatSession(loaded, SamplingSettings(temperature=0, max_new_tokens=4))
     events = list(chat.send("hello"))
     assert events[-1].stats.generated_tokens == 4

@@ -185,7 +185,7 @@ def test_precision_switch_keeps_the_conversation_and_reprefills(tmp_path):
             await wait_for(pilot, lambda: app.turns.ready and app.precision == "bf16")
             assert "fake-135m · bf16 · cpu" in widget_text(app.query_one(StatusBar))
             kv = widget_text(app.query_one(KVCachePanel))
-            assert "× 2 B = 23,040 B/token" in kv and "new cache" in kv
+            assert "× 2 B (bf16) = 23,040 B/token" in kv and "new cache" in kv
             chat = widget_text(app.query_one(ChatLog))
             assert "Paris." in chat and "Now running at bf16" in chat
             await ask(pilot, "And Germany?")

@@ -121,7 +121,8 @@ class FakeEngine:
         if self.fail_load:
             self.emit(Failed(self.fail_load))
             return
-        self.info = replace(INFO, precision=precision, cache_element_bytes=ELEMENT_BYTES[precision])
+        element = ELEMENT_BYTES[precision]
+        self.info = replace(INFO, precision=precision, cache_element_bytes=element, cache_dtype="float32" if element == 4 else "bfloat16")
         self.cache_tokens = 0
         self.emit(ModelReady(self.info))
 

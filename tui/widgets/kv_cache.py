@@ -20,11 +20,15 @@ def gauge(used: int, capacity: int, width: int = GAUGE_WIDTH) -> Content:
     return Content.assemble(("█" * filled, "$accent"), ("░" * (width - filled), "$text-muted"))
 
 
+SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
 def formula(info: ModelInfo) -> str:
     """The bytes-per-token formula with this model's numbers plugged in."""
     return (
         f"2 (K,V) × {info.layers} layers × {info.kv_heads} kv heads × {info.head_dim} dims"
-        f" × {info.cache_element_bytes} B = {info.kv_bytes_per_token:,} B/token"
+        f" × {info.cache_element_bytes} B ({SHORT_DTYPE.get(info.cache_dtype, info.cache_dtype)})"
+        f" = {info.kv_bytes_per_token:,} B/token"
     )
 
 
