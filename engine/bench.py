@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from . import compiled as compiled_module
 from . import models
 from .events import TokenSampled, TurnFinished
 from .models import LoadedModel
@@ -50,6 +51,8 @@ class BenchConfig:
     """If > 0, also compare ITL at this many tokens of context against ITL at ~100."""
     random_weights: bool = False
     """Same architecture, random values: speed does not depend on the weights' values."""
+    compile: bool = True
+    """Decode with the compiled step where it is supported (engine/compiled.py), as the app does."""
 
 
 @dataclass
@@ -60,6 +63,9 @@ class PrecisionResult:
     kv_bytes_per_token: int
     prefill: list[dict] = field(default_factory=list)
     decode: dict = field(default_factory=dict)
+    decode_eager: dict = field(default_factory=dict)
+    """Our loop without the compiled step (the same as `decode` where nothing was compiled)."""
+    compiled: dict = field(default_factory=dict)
     generate: dict = field(default_factory=dict)
     multi_turn: dict = field(default_factory=dict)
     long_context: dict = field(default_factory=dict)
@@ -82,6 +88,8 @@ class PrecisionResult:
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "prefill": self.prefill,
             "decode": self.decode,
+            "decode_eager": self.decode_eager,
+            "compiled": self.compiled,
             "generate": self.generate,
             "decode_vs_generate": round(self.decode_vs_generate, 3),
             "decode_vs_fp32_generate": round(self.decode.get("tok_s", 0.0) / self.fp32_generate_tok_s, 3)
@@ -114,13 +122,15 @@ def _ms(values: list[float]) -> dict:
     }
 
 
-def _greedy(loaded: LoadedModel, max_new: int) -> ChatSession:
-    return ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=max_new))
+def _greedy(loaded: LoadedModel, max_new: int, compile: bool = False) -> ChatSession:
+    return ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=max_new), compile=compile)
 
 
-def measure_ours(loaded: LoadedModel, ids: list[int], new_tokens: int) -> tuple[TurnFinished, list[float]]:
+def measure_ours(
+    loaded: LoadedModel, ids: list[int], new_tokens: int, compile: bool = False
+) -> tuple[TurnFinished, list[float]]:
     """One fresh-cache run of our loop; returns the stats and the per-token ITLs."""
-    session = _greedy(loaded, new_tokens)
+    session = _greedy(loaded, new_tokens, compile)
     latencies: list[float] = []
     runner = session.run(ids, stop_at_eos=False)
     try:
@@ -186,18 +196,38 @@ def bench_prefill(loaded: LoadedModel, lengths: tuple[int, ...], repeats: int) -
     return rows
 
 
-def bench_decode(loaded: LoadedModel, tokens: int, repeats: int) -> tuple[dict, dict]:
-    """Ours and generate's decode on the same 32-token prompt, interleaved run by run."""
+def compile_decode(loaded: LoadedModel) -> dict:
+    """Start the compiled decode step and wait for it (the app would answer eagerly meanwhile)."""
+    session = _greedy(loaded, 1, compile=True)
+    if session.compiled is None:
+        return {"compiled": False, "note": compiled_module.supports(session.fast) if session.fast else "no fast path"}
+    session.compiled.ready.wait(900)
+    return {
+        "compiled": session.compiled.ready.is_set(),
+        "compile_s": round(session.compiled.compile_s, 1),
+        "note": session.compiled.describe(),
+    }
+
+
+def bench_decode(loaded: LoadedModel, tokens: int, repeats: int, compile: bool) -> tuple[dict, dict, dict]:
+    """Ours (compiled step where ready), ours eager and generate's decode on the same 32-token
+    prompt, interleaved run by run."""
     ids = prompt_ids(loaded.tokenizer, 32)
-    measure_ours(loaded, ids, 4)  # warm-up: first calls allocate and pick kernels
+    for use_compiled in {compile, False}:  # warm-up: first calls allocate and pick kernels
+        measure_ours(loaded, ids, 4, use_compiled)
     measure_generate(loaded, ids, 4)
     ours_itl: list[list[float]] = []
+    eager_itl: list[list[float]] = []
     theirs_itl: list[list[float]] = []
-    ours_ttft, theirs_ttft = [], []
+    ours_ttft, eager_ttft, theirs_ttft = [], [], []
     for _ in range(repeats):
-        finished, itl = measure_ours(loaded, ids, tokens)
+        finished, itl = measure_ours(loaded, ids, tokens, compile)
         ours_itl.append(itl)
         ours_ttft.append(finished.stats.ttft_s)
+        if compile:
+            finished, itl = measure_ours(loaded, ids, tokens, False)
+        eager_itl.append(itl)
+        eager_ttft.append(finished.stats.ttft_s)
         ttft, itl = measure_generate(loaded, ids, tokens)
         theirs_itl.append(itl)
         theirs_ttft.append(ttft)
@@ -213,7 +243,7 @@ def bench_decode(loaded: LoadedModel, tokens: int, repeats: int) -> tuple[dict, 
             "tokens": tokens,
         }
 
-    return summary(ours_itl, ours_ttft), summary(theirs_itl, theirs_ttft)
+    return summary(ours_itl, ours_ttft), summary(eager_itl, eager_ttft), summary(theirs_itl, theirs_ttft)
 
 
 def bench_multi_turn(loaded: LoadedModel, turns: int, answer_tokens: int = 32) -> dict:
@@ -241,12 +271,14 @@ def bench_multi_turn(loaded: LoadedModel, turns: int, answer_tokens: int = 32) -
     }
 
 
-def bench_long_context(loaded: LoadedModel, context: int, weight_bytes: int, tokens: int = 16) -> dict:
+def bench_long_context(
+    loaded: LoadedModel, context: int, weight_bytes: int, tokens: int = 16, compile: bool = False
+) -> dict:
     """ITL at ~100 and at `context` tokens, with the ratio the bytes read per token predict."""
     per_token = loaded.info.kv_bytes_per_token
     result = {}
     for label, length in (("short", 100), ("long", context)):
-        _, itl = measure_ours(loaded, prompt_ids(loaded.tokenizer, length), tokens)
+        _, itl = measure_ours(loaded, prompt_ids(loaded.tokenizer, length), tokens, compile)
         result[f"itl_ms_{label}"] = round(statistics.median(itl) * 1000, 3)
         result[f"context_{label}"] = length
     measured = result["itl_ms_long"] / result["itl_ms_short"]
@@ -313,13 +345,22 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
         result = PrecisionResult(precision, device, info.weight_bytes, info.kv_bytes_per_token)
         report(f"[{precision}] prefill at {config.prompt_lengths} tokens")
         result.prefill = bench_prefill(loaded, config.prompt_lengths, config.repeats)
+        if config.compile:
+            report(f"[{precision}] compiling the decode step (torch.compile; cached for later runs)")
+            result.compiled = compile_decode(loaded)
+            report(f"[{precision}] {result.compiled['note']}")
+        use_compiled = bool(result.compiled.get("compiled"))
         report(f"[{precision}] decode {config.decode_tokens} tokens: ours vs model.generate, interleaved")
-        result.decode, result.generate = bench_decode(loaded, config.decode_tokens, config.repeats)
+        result.decode, result.decode_eager, result.generate = bench_decode(
+            loaded, config.decode_tokens, config.repeats, use_compiled
+        )
         report(f"[{precision}] multi-turn reuse over {config.turns} turns")
         result.multi_turn = bench_multi_turn(loaded, config.turns)
         if config.long_context:
             report(f"[{precision}] ITL at {config.long_context} tokens of context")
-            result.long_context = bench_long_context(loaded, config.long_context, info.weight_bytes)
+            result.long_context = bench_long_context(
+                loaded, config.long_context, info.weight_bytes, compile=use_compiled
+            )
         per_token_bytes = info.weight_bytes + info.kv_bytes_per_token * 64
         result.bandwidth_bound_tok_s = bandwidth / per_token_bytes
         result.peak_memory_bytes = peak_memory_bytes(device)

@@ -19,6 +19,7 @@ bytes to read) but prefill slow; prefill therefore upcasts each weight to float3
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -175,14 +176,13 @@ class FastLlama:
     def _rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
-    def _rope(self, start: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin for positions start..start+n-1, shaped [n, 1, head_dim].
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin for `positions` [n], shaped [n, 1, head_dim].
 
         HF's rotate_half(x) = cat(-x2, x1) equals roll(x, d/2) * [-1.., +1..], so the sign
         goes into sin and one rotation is roll, two multiplies and an add.
         """
-        positions = torch.arange(start, start + n, device=device, dtype=torch.float32)
-        freqs = positions[:, None] * self.inv_freq.to(device)[None, :]
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
         cos = torch.cat((freqs.cos(), freqs.cos()), dim=-1) * self.rope_scale
         sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1) * self.rope_scale
         return cos[:, None].to(self.act_dtype), sin[:, None].to(self.act_dtype)
@@ -191,32 +191,59 @@ class FastLlama:
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
 
+    def _block(self, layer: _Layer, h: torch.Tensor, cos, sin, upcast: bool, attend) -> torch.Tensor:
+        """One transformer layer on h [n, hidden]; `attend(q, k, v)` stores k, v and attends."""
+        n = h.shape[0]
+        heads, qk_heads = self.heads, self.heads + self.kv_heads
+        a = self._rmsnorm(h, layer.ln1)
+        qkv = self._linear(a, layer.wqkv, upcast).view(n, qk_heads + self.kv_heads, self.head_dim)
+        qk = self._rotate(qkv[:, :qk_heads], cos, sin)  # q and k rotate together
+        q, k, v = (x.transpose(0, 1)[None] for x in (qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]))
+        attn = attend(q, k, v)  # [1, heads, n, head_dim]
+        attn = attn[0].transpose(0, 1).reshape(n, heads * self.head_dim).to(h.dtype)
+        h = h + self._linear(attn, layer.wo, upcast)
+        m = self._rmsnorm(h, layer.ln2)
+        gate, up = self._linear(m, layer.wgu, upcast).chunk(2, dim=-1)
+        return h + self._linear(F.silu(gate) * up, layer.wdown, upcast)
+
+    def _logits(self, h: torch.Tensor, upcast: bool) -> torch.Tensor:
+        last = self._rmsnorm(h[-1:], self.norm)
+        return self._linear(last, self.lm_head, upcast)[0].float()
+
     def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Feed ids [1, n] after the cache's tokens; returns logits [vocab] of the last one."""
         n = ids.shape[1]
         start = len(cache)
         upcast = self.upcast_prefill and n > UPCAST_ABOVE
         h = self.embed[ids[0]].to(self.act_dtype)  # [n, hidden]
-        cos, sin = self._rope(start, n, h.device)  # [n, head_dim]
+        cos, sin = self._rope(torch.arange(start, start + n, device=h.device))
         mask = None
         if n > 1:  # query i (at start+i) sees every cached key and keys up to itself
             keys = torch.arange(start + n, device=h.device)
             mask = keys[None, :] <= (start + torch.arange(n, device=h.device))[:, None]
-        heads, qk_heads = self.heads, self.heads + self.kv_heads
-        for layer, cache_layer in zip(self.layers, cache.hf.layers):
-            a = self._rmsnorm(h, layer.ln1)
-            qkv = self._linear(a, layer.wqkv, upcast).view(n, qk_heads + self.kv_heads, self.head_dim)
-            qk = self._rotate(qkv[:, :qk_heads], cos, sin)  # q and k rotate together
-            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]
+
+        def attend(cache_layer, q, k, v):
             # Stored in the cache's own dtype (engine/kvcache.py); attention runs in it.
-            keys, values = cache_layer.append(k.transpose(0, 1)[None], v.transpose(0, 1)[None])
-            attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None].to(keys.dtype), keys, values, attn_mask=mask, enable_gqa=True
-            )
-            attn = attn[0].transpose(0, 1).reshape(n, heads * self.head_dim).to(h.dtype)
-            h = h + self._linear(attn, layer.wo, upcast)
-            m = self._rmsnorm(h, layer.ln2)
-            gate, up = self._linear(m, layer.wgu, upcast).chunk(2, dim=-1)
-            h = h + self._linear(F.silu(gate) * up, layer.wdown, upcast)
-        last = self._rmsnorm(h[-1:], self.norm)
-        return self._linear(last, self.lm_head, upcast)[0].float()
+            keys, values = cache_layer.append(k, v)
+            return F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask, enable_gqa=True)
+
+        for layer, cache_layer in zip(self.layers, cache.hf.layers):
+            h = self._block(layer, h, cos, sin, upcast, functools.partial(attend, cache_layer))
+        return self._logits(h, upcast)
+
+    def step_on_buffers(self, token: torch.Tensor, position: torch.Tensor, keys: list, values: list) -> torch.Tensor:
+        """One decode step written for torch.compile (engine/compiled.py): token and position
+        are [1] tensors, keys/values each layer's whole cache buffer [1, kv_heads, capacity, d].
+        The new K/V go in at `position`; attention masks the slots past it."""
+        h = self.embed[token].to(self.act_dtype)  # [1, hidden]
+        cos, sin = self._rope(position)
+        mask = (torch.arange(keys[0].shape[2], device=h.device) <= position)[None, :]
+
+        def attend(k_buffer, v_buffer, q, k, v):
+            k_buffer.index_copy_(2, position, k.to(k_buffer.dtype))
+            v_buffer.index_copy_(2, position, v.to(v_buffer.dtype))
+            return F.scaled_dot_product_attention(q.to(k_buffer.dtype), k_buffer, v_buffer, attn_mask=mask, enable_gqa=True)
+
+        for layer, k_buffer, v_buffer in zip(self.layers, keys, values):
+            h = self._block(layer, h, cos, sin, False, functools.partial(attend, k_buffer, v_buffer))
+        return self._logits(h, False)

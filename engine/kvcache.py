@@ -29,8 +29,10 @@ class PreallocatedLayer(DynamicLayer):
         self.device = key_states.device
         self.length = 0
         dtype = self.storage_dtype or key_states.dtype
-        self._k = key_states.new_empty(self._shape(key_states, self.initial_capacity), dtype=dtype)
-        self._v = value_states.new_empty(self._shape(value_states, self.initial_capacity), dtype=dtype)
+        # Zeroed, not empty: the compiled step attends over the whole buffer with the unused
+        # slots masked, and a masked slot still multiplies its value by 0 (garbage NaN * 0 = NaN).
+        self._k = key_states.new_zeros(self._shape(key_states, self.initial_capacity), dtype=dtype)
+        self._v = value_states.new_zeros(self._shape(value_states, self.initial_capacity), dtype=dtype)
         self._expose()
         self.is_initialized = True
 
@@ -51,7 +53,7 @@ class PreallocatedLayer(DynamicLayer):
             capacity *= 2
         for name in ("_k", "_v"):
             old = getattr(self, name)
-            new = old.new_empty(self._shape(old, capacity))
+            new = old.new_zeros(self._shape(old, capacity))
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
 
@@ -73,6 +75,16 @@ class PreallocatedLayer(DynamicLayer):
         self.length += new
         self._expose()
         return self.keys, self.values
+
+    def buffers_with_room(self, extra: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole K and V buffers, grown to hold `extra` more positions (for a compiled step
+        that writes in place); `advance` then counts what it wrote."""
+        self._reserve(self.length + extra)
+        return self._k, self._v
+
+    def advance(self, written: int) -> None:
+        self.length += written
+        self._expose()
 
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0

@@ -41,6 +41,7 @@ from .events import (
 from .instruments.stepping import PendingStep, StepGate
 from .instruments.trace import AnswerTrace, forced_step
 from . import fastpath
+from .compiled import compiled_decode
 from .kvcache import KVCache
 from .models import LoadedModel
 from .sampling import Draw, Sampler, SamplingSettings
@@ -68,9 +69,12 @@ class ChatSession:
         context: int | None = None,
         show_top_k: int = 10,
         fast: bool = True,
+        compile: bool = False,
     ):
         self.fast_path_wanted = fast
         """Use engine/fastpath.py where the model allows; False keeps the HF forward (the reference)."""
+        self.compile_wanted = compile
+        """Compile the decode step in the background (engine/compiled.py) and switch to it when ready."""
         self.sampling = sampling or SamplingSettings()
         """Swapped whole (never mutated), read at every step: a change applies to the next token."""
         self.system_prompt = system_prompt
@@ -98,8 +102,11 @@ class ChatSession:
         self.stop_ids = self._stop_ids()
         self._no_ids = torch.empty(0, dtype=torch.long, device=self.device)
         self.fast = None
+        self.compiled = None
         if self.fast_path_wanted and fastpath.supports(self.model) is None:
             self.fast = fastpath.for_model(self.model)
+            if self.compile_wanted:
+                self.compiled = compiled_decode(self.fast, getattr(torch, self.info.cache_dtype))
 
     def _stop_ids(self) -> set[int]:
         ids = set()
@@ -220,6 +227,10 @@ class ChatSession:
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
         """One forward pass over `ids` with the cache; the last position's logits."""
+        if len(ids) == 1 and len(self.cache) and self.fast is not None and self.compiled is not None and self.compiled.ready.is_set():
+            logits = self.compiled.step(self.fast, ids[0], self.cache)
+            self.cache.appended(ids)
+            return logits
         inputs = torch.tensor([ids], device=self.device)
         if self.fast is not None:
             logits = self.fast.forward(inputs, self.cache)

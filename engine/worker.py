@@ -108,8 +108,11 @@ class InferenceWorker:
         system_prompt: str | None = None,
         context: int | None = None,
         store: Store | None = None,
+        compile: bool = False,
     ):
         self.emit = emit
+        self.compile = compile
+        """Compile the decode step in the background after each load (engine/compiled.py)."""
         self.store = store
         """Where turns are saved as they finish; None runs without saving."""
         self.chat: SavedChat | None = None
@@ -269,7 +272,7 @@ class InferenceWorker:
             yield Failed(f"out of memory loading {command.spec} at {command.precision}; try int8 or nf4")
             return
         if self.session is None:
-            self.session = ChatSession(loaded, self.sampling, self.system_prompt, self.context)
+            self.session = ChatSession(loaded, self.sampling, self.system_prompt, self.context, compile=self.compile)
             self.chat = SavedChat(self.session, self.store)
         else:
             notice = self.chat.save_cache()  # the cache belongs to the old model: keep it on disk first
@@ -286,4 +289,11 @@ class InferenceWorker:
             note = cpu_note(loaded.info.precision)
             if note:
                 yield Notice(note)
+        compiled = self.session.compiled
+        if compiled is not None:
+            if not compiled.done:
+                yield Notice("compiling the decode step in the background (about a minute the first time, "
+                             "seconds once cached); the eager fast path answers meanwhile")
+            # Reported from the compiling thread: the UI's inbox takes events from any thread.
+            compiled.when_done(lambda c: self.emit(Notice(c.describe())))
 

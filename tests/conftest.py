@@ -7,6 +7,8 @@ from tests.tiny import build_tiny_model
 def _private_data_dir(tmp_path_factory, monkeypatch):
     """Saved conversations go to a temporary directory, never the user's (tests may set their own)."""
     monkeypatch.setenv("LLMCHAT_DATA_DIR", str(tmp_path_factory.mktemp("llmchat-data")))
+    # The app compiles its decode step in the background; tests that want that ask for it.
+    monkeypatch.setenv("LLMCHAT_COMPILE", "0")
 
 
 @pytest.fixture(scope="session")

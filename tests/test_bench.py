@@ -9,7 +9,7 @@ from engine import bench, int8
 def test_bench_reports_ratios_and_quality_for_each_precision(tiny_model_dir):
     config = bench.BenchConfig(
         model=str(tiny_model_dir), precisions=("w8a8", "fp32"), device="cpu",
-        prompt_lengths=(8, 16), decode_tokens=6, repeats=1, turns=2,
+        prompt_lengths=(8, 16), decode_tokens=6, repeats=1, turns=2, compile=True,
     )
     lines: list[str] = []
     result = bench.run(config, report=lines.append)
@@ -23,6 +23,8 @@ def test_bench_reports_ratios_and_quality_for_each_precision(tiny_model_dir):
         assert [row["prompt_tokens"] for row in r["prefill"]] == [8, 16]
         assert r["multi_turn"]["reused_tokens"] > 0
     assert fp32["quality"] == {}  # the reference is not compared with itself
+    assert fp32["compiled"]["compiled"] and fp32["decode_eager"]["tok_s"] > 0  # the compiled step was measured too
+    assert w8a8["compiled"] == {"compiled": False, "note": "w8a8's fbgemm weights are opaque to the compiler"}
     quality = w8a8["quality"]
     assert quality["steps"] > 0 and 0.0 <= quality["top1_agreement"] <= 1.0 and quality["mean_kl_nats"] >= 0.0
     assert w8a8["weight_bytes"] < fp32["weight_bytes"]

@@ -16,12 +16,14 @@ def print_tables(result: dict) -> None:
     console.print(f"[bold]{title}[/]  memory bandwidth {result['bandwidth_gb_s']} GB/s, {result['torch_threads']} threads")
 
     decode = Table(title="Decode tok/s: our instrumented loop vs transformers generate (same run)")
-    for column in ("prec", "ours", "generate", "ratio", "vs fp32 gen", "ITL p50 ms", "ITL p90 ms",
+    for column in ("prec", "ours", "eager", "generate", "ratio", "vs fp32 gen", "ITL p50 ms", "ITL p90 ms",
                    "bound", "of bound", "weights", "peak RSS"):
         decode.add_column(column, justify="right")
     for r in result["results"]:
         decode.add_row(
-            r["precision"], f"{r['decode']['tok_s']:.1f}", f"{r['generate']['tok_s']:.1f}",
+            r["precision"], f"{r['decode']['tok_s']:.1f}",
+            f"{r['decode_eager']['tok_s']:.1f}" if r["compiled"].get("compiled") else "-",
+            f"{r['generate']['tok_s']:.1f}",
             f"{r['decode_vs_generate']:.2f}x",
             f"{r['decode_vs_fp32_generate']:.2f}x" if r["decode_vs_fp32_generate"] else "-",
             f"{r['decode']['itl_ms_p50']:.1f}", f"{r['decode']['itl_ms_p90']:.1f}",
@@ -29,6 +31,9 @@ def print_tables(result: dict) -> None:
             _mb(r["peak_memory_bytes"]),
         )
     console.print(decode)
+    for r in result["results"]:
+        if r["compiled"]:
+            console.print(f"  {r['precision']}: {r['compiled']['note']}")
 
     prefill = Table(title="Prefill (fresh cache)")
     for column in ("precision", "prompt tokens", "TTFT ms", "prefill tok/s"):

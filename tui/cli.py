@@ -6,6 +6,7 @@ Textual is imported only when the app starts, so headless commands stay light.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Optional
 
@@ -65,6 +66,7 @@ def main(
     context: Optional[int] = ContextOpt,
     theme: Optional[str] = typer.Option(None, "--theme", help="llmchat-dark (default), llmchat-light, llmchat-high-contrast or a Textual theme; remembered."),
     resume: Optional[str] = typer.Option(None, "--resume", help="Continue saved conversation ID ('last' for the most recent) once the model has loaded."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Keep the eager decode step (no torch.compile in the background)."),
 ) -> None:
     """Open the chat app (the default when no command is given).
 
@@ -81,6 +83,8 @@ def main(
     if given:
         sampling_from(**given)  # fail fast on a bad flag (this imports torch, so only when flags are given)
     resume_id = resolve_resume(resume) if resume is not None else None
+    if no_compile:
+        os.environ["LLMCHAT_COMPILE"] = "0"
     from tui.app import run_app
 
     run_app(
@@ -225,6 +229,7 @@ def bench(
     turns: int = typer.Option(3, "--turns", help="Turns in the multi-turn reuse measurement."),
     long_context: int = typer.Option(0, "--long-context", help="Also compare ITL at this context length with ~100."),
     random_weights: bool = typer.Option(False, "--random-weights", help="The model's architecture with random weights."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Measure the eager decode step only."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Measure prefill, decode, multi-turn reuse and memory against transformers' generate."""
@@ -242,6 +247,7 @@ def bench(
         turns=turns,
         long_context=long_context,
         random_weights=random_weights,
+        compile=not no_compile,
     )
     try:
         result = bench_engine.run(config, report=lambda line: typer.echo(line, err=True))

@@ -6,6 +6,7 @@ and imports them on a background thread.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from engine.events import Event
@@ -45,7 +46,9 @@ def inference_worker(emit: Emit, sampling: "SamplingSettings", system: str | Non
     from engine.worker import InferenceWorker
 
     store = open_store(emit)
-    return InferenceWorker(emit, sampling, system, context, store=store)
+    # `llmchat --no-compile` (or LLMCHAT_COMPILE=0) keeps the eager decode step.
+    compile_decode = os.environ.get("LLMCHAT_COMPILE", "1") != "0"
+    return InferenceWorker(emit, sampling, system, context, store=store, compile=compile_decode)
 
 
 def open_store(emit: Emit) -> "Store | None":

@@ -1,0 +1,61 @@
+"""The compiled decode step: built in the background, same tokens as eager, never in the way."""
+
+import pytest
+import torch
+
+from engine import compiled, models
+from engine.events import TokenSampled
+from engine.kvcache import PreallocatedLayer
+from engine.sampling import SamplingSettings
+from engine.session import ChatSession
+
+QUESTION = "How does inference work?"
+
+
+def _greedy(session: ChatSession, prompt: str = QUESTION) -> list[int]:
+    return [e.id for e in session.send(prompt) if isinstance(e, TokenSampled)]
+
+
+def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(tiny_model_dir):
+    loaded = models.load(str(tiny_model_dir), "fp16", "cpu")
+    settings = SamplingSettings(temperature=0.0, max_new_tokens=PreallocatedLayer.initial_capacity)
+    fast = ChatSession(loaded, settings, compile=True)
+    assert fast.compiled is not None
+    assert fast.compiled.ready.wait(600), fast.compiled.describe()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled_tokens = _greedy(fast)  # the answer runs past the first 256 slots: the buffers grow
+    assert len(fast.cache) > PreallocatedLayer.initial_capacity
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # capacity is dynamic: no recompiling
+    eager_tokens = _greedy(ChatSession(loaded, settings, compile=False))
+    assert compiled_tokens == eager_tokens
+    assert len(set(eager_tokens)) > 3
+    assert "compiled step" in fast.compiled.describe()
+
+
+def test_a_failed_compilation_leaves_eager_answering(tiny_model_dir, monkeypatch):
+    def broken(fn, **kwargs):
+        def step(*args):
+            raise RuntimeError("no C++ compiler found\nmore detail")
+        return step
+
+    monkeypatch.setattr(torch, "compile", broken)
+    loaded = models.load(str(tiny_model_dir), "fp32", "cpu")  # a fresh fast path: compiled anew
+    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=8), compile=True)
+    reports = []
+    session.compiled.when_done(reports.append)
+    assert len(_greedy(session)) == 8
+    for _ in range(100):
+        if reports:
+            break
+        session.compiled.ready.wait(0.05)
+    assert reports == [session.compiled] and not session.compiled.ready.is_set()
+    assert session.compiled.describe() == (
+        "compiled decode unavailable (RuntimeError: no C++ compiler found); the eager fast path serves"
+    )
+
+
+def test_w8a8_is_not_compiled(tiny_model_dir):
+    loaded = models.load(str(tiny_model_dir), "w8a8", "cpu")
+    session = ChatSession(loaded, compile=True)
+    assert session.compiled is None
+    assert "opaque" in compiled.supports(session.fast)
