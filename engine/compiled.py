@@ -3,7 +3,7 @@
 On a CPU the fast path's matmuls are most of a decode step, but the ~25 small operations per
 layer around them (norms, RoPE, the cache write, casts) cost a quarter to a third of it in
 eager mode; compiled, they fuse into a few generated loops. Measured on the 2-core AVX2
-machine (BENCHMARKS.md): step time compiled / eager = 0.74 at fp16, 0.69 at bf16.
+machine (BENCHMARKS.md): step time compiled / eager = 0.84 at fp32, 0.77 at fp16, 0.86 at bf16.
 
 Compiling takes ~60 s the first time and ~10 s once Inductor's on-disk cache (kept in
 llmchat's cache directory) holds the artifacts. It never blocks: a daemon thread compiles
