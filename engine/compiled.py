@@ -44,7 +44,7 @@ def supports(fast: FastLlama) -> str | None:
 
 
 class CompiledDecode:
-    """`step(token_id, cache)` once `ready`; `error` says why it never will be."""
+    """`step(fast, token_id, cache)` once `ready`; `error` says why it never will be."""
 
     def __init__(self, fast: FastLlama, cache_dtype: torch.dtype):
         # Weakly: the registry below is keyed by the fast path, which must be free to go.
