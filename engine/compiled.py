@@ -5,12 +5,14 @@ layer around them (norms, RoPE, the cache write, casts) cost a quarter to a thir
 eager mode; compiled, they fuse into a few generated loops. Measured on the 2-core AVX2
 machine (BENCHMARKS.md): step time compiled / eager = 0.84 at fp32, 0.77 at fp16, 0.86 at bf16.
 
-Compiling takes ~60 s the first time and ~10 s once Inductor's on-disk cache (kept in
-llmchat's cache directory) holds the artifacts. It never blocks: a daemon thread compiles
-against scratch buffers, and the session switches to the compiled step at the first token
-after `ready`. Until then the eager fast path answers, though slowly during a first-ever
-compile: the compiler holds the GIL and the cores (measured 5.7 tok/s instead of ~30).
-The eager fast path stays the reference; a test checks both pick the same tokens.
+Compiling takes ~60 s the first time and ~5-10 s once Inductor's on-disk cache (kept in
+llmchat's cache directory) holds the artifacts. It never blocks: a daemon thread first has a
+separate, lowest-priority process (`python -m engine.compiled SPEC PRECISION`) compile the
+same step into that cache, then compiles here from it against scratch buffers, and the
+session switches to the compiled step at the first token after `ready`. Compiling in this
+process from scratch held the GIL and the cores for a minute (an answer meanwhile: 1.7-5.7
+tok/s); with the separate process it ran at 21.9 tok/s. The eager fast path stays the
+reference; a test checks both pick the same tokens.
 
 The step takes each layer's whole cache buffer (capacity marked dynamic, so the cache growing
 does not recompile), writes the new K/V at the position and masks the slots past it.
@@ -18,7 +20,10 @@ does not recompile), writes the new K/V at the position and masks the slots past
 
 from __future__ import annotations
 
+import atexit
 import os
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -46,9 +51,11 @@ def supports(fast: FastLlama) -> str | None:
 class CompiledDecode:
     """`step(fast, token_id, cache)` once `ready`; `error` says why it never will be."""
 
-    def __init__(self, fast: FastLlama, cache_dtype: torch.dtype):
+    def __init__(self, fast: FastLlama, cache_dtype: torch.dtype, source: tuple[str, str] | None = None):
         # Weakly: the registry below is keyed by the fast path, which must be free to go.
         self._fast = weakref.ref(fast)
+        self.source = source
+        """(model spec, precision) a separate process can load to fill the compile cache first."""
         self.cache_dtype = cache_dtype
         self.ready = threading.Event()
         self.error: str | None = None
@@ -59,19 +66,15 @@ class CompiledDecode:
         threading.Thread(target=self._warm_up, name="llmchat-compile", daemon=True).start()
 
     def _warm_up(self) -> None:
-        """Compile (or load from the cache) with one call on scratch buffers."""
+        """Fill the on-disk cache in a separate process, then compile here from it."""
         started = time.perf_counter()
+        if self.source is not None:
+            _fill_cache_in_a_subprocess(*self.source)  # best effort: on failure we compile here
         fast = self._fast()
         if fast is None:
             return
-        shape = (1, fast.kv_heads, PreallocatedLayer.initial_capacity, fast.head_dim)
         try:
-            with torch.inference_mode():  # as the session's calls are: same guards, no recompiling
-                keys = [torch.zeros(shape, dtype=self.cache_dtype) for _ in fast.layers]
-                values = [torch.zeros(shape, dtype=self.cache_dtype) for _ in fast.layers]
-                for buffer in keys + values:
-                    torch._dynamo.mark_dynamic(buffer, 2)  # any capacity, one compilation
-                self._step(fast, torch.tensor([0]), torch.tensor([0]), keys, values)
+            compile_once(self._step, fast, self.cache_dtype)
         except Exception as e:  # no C++ compiler, an unsupported op: eager keeps serving
             self.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
         self.compile_s = time.perf_counter() - started
@@ -110,10 +113,53 @@ class CompiledDecode:
         return f"decode now runs the compiled step (torch.compile, ready after {self.compile_s:.0f} s in the background)"
 
 
+def compile_once(step, fast: FastLlama, cache_dtype: torch.dtype) -> None:
+    """One call of the compiled step on scratch buffers: compiles it, or loads it from the cache."""
+    shape = (1, fast.kv_heads, PreallocatedLayer.initial_capacity, fast.head_dim)
+    with torch.inference_mode():  # as the session's calls are: same guards, no recompiling
+        keys = [torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers]
+        values = [torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers]
+        for buffer in keys + values:
+            torch._dynamo.mark_dynamic(buffer, 2)  # any capacity, one compilation
+        step(fast, torch.tensor([0]), torch.tensor([0]), keys, values)
+
+
+_children: list[subprocess.Popen] = []
+
+
+def _fill_cache_in_a_subprocess(spec: str, precision: str) -> bool:
+    """Compile in another process at the lowest priority: a first compile there never competes
+    with the chat for the GIL (in-process it slowed an answer to ~2-6 tok/s for a minute), and
+    leaves artifacts that make the compile here take seconds. Killed if llmchat exits first."""
+    command = [sys.executable, "-m", "engine.compiled", spec, precision]
+    try:
+        child = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(19)
+        )
+    except OSError:
+        return False
+    _children.append(child)
+    try:
+        return child.wait(timeout=900) == 0
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return False
+    finally:
+        _children.remove(child)
+
+
+@atexit.register
+def _stop_children() -> None:
+    for child in list(_children):
+        child.kill()
+
+
 _built: "weakref.WeakKeyDictionary[FastLlama, CompiledDecode]" = weakref.WeakKeyDictionary()
 
 
-def compiled_decode(fast: FastLlama, cache_dtype: torch.dtype) -> CompiledDecode | None:
+def compiled_decode(
+    fast: FastLlama, cache_dtype: torch.dtype, source: tuple[str, str] | None = None
+) -> CompiledDecode | None:
     """The compiled step for this fast path, started once; None where it is not supported."""
     if supports(fast) is not None:
         return None
@@ -121,5 +167,20 @@ def compiled_decode(fast: FastLlama, cache_dtype: torch.dtype) -> CompiledDecode
     if compiled is None:
         if not _built:  # no live model has compiled code: forget that of models that are gone
             torch._dynamo.reset()
-        compiled = _built[fast] = CompiledDecode(fast, cache_dtype)
+        compiled = _built[fast] = CompiledDecode(fast, cache_dtype, source)
     return compiled
+
+
+def main(spec: str, precision: str) -> None:
+    """`python -m engine.compiled SPEC PRECISION`: compile the decode step once, for the cache."""
+    from . import fastpath, models
+
+    loaded = models.load(spec, precision, "cpu")
+    fast = fastpath.for_model(loaded.model)
+    if supports(fast) is None:
+        step = torch.compile(FastLlama.step_on_buffers, dynamic=False, fullgraph=True)
+        compile_once(step, fast, getattr(torch, loaded.info.cache_dtype))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
