@@ -75,7 +75,9 @@ class Int8Linear(nn.Module):
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, smooth: torch.Tensor):
         super().__init__()
         self.out_features, self.in_features = q.shape
-        self.packed = _pack(q, scale)
+        # Packed for fbgemm at first use, so rows fused before then are packed only once.
+        self._int8: tuple[torch.Tensor, torch.Tensor] | None = (q, scale)
+        self._packed = None
         self.register_buffer("unsmooth", 1.0 / smooth)
         self.source: Int8Linear | None = None
         self.rows = slice(0, self.out_features)
@@ -87,12 +89,20 @@ class Int8Linear(nn.Module):
             raise ValueError("w8a8 covers linear layers without bias")
         return cls(*quantize_rows(linear.weight.detach().float() * smooth), smooth)
 
+    @property
+    def packed(self):
+        if self._packed is None:
+            self._packed, self._int8 = _pack(*self._int8), None
+        return self._packed
+
     def int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Q, scale) of this module's rows, unpacked from fbgemm's layout."""
+        """(Q, scale) of this module's rows (unpacked from fbgemm's layout if packed already)."""
         if self.source is not None:
             q, scale = self.source.int8_weight()
             return q[self.rows], scale[self.rows]
-        qt, _ = torch.ops.quantized.linear_unpack(self.packed)
+        if self._int8 is not None:
+            return self._int8
+        qt, _ = torch.ops.quantized.linear_unpack(self._packed)
         return qt.int_repr(), qt.q_per_channel_scales().float()
 
     @property
@@ -111,7 +121,7 @@ class Int8Linear(nn.Module):
         fused.unsmooth = unsmooth
         start = 0
         for module in modules:
-            module.source, module.packed, module.unsmooth = fused, None, None
+            module.source, module._packed, module._int8, module.unsmooth = fused, None, None, None
             module.rows = slice(start, start + module.out_features)
             start += module.out_features
         return fused
