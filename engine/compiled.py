@@ -32,6 +32,7 @@ from typing import Callable
 import platformdirs
 import torch
 
+from .events import ModelInfo
 from .fastpath import FastLlama
 from .int8 import Int8Linear
 from .kvcache import KVCache, PreallocatedLayer
@@ -157,17 +158,17 @@ def _stop_children() -> None:
 _built: "weakref.WeakKeyDictionary[FastLlama, CompiledDecode]" = weakref.WeakKeyDictionary()
 
 
-def compiled_decode(
-    fast: FastLlama, cache_dtype: torch.dtype, source: tuple[str, str] | None = None
-) -> CompiledDecode | None:
-    """The compiled step for this fast path, started once; None where it is not supported."""
+def compiled_decode(fast: FastLlama, info: ModelInfo) -> CompiledDecode | None:
+    """The compiled step for the fast path of the model `info` describes, started once; None
+    where it is not supported."""
     if supports(fast) is not None:
         return None
     compiled = _built.get(fast)
     if compiled is None:
         if not _built:  # no live model has compiled code: forget that of models that are gone
             torch._dynamo.reset()
-        compiled = _built[fast] = CompiledDecode(fast, cache_dtype, source)
+        source = (info.spec, info.precision)
+        compiled = _built[fast] = CompiledDecode(fast, getattr(torch, info.cache_dtype), source)
     return compiled
 
 

@@ -7,6 +7,7 @@ kernels (engine/int8.py), the fastest way to decode on a CPU without 16-bit matm
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -98,6 +99,7 @@ def cpu_note(name: str) -> str | None:
     return None
 
 
+@functools.cache
 def cpu_has_native_16bit() -> bool:
     """Whether this CPU has 16-bit matmul instructions (AVX-512 BF16 or AMX)."""
     try:

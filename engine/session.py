@@ -106,9 +106,7 @@ class ChatSession:
         if self.fast_path_wanted and fastpath.supports(self.model) is None:
             self.fast = fastpath.for_model(self.model)
             if self.compile_wanted:
-                self.compiled = compiled_decode(
-                    self.fast, getattr(torch, self.info.cache_dtype), (self.info.spec, self.info.precision)
-                )
+                self.compiled = compiled_decode(self.fast, self.info)
 
     def _stop_ids(self) -> set[int]:
         ids = set()
