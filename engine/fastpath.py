@@ -82,7 +82,9 @@ class _Fuser:
 
     def __call__(self, *linears: nn.Module) -> torch.Tensor | Int8Linear:
         if isinstance(linears[0], Int8Linear):
-            return linears[0] if len(linears) == 1 else Int8Linear.fuse(list(linears))
+            fused = linears[0] if len(linears) == 1 else Int8Linear.fuse(list(linears))
+            fused.packed  # pack at load time, not inside the first answer's TTFT
+            return fused
         first = linears[0].weight
         rows = sum(linear.weight.shape[0] for linear in linears)
         shape = (first.shape[1], rows) if self.transposed else (rows, first.shape[1])
