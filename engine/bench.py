@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from . import compiled as compiled_module
-from . import models
+from . import fastpath, models
 from .events import TokenSampled, TurnFinished
 from .models import LoadedModel
 from .sampling import SamplingSettings
@@ -341,6 +341,8 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
             loaded = models.load_random(config.model, precision, device)
         else:
             loaded = models.load(config.model, precision, device)
+        if fastpath.supports(loaded.model) is None:  # weights laid out as the app lays them out
+            fastpath.for_model(loaded.model, compiled=config.compile)
         info = loaded.info
         result = PrecisionResult(precision, device, info.weight_bytes, info.kv_bytes_per_token)
         report(f"[{precision}] prefill at {config.prompt_lengths} tokens")

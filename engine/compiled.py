@@ -177,7 +177,7 @@ def main(spec: str, precision: str) -> None:
     from . import fastpath, models
 
     loaded = models.load(spec, precision, "cpu")
-    fast = fastpath.for_model(loaded.model)
+    fast = fastpath.for_model(loaded.model, compiled=True)
     if supports(fast) is None:
         step = torch.compile(FastLlama.step_on_buffers, dynamic=False, fullgraph=True)
         compile_once(step, fast, getattr(torch, loaded.info.cache_dtype))

@@ -29,6 +29,7 @@ from torch import nn
 from . import pages
 from .int8 import Int8Linear
 from .kvcache import KVCache
+from .precision import cpu_matmul_native
 
 UPCAST_ABOVE = 4
 """Feeds of more tokens than this run in float32 on a CPU (see module docstring)."""
@@ -50,10 +51,11 @@ def supports(model: nn.Module) -> str | None:
     return None
 
 
-def transposed_is_faster(dtype: torch.dtype, device: torch.device) -> bool:
-    """Batch-1 matmul layout: on AVX2 CPUs float32 reads [in, out] weights ~30% faster than
-    [out, in], while the 16-bit kernels are fast only as [out, in] (measured: BENCHMARKS.md)."""
-    return device.type == "cpu" and dtype == torch.float32
+def transposed_is_faster(dtype: torch.dtype, device: torch.device, compiled: bool) -> bool:
+    """Weight layout. Eager batch-1 matmul on a CPU reads float32 [in, out] ~1.5x faster than
+    [out, in] (the 16-bit kernels are fast only as [out, in]); the compiled step's matvec
+    streams [out, in] rows ~3x faster still (measured: BENCHMARKS.md)."""
+    return device.type == "cpu" and dtype == torch.float32 and not compiled
 
 
 class _Layer:
@@ -121,18 +123,19 @@ def _own_remaining_weights(model: nn.Module, fused: list[torch.Tensor]) -> None:
 _built: "weakref.WeakKeyDictionary[nn.Module, FastLlama]" = weakref.WeakKeyDictionary()
 
 
-def for_model(model: nn.Module) -> "FastLlama":
-    """The model's fast path, built (and its weights fused) once however many sessions use it."""
+def for_model(model: nn.Module, compiled: bool = False) -> "FastLlama":
+    """The model's fast path, built (and its weights fused) once however many sessions use it;
+    `compiled` lays the weights out for the compiled step. The first build fixes the layout."""
     fast = _built.get(model)
     if fast is None:
-        fast = _built[model] = FastLlama(model)
+        fast = _built[model] = FastLlama(model, compiled)
     return fast
 
 
 class FastLlama:
     """forward(ids, cache) -> the last position's logits, same contract as the HF path."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, compiled: bool = False):
         config = model.config
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
@@ -140,7 +143,7 @@ class FastLlama:
         self.eps = config.rms_norm_eps
         inner = model.model
         weight = inner.embed_tokens.weight
-        self.transposed = transposed_is_faster(weight.dtype, weight.device)
+        self.transposed = transposed_is_faster(weight.dtype, weight.device, compiled)
         self.norm = inner.norm.weight
         tied = getattr(model.lm_head, "weight", None) is weight
         fuse = _Fuser(self.transposed)
@@ -158,7 +161,7 @@ class FastLlama:
         on_cpu = self.embed.device.type == "cpu"
         # 16-bit arithmetic is native on GPUs; on a CPU keep activations in float32.
         self.act_dtype = torch.float32 if on_cpu else self.weight_dtype
-        self.upcast_prefill = on_cpu and self.weight_dtype != torch.float32
+        self.upcast_prefill = on_cpu and self.weight_dtype != torch.float32 and not cpu_matmul_native(self.weight_dtype)
         # Norm weights are tiny: keep them in the activations' dtype for the fused rms_norm.
         self.norm = self.norm.detach().to(self.act_dtype, copy=True)
         for layer in self.layers:
@@ -193,24 +196,48 @@ class FastLlama:
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
 
-    def _block(self, layer: _Layer, h: torch.Tensor, cos, sin, upcast: bool, attend) -> torch.Tensor:
-        """One transformer layer on h [n, hidden]; `attend(q, k, v)` stores k, v and attends."""
+    def _matvec(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x [1, in] @ W.T, written as multiply-and-sum for torch.compile: Inductor turns it into
+        one loop that streams W's [out, in] rows once, ~3x faster than aten's batch-1 matmul
+        for float32 here (16-bit weights are widened inside the loop). A fast path built for
+        eager use keeps float32 as [in, out], which aten multiplies faster than this loop."""
+        if self.transposed:
+            return x @ weight
+        if weight.dtype != x.dtype:  # rounded as the eager path rounds: in and out in W's dtype
+            return self._matvec(x.to(weight.dtype), weight).to(x.dtype)
+        return (x[:, None, :] * weight[None]).sum(-1)
+
+    def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask) -> torch.Tensor:
+        """softmax(q K.T / sqrt(d) + mask) V for q [1, heads, n, d] over the cached K/V.
+
+        For one new token, the query heads that share a K/V head (grouped-query attention) go
+        in as that head's queries, so each cached K/V is read once rather than once per query
+        head (SDPA over 4,096 positions: 491 us per layer instead of 579)."""
+        if q.shape[2] > 1:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        _, heads, _, d = q.shape
+        grouped = q.reshape(1, self.kv_heads, heads // self.kv_heads, d)
+        return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask).reshape(1, heads, 1, d)
+
+    def _block(self, layer: _Layer, h: torch.Tensor, cos, sin, linear, attend) -> torch.Tensor:
+        """One transformer layer on h [n, hidden]; `linear(x, W)` is x @ W.T, `attend(q, k, v)`
+        stores k, v and attends."""
         n = h.shape[0]
         heads, qk_heads = self.heads, self.heads + self.kv_heads
         a = self._rmsnorm(h, layer.ln1)
-        qkv = self._linear(a, layer.wqkv, upcast).view(n, qk_heads + self.kv_heads, self.head_dim)
+        qkv = linear(a, layer.wqkv).view(n, qk_heads + self.kv_heads, self.head_dim)
         qk = self._rotate(qkv[:, :qk_heads], cos, sin)  # q and k rotate together
         q, k, v = (x.transpose(0, 1)[None] for x in (qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]))
         attn = attend(q, k, v)  # [1, heads, n, head_dim]
         attn = attn[0].transpose(0, 1).reshape(n, heads * self.head_dim).to(h.dtype)
-        h = h + self._linear(attn, layer.wo, upcast)
+        h = h + linear(attn, layer.wo)
         m = self._rmsnorm(h, layer.ln2)
-        gate, up = self._linear(m, layer.wgu, upcast).chunk(2, dim=-1)
-        return h + self._linear(F.silu(gate) * up, layer.wdown, upcast)
+        gate, up = linear(m, layer.wgu).chunk(2, dim=-1)
+        return h + linear(F.silu(gate) * up, layer.wdown)
 
-    def _logits(self, h: torch.Tensor, upcast: bool) -> torch.Tensor:
+    def _logits(self, h: torch.Tensor, linear) -> torch.Tensor:
         last = self._rmsnorm(h[-1:], self.norm)
-        return self._linear(last, self.lm_head, upcast)[0].float()
+        return linear(last, self.lm_head)[0].float()
 
     def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Feed ids [1, n] after the cache's tokens; returns logits [vocab] of the last one."""
@@ -227,11 +254,12 @@ class FastLlama:
         def attend(cache_layer, q, k, v):
             # Stored in the cache's own dtype (engine/kvcache.py); attention runs in it.
             keys, values = cache_layer.append(k, v)
-            return F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask, enable_gqa=True)
+            return self._attention(q.to(keys.dtype), keys, values, mask)
 
+        linear = functools.partial(self._linear, upcast=upcast)
         for layer, cache_layer in zip(self.layers, cache.hf.layers):
-            h = self._block(layer, h, cos, sin, upcast, functools.partial(attend, cache_layer))
-        return self._logits(h, upcast)
+            h = self._block(layer, h, cos, sin, linear, functools.partial(attend, cache_layer))
+        return self._logits(h, linear)
 
     def step_on_buffers(self, token: torch.Tensor, position: torch.Tensor, keys: list, values: list) -> torch.Tensor:
         """One decode step written for torch.compile (engine/compiled.py): token and position
@@ -244,8 +272,8 @@ class FastLlama:
         def attend(k_buffer, v_buffer, q, k, v):
             k_buffer.index_copy_(2, position, k.to(k_buffer.dtype))
             v_buffer.index_copy_(2, position, v.to(v_buffer.dtype))
-            return F.scaled_dot_product_attention(q.to(k_buffer.dtype), k_buffer, v_buffer, attn_mask=mask, enable_gqa=True)
+            return self._attention(q.to(k_buffer.dtype), k_buffer, v_buffer, mask)
 
         for layer, k_buffer, v_buffer in zip(self.layers, keys, values):
-            h = self._block(layer, h, cos, sin, False, functools.partial(attend, k_buffer, v_buffer))
-        return self._logits(h, False)
+            h = self._block(layer, h, cos, sin, self._matvec, functools.partial(attend, k_buffer, v_buffer))
+        return self._logits(h, self._matvec)

@@ -104,7 +104,7 @@ class ChatSession:
         self.fast = None
         self.compiled = None
         if self.fast_path_wanted and fastpath.supports(self.model) is None:
-            self.fast = fastpath.for_model(self.model)
+            self.fast = fastpath.for_model(self.model, compiled=self.compile_wanted)
             if self.compile_wanted:
                 self.compiled = compiled_decode(self.fast, self.info)
 

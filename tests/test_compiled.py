@@ -18,10 +18,16 @@ def _greedy(session: ChatSession, prompt: str = QUESTION) -> list[int]:
     return [e.id for e in session.send(prompt) if isinstance(e, TokenSampled)]
 
 
-def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(tiny_model_dir):
-    loaded = models.load(str(tiny_model_dir), "fp16", "cpu")
+# fp32 is laid out [out, in] for the compiled matvec, or [in, out] when an eager session built
+# the fast path first; fp16 is widened inside the matvec.
+@pytest.mark.parametrize("precision, eager_first", [("fp32", False), ("fp32", True), ("fp16", False)])
+def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(tiny_model_dir, precision, eager_first):
+    loaded = models.load(str(tiny_model_dir), precision, "cpu")
     settings = SamplingSettings(temperature=0.0, max_new_tokens=PreallocatedLayer.initial_capacity)
+    if eager_first:
+        ChatSession(loaded, settings, compile=False)
     fast = ChatSession(loaded, settings, compile=True)
+    assert fast.fast.transposed == eager_first
     assert fast.compiled is not None
     assert fast.compiled.ready.wait(600), fast.compiled.describe()
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]

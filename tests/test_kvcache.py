@@ -7,7 +7,6 @@ from transformers.cache_utils import DynamicCache
 
 from engine import models
 from engine.kvcache import KVCache, PreallocatedLayer, common_prefix
-from engine.precision import cpu_has_native_16bit
 
 PROMPT = [1, 87, 85, 267, 201, 262, 78, 78, 81, 2, 201, 1, 67, 85]
 
@@ -121,11 +120,10 @@ def _formula(config, element_bytes: int, tokens: int) -> int:
     return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * element_bytes * tokens
 
 
-# A 16-bit model keeps an fp32 cache on a CPU without 16-bit arithmetic (engine/precision.py).
-BF16_CACHE_BYTES = 2 if cpu_has_native_16bit() else 4
 
 
-@pytest.mark.parametrize("precision, element_bytes", [("fp32", 4), ("bf16", BF16_CACHE_BYTES)])
+# A 16-bit model keeps an fp32 cache on a CPU (engine/precision.py).
+@pytest.mark.parametrize("precision, element_bytes", [("fp32", 4), ("bf16", 4)])
 def test_tensor_bytes_equal_the_formula(tiny_model_dir, precision, element_bytes):
     loaded = models.load(str(tiny_model_dir), precision, "cpu")
     config = loaded.model.config
