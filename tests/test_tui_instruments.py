@@ -18,7 +18,7 @@ import pytest
 from rich.cells import cell_len
 from textual.widgets import Input, Markdown
 
-from engine import models
+from engine import fastpath, models
 from engine.events import (
     Forked, ModelReady, PromptTokens, StepPaused, TokenSampled, TurnFinished,
 )
@@ -578,6 +578,9 @@ def test_snapshot_attention(snap_compare, tiny_model_dir, tmp_path):
 
 def test_snapshot_precision_compare(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(precision_compare, "time", FakeClock())
+    # The KL digits come from bf16 prefill upcast to fp32; a CPU with native bf16 matmuls
+    # (engine/fastpath.py) would print others.
+    monkeypatch.setattr(fastpath, "cpu_matmul_native", lambda dtype: False)
 
     async def before(pilot):
         await answered(pilot, recorder_of(pilot))
