@@ -28,6 +28,7 @@ from torch import nn
 
 from . import pages
 from .int8 import Int8Linear
+from .w8 import W8Linear
 from .kvcache import KVCache
 from .precision import cpu_matmul_native
 
@@ -72,7 +73,7 @@ class _Layer:
 class _Fuser:
     """Stacks [out, in] weights into one matrix (stored [in, out] if `transposed`) and points
     each module at its slice of it, so the HF forward still works and nothing is stored twice.
-    w8a8 modules fuse their int8 rows the same way (engine/int8.py).
+    w8a8 and w8 modules fuse their int8 rows the same way (engine/int8.py, engine/w8.py).
 
     Each source is copied straight into its place in the fused matrix and its pages of the
     weight file are handed back at once, so the file and the copies are never resident together.
@@ -82,10 +83,12 @@ class _Fuser:
         self.transposed = transposed
         self.mappings = pages.weight_file_mappings()
 
-    def __call__(self, *linears: nn.Module) -> torch.Tensor | Int8Linear:
-        if isinstance(linears[0], Int8Linear):
-            fused = linears[0] if len(linears) == 1 else Int8Linear.fuse(list(linears))
-            fused.packed  # pack at load time, not inside the first answer's TTFT
+    def __call__(self, *linears: nn.Module) -> torch.Tensor | Int8Linear | W8Linear:
+        if isinstance(linears[0], (Int8Linear, W8Linear)):
+            kind = type(linears[0])
+            fused = linears[0] if len(linears) == 1 else kind.fuse(list(linears))
+            if kind is Int8Linear:
+                fused.packed  # pack at load time, not inside the first answer's TTFT
             return fused
         first = linears[0].weight
         rows = sum(linear.weight.shape[0] for linear in linears)
@@ -169,7 +172,7 @@ class FastLlama:
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, upcast: bool) -> torch.Tensor:
         """x @ W.T for a weight stored [out, in] (or x @ W for one stored [in, out])."""
-        if isinstance(weight, Int8Linear):
+        if isinstance(weight, nn.Module):  # w8a8, w8: the module multiplies
             return weight(x)
         if weight.dtype != x.dtype:
             if upcast:
@@ -201,6 +204,8 @@ class FastLlama:
         one loop that streams W's [out, in] rows once, ~3x faster than aten's batch-1 matmul
         for float32 here (16-bit weights are widened inside the loop). A fast path built for
         eager use keeps float32 as [in, out], which aten multiplies faster than this loop."""
+        if isinstance(weight, W8Linear):
+            return weight.matvec(x)
         if self.transposed:
             return x @ weight
         if weight.dtype != x.dtype:  # rounded as the eager path rounds: in and out in W's dtype

@@ -22,7 +22,7 @@ from typing import Callable
 import platformdirs
 import torch
 
-from . import int8
+from . import int8, w8
 from .events import ModelInfo
 from .precision import Precision, precision_for, quantization_config, resolve_device
 
@@ -173,9 +173,12 @@ def load(spec: str, precision: str = "fp32", device: str = "auto", progress: Pro
         raise ModelError(f"cannot load {spec} at {prec.name}: {_one_line(e)}") from None
     if quant is None:
         model.to(device)
-    if prec.w8a8:
+    if prec.name == "w8a8":
         progress("quantizing to int8 (w8a8)", 0.95)
         int8.quantize_linears(model, int8.calibration_ids(tokenizer))
+    elif prec.name == "w8":
+        progress("quantizing weights to int8 (w8)", 0.95)
+        w8.quantize_linears(model)
     model.eval()
     progress("ready", 1.0)
     info = describe(model, spec, display_name(source), prec, device, time.perf_counter() - started)
@@ -188,11 +191,12 @@ def parameter_count(model: torch.nn.Module) -> int:
     for p in model.parameters():
         state = getattr(p, "quant_state", None)
         total += state.shape.numel() if state is not None else p.numel()
-    # w8a8 linears hold packed int8 rows, not parameters; a tied LM head repeats the embedding.
+    # w8a8 and w8 linears hold int8 rows, not parameters; a tied LM head repeats the embedding.
     head = model.get_output_embeddings()
     tied = getattr(model.config, "tie_word_embeddings", False)
     for module in model.modules():
-        if isinstance(module, int8.Int8Linear) and module.source is None and not (tied and module is head):
+        quantized = isinstance(module, w8.W8Linear) or (isinstance(module, int8.Int8Linear) and module.source is None)
+        if quantized and not (tied and module is head):
             total += module.in_features * module.out_features
     return total
 

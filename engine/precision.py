@@ -2,7 +2,8 @@
 
 fp32/bf16/fp16 are plain weight dtypes; int8 and nf4 quantize through bitsandbytes (GPU-first
 kernels); w8a8 quantizes weights and activations to int8 through torch's own fbgemm CPU
-kernels (engine/int8.py), the fastest way to decode on a CPU without 16-bit matmul.
+kernels (engine/int8.py), the fastest prefill; w8 quantizes only the weights (engine/w8.py)
+and, with the compiled decode step, is the fastest decode on a CPU.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "w8a8")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "w8a8", "w8")
 
 
 class PrecisionError(ValueError):
@@ -34,10 +35,6 @@ class Precision:
     1.6 ms vs fp32 0.2 ms; AVX-512 BF16 1.13 ms vs 0.17 ms), so 16-bit models keep an fp32
     cache there: twice the bytes, a fraction of the time."""
 
-    @property
-    def w8a8(self) -> bool:
-        return self.name == "w8a8"
-
 
 def resolve_device(device: str) -> str:
     """`auto` picks CUDA when present; an unavailable device is a clear error."""
@@ -58,6 +55,8 @@ def precision_for(name: str, device: str) -> Precision:
         _require_bitsandbytes(name)
     if name == "w8a8":
         _require_fbgemm(device)
+    if name == "w8" and device != "cpu":
+        raise PrecisionError("w8 is a CPU precision (its speed is the compiled CPU step); on a GPU use int8, nf4, bf16 or fp16")
     compute = {
         "fp32": torch.float32,
         "bf16": torch.bfloat16,
@@ -67,10 +66,11 @@ def precision_for(name: str, device: str) -> Precision:
         "nf4": torch.bfloat16 if device == "cuda" else torch.float32,
         # Loaded in float32, then quantized; activations and the KV cache stay float32.
         "w8a8": torch.float32,
+        "w8": torch.float32,
     }[name]
     if name == "bf16" and device == "cuda" and not torch.cuda.is_bf16_supported():
         raise PrecisionError("bf16 is not supported by this GPU; use fp16 or fp32")
-    bits = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "nf4": 4, "w8a8": 8}[name]
+    bits = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "nf4": 4, "w8a8": 8, "w8": 8}[name]
     cache = torch.float32 if device == "cpu" else compute
     return Precision(name, compute, bits, name in ("int8", "nf4"), cache)
 
@@ -89,8 +89,14 @@ def cpu_note(name: str) -> str | None:
     if name == "w8a8":
         return (
             "w8a8 on CPU: int8 weights and activations through torch's fbgemm kernels: the fastest "
-            "prefill, decode as fast as fp16, a quarter of the matrices' bytes; every matmul rounds "
-            "its input to 7 bits, so the top-k drifts (F8 compares it with another precision)"
+            "prefill and a quarter of the matrices' bytes, but no compiled decode step; every matmul "
+            "rounds its input to 7 bits, so the top-k drifts (F8 compares it with another precision)"
+        )
+    if name == "w8":
+        return (
+            "w8 on CPU: int8 weights, fp32 activations: a quarter of the matrices' bytes and the "
+            "fastest decode once the compiled step is ready (until then each token widens every "
+            "matrix: slower than fp32); only the weights are rounded, so the top-k stays near fp32's"
         )
     if name in ("int8", "nf4"):
         return (

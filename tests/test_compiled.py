@@ -19,8 +19,10 @@ def _greedy(session: ChatSession, prompt: str = QUESTION) -> list[int]:
 
 
 # fp32 is laid out [out, in] for the compiled matvec, or [in, out] when an eager session built
-# the fast path first; fp16 is widened inside the matvec.
-@pytest.mark.parametrize("precision, eager_first", [("fp32", False), ("fp32", True), ("fp16", False)])
+# the fast path first; fp16 and w8's int8 weights are widened inside the matvec.
+@pytest.mark.parametrize(
+    "precision, eager_first", [("fp32", False), ("fp32", True), ("fp16", False), ("w8", False)]
+)
 def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(tiny_model_dir, precision, eager_first):
     loaded = models.load(str(tiny_model_dir), precision, "cpu")
     settings = SamplingSettings(temperature=0.0, max_new_tokens=PreallocatedLayer.initial_capacity)

@@ -24,7 +24,7 @@ INFO = ModelInfo(
     parameters=134_515_008, weight_bytes=538_060_032, layers=30, heads=9, kv_heads=3, head_dim=64,
     hidden_size=576, vocab_size=49152, context=8192, cache_element_bytes=4, load_s=0.5,
 )
-ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 2, "nf4": 2, "w8a8": 4}
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 2, "nf4": 2, "w8a8": 4, "w8": 4}
 
 PROMPT = ((1, "<|im_start|>"), (4093, "user"), (198, "\n"), (1780, "What"), (314, " is"), (260, " the"),
           (3575, " capital"), (282, " of"), (4649, " France"), (47, "?"), (2, "<|im_end|>"), (198, "\n"),

@@ -20,7 +20,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=False, help="See LLM inf
 app.add_typer(conversations_app, name="conversations")
 
 ModelOpt = typer.Option(DEFAULT_MODEL, "--model", "-m", help="smollm2-135m, an HF model directory, a .gguf file or a hub id.")
-PrecisionOpt = typer.Option("fp32", "--precision", "-p", help="fp32, bf16, fp16, int8, nf4 or w8a8 (CPU).")
+PrecisionOpt = typer.Option("fp32", "--precision", "-p", help="fp32, bf16, fp16, int8, nf4, w8a8 or w8 (CPU).")
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda.")
 TemperatureOpt = typer.Option(None, "--temperature", "-t", help="0 is greedy.")
 TopKOpt = typer.Option(None, "--top-k", help="Keep the k most probable tokens (0 = all).")
@@ -53,7 +53,7 @@ def fail(message: str) -> None:
 def main(
     ctx: typer.Context,
     model: Optional[str] = typer.Option(None, "--model", "-m", help="smollm2-135m (default), an HF model directory, a .gguf file or a hub id."),
-    precision: Optional[str] = typer.Option(None, "--precision", "-p", help="fp32 (default), bf16, fp16, int8, nf4 or w8a8 (CPU)."),
+    precision: Optional[str] = typer.Option(None, "--precision", "-p", help="fp32 (default), bf16, fp16, int8, nf4, w8a8 or w8 (CPU)."),
     device: Optional[str] = typer.Option(None, "--device", help="auto (default), cpu or cuda."),
     temperature: Optional[float] = TemperatureOpt,
     top_k: Optional[int] = TopKOpt,

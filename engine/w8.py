@@ -1,0 +1,69 @@
+"""w8 on CPU: int8 weights with one scale per row, float32 activations (weight-only int8).
+
+    W ≈ scale[:, None] · Q,  Q in [-127, 127]    so    x @ W.T = (x @ Q.T) · scale
+
+A batch-1 decode step reads every weight once, so one byte per weight instead of four is the
+whole game. No torch kernel multiplies float32 activations by int8 weights quickly on a CPU
+(`_weight_int8pack_mm`: 11.5 tok/s on the AVX2 machine, BENCHMARKS.md), but the compiled
+decode step's matvec (engine/fastpath.py) widens Q inside the loop Inductor generates, which
+makes w8 the fastest decode here. Eager, each call widens the whole matrix first: fine for a
+prefill chunk, slow for a single token, so until the compiled step is ready (or with
+--no-compile) w8 decodes slower than fp32.
+
+Only the weights are rounded, so the top-k stays close to fp32's (w8a8 rounds the activations
+too, and that is where its drift comes from: engine/int8.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .int8 import quantize_rows
+
+
+class W8Linear(nn.Module):
+    """y = x @ W.T with W held as int8 rows `q` [out, in] and their float32 `scale` [out]."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("q", q)
+        self.register_buffer("scale", scale)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "W8Linear":
+        if linear.bias is not None:
+            raise ValueError("w8 covers linear layers without bias")
+        return cls(*quantize_rows(linear.weight))
+
+    @classmethod
+    def fuse(cls, modules: list["W8Linear"]) -> "W8Linear":
+        """One matrix with the modules' rows stacked; each module's buffers become views of it."""
+        fused = cls(torch.cat([m.q for m in modules]), torch.cat([m.scale for m in modules]))
+        start = 0
+        for module in modules:
+            rows = slice(start, start + module.out_features)
+            module.q, module.scale = fused.q[rows], fused.scale[rows]
+            start = rows.stop
+        return fused
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.q.to(x.dtype)) * self.scale
+
+    def matvec(self, x: torch.Tensor) -> torch.Tensor:
+        """forward for one row x [1, in], written for the compiled step: Q is widened inside
+        the multiply-and-sum loop, so each weight is read as one byte."""
+        return (x[:, None, :] * self.q[None].to(x.dtype)).sum(-1) * self.scale
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, w8"
+
+
+def quantize_linears(model: nn.Module) -> None:
+    """Replace every nn.Linear of `model` (the LM head too) with a W8Linear."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, W8Linear.from_linear(child))
