@@ -57,8 +57,9 @@ def available() -> str | None:
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-row int8: (Q [out, in] int8, scale [out] float32) with W ≈ scale[:, None] * Q."""
     weight = weight.detach().float()
-    scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)
-    q = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    largest = torch.maximum(weight.amax(dim=1), -weight.amin(dim=1))  # |W| without a copy of W
+    scale = (largest / 127).clamp(min=1e-12)
+    q = (weight / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)  # one float temporary
     return q, scale
 
 

@@ -20,7 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import pages
 from .int8 import quantize_rows
+
+
+WIDEN_ROWS = 4096
+"""Rows widened to float at once by the eager forward."""
 
 
 class W8Linear(nn.Module):
@@ -50,7 +55,9 @@ class W8Linear(nn.Module):
         return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.q.to(x.dtype)) * self.scale
+        # Widened a block of rows at a time: SmolLM2's LM head widened whole is a 113 MB temporary.
+        blocks = [F.linear(x, q.to(x.dtype)) for q in self.q.split(WIDEN_ROWS)]
+        return (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)) * self.scale
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         """forward for one row x [1, in], written for the compiled step: Q is widened inside
@@ -62,8 +69,11 @@ class W8Linear(nn.Module):
 
 
 def quantize_linears(model: nn.Module) -> None:
-    """Replace every nn.Linear of `model` (the LM head too) with a W8Linear."""
+    """Replace every nn.Linear of `model` (the LM head too) with a W8Linear, handing back each
+    float matrix's pages of the mapped weight file as soon as it is quantized (engine/pages.py)."""
+    mappings = pages.weight_file_mappings()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, W8Linear.from_linear(child))
+                pages.release(child.weight.detach(), mappings)
