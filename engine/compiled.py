@@ -5,7 +5,7 @@ batch-1 matmul reads float32 weights at ~12 GB/s on the 2-core machines; written
 multiply-and-sum (`FastLlama._matvec`), Inductor generates one loop per matrix that streams
 its rows at close to the memory bandwidth and fuses the ~25 small operations per layer
 around them (norms, RoPE, casts, the cache write). Measured (BENCHMARKS.md): fp32 decode
-58 tok/s compiled vs 18 eager; fp16/bf16 72-73.
+45-58 tok/s compiled vs ~18 eager; fp16/bf16 ~69; w8 (int8 weights) ~95.
 
 Compiling takes ~60 s the first time and ~5-10 s once Inductor's on-disk cache (kept in
 llmchat's cache directory) holds the artifacts. It never blocks: a daemon thread first has a
