@@ -66,7 +66,9 @@ class CompiledDecode:
         self._listeners: list[Callable[["CompiledDecode"], None]] = []
         self._lock = threading.Lock()
         self._step = torch.compile(FastLlama.step_on_buffers, dynamic=False, fullgraph=True)
-        threading.Thread(target=self._warm_up, name="llmchat-compile", daemon=True).start()
+        thread = threading.Thread(target=self._warm_up, name="llmchat-compile", daemon=True)
+        _compiling[:] = [t for t in _compiling if t.is_alive()] + [thread]
+        thread.start()
 
     def _warm_up(self) -> None:
         """Fill the on-disk cache in a separate process, then compile here from it."""
@@ -155,6 +157,21 @@ def _fill_cache_in_a_subprocess(spec: str, precision: str) -> bool:
 def _stop_children() -> None:
     for child in list(_children):
         child.kill()
+
+
+_compiling: list[threading.Thread] = []
+
+
+def exit_if_compiling(code: int = 0) -> None:
+    """End the process at once if a compile is still running in it. Interpreter shutdown under
+    Inductor's native code aborts ("terminate called without an active exception", exit 134:
+    seen when quitting the app in the seconds of the in-process compile), so a caller that has
+    saved everything ends here instead, after stopping the compiling child process."""
+    if any(thread.is_alive() for thread in _compiling):
+        _stop_children()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 _built: "weakref.WeakKeyDictionary[FastLlama, CompiledDecode]" = weakref.WeakKeyDictionary()

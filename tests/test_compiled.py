@@ -1,6 +1,10 @@
 """The compiled decode step: built in the background, same tokens as eager, never in the way."""
 
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 
 QUESTION = "How does inference work?"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _greedy(session: ChatSession, prompt: str = QUESTION) -> list[int]:
@@ -67,3 +72,36 @@ def test_w8a8_is_not_compiled(tiny_model_dir):
     session = ChatSession(loaded, compile=True)
     assert session.compiled is None
     assert "opaque" in compiled.supports(session.fast)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return True
+
+
+def test_quitting_while_compiling_ends_the_process_cleanly_and_stops_the_child():
+    # Interpreter shutdown under a running compile aborted the app (exit 134); this ends it first.
+    script = """
+import subprocess, sys, threading, time
+from engine import compiled
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+compiled._children.append(child)
+print(child.pid, flush=True)
+compiled.exit_if_compiling(5)  # nothing compiling: returns
+thread = threading.Thread(target=time.sleep, args=(120,), daemon=True)
+thread.start()
+compiled._compiling.append(thread)
+compiled.exit_if_compiling(3)
+print("still running")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 3, done.stderr
+    assert "still running" not in done.stdout
+    child = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(child)

@@ -6,6 +6,7 @@ come back as messages (see `tui.messages`). Handlers here are the only place wid
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Iterable, TypeVar
@@ -382,3 +383,6 @@ def run_app(**flags) -> None:
     if problem:
         app.call_later(app.notify, problem, severity="warning")
     app.run()
+    compiled = sys.modules.get("engine.compiled")  # only if torch was ever loaded
+    if compiled is not None:
+        compiled.exit_if_compiling(app.return_code or 0)  # the engine has saved and stopped
