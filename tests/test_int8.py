@@ -4,12 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from engine import fastpath, int8, models
-from engine.events import TokenSampled
-from engine.instruments.precision_compare import compare_precisions
+from engine import int8, models
 from engine.precision import PrecisionError, precision_for
-from engine.sampling import SamplingSettings
-from engine.session import ChatSession
+from tests.quantized import answer_against_fp32, greedy_tokens
 
 pytestmark = pytest.mark.skipif(int8.available() is not None, reason="no fbgemm in this torch")
 
@@ -76,26 +73,13 @@ def test_tiny_w8a8_weights_take_about_a_quarter_and_fast_path_matches_reference(
     matrices = sum(m.weight_bytes for m in loaded.model.modules() if isinstance(m, int8.Int8Linear))
     assert loaded.info.weight_bytes == loaded.model.get_memory_footprint() + matrices
     assert loaded.info.parameters == tiny_loaded.info.parameters
-    settings = SamplingSettings(temperature=0.0, max_new_tokens=16)
-
-    def greedy(fast: bool) -> list[int]:
-        session = ChatSession(models.load(str(tiny_model_dir), "w8a8", "cpu"), settings, fast=fast)
-        assert (session.fast is not None) == fast
-        return [e.id for e in session.send("How does inference work?") if isinstance(e, TokenSampled)]
-
-    assert greedy(fast=True) == greedy(fast=False)
+    assert greedy_tokens(tiny_model_dir, "w8a8", fast=True) == greedy_tokens(tiny_model_dir, "w8a8", fast=False)
 
 
 @pytest.mark.real_model
 def test_smollm2_w8a8_answers_and_stays_near_fp32(smollm2):
     loaded = models.load(models.DEFAULT_MODEL, "w8a8", "cpu")
     assert loaded.info.weight_bytes < 0.55 * smollm2.info.weight_bytes  # int8 matrices, fp32 embedding
-    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=24))
-    assert session.fast is not None
-    events = list(session.send("What is the capital of France?"))
-    assert "Paris" in events[-1].text
-    reference = ChatSession(smollm2)
-    reference.messages = list(session.messages[:1])
-    ids = reference.template(reference.messages)
-    compared = compare_precisions(smollm2, loaded, ids, max_new_tokens=24, stop_ids=session.stop_ids)
+    answer, compared = answer_against_fp32(smollm2, loaded)
+    assert "Paris" in answer
     assert compared.agreement >= 0.6 and compared.mean_kl < 0.5  # measured: ~0.85 and ~0.06 nats

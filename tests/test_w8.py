@@ -5,11 +5,8 @@ import torch
 from torch import nn
 
 from engine import models, w8
-from engine.events import TokenSampled
-from engine.instruments.precision_compare import compare_precisions
 from engine.precision import PrecisionError, precision_for
-from engine.sampling import SamplingSettings
-from engine.session import ChatSession
+from tests.quantized import answer_against_fp32, greedy_tokens
 
 
 def _relative_error(y: torch.Tensor, reference: torch.Tensor) -> float:
@@ -53,25 +50,13 @@ def test_tiny_w8_counts_its_bytes_and_the_fast_path_matches_the_reference(tiny_m
     assert loaded.info.parameters == tiny_loaded.info.parameters
     assert loaded.info.weight_bytes == loaded.model.get_memory_footprint()  # int8 buffers are tensors
     assert loaded.info.weight_bytes < tiny_loaded.info.weight_bytes
-    settings = SamplingSettings(temperature=0.0, max_new_tokens=16)
-
-    def greedy(fast: bool) -> list[int]:
-        session = ChatSession(models.load(str(tiny_model_dir), "w8", "cpu"), settings, fast=fast)
-        assert (session.fast is not None) == fast
-        return [e.id for e in session.send("How does inference work?") if isinstance(e, TokenSampled)]
-
-    assert greedy(fast=True) == greedy(fast=False)
+    assert greedy_tokens(tiny_model_dir, "w8", fast=True) == greedy_tokens(tiny_model_dir, "w8", fast=False)
 
 
 @pytest.mark.real_model
 def test_smollm2_w8_answers_and_stays_near_fp32(smollm2):
     loaded = models.load(models.DEFAULT_MODEL, "w8", "cpu")
     assert loaded.info.weight_bytes < 0.5 * smollm2.info.weight_bytes  # int8 matrices, fp32 embedding
-    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=24))
-    events = list(session.send("What is the capital of France?"))
-    assert "Paris" in events[-1].text
-    reference = ChatSession(smollm2)
-    reference.messages = list(session.messages[:1])
-    ids = reference.template(reference.messages)
-    compared = compare_precisions(smollm2, loaded, ids, max_new_tokens=24, stop_ids=session.stop_ids)
+    answer, compared = answer_against_fp32(smollm2, loaded)
+    assert "Paris" in answer
     assert compared.agreement >= 0.9 and compared.mean_kl < 0.05  # w8a8 here: ~0.85 and ~0.06 nats
