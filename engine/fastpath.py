@@ -28,9 +28,9 @@ from torch import nn
 
 from . import pages
 from .int8 import Int8Linear
-from .w8 import W8Linear
 from .kvcache import KVCache
 from .precision import cpu_matmul_native
+from .w8 import W8Linear
 
 UPCAST_ABOVE = 4
 """Feeds of more tokens than this run in float32 on a CPU (see module docstring)."""
@@ -164,7 +164,9 @@ class FastLlama:
         on_cpu = self.embed.device.type == "cpu"
         # 16-bit arithmetic is native on GPUs; on a CPU keep activations in float32.
         self.act_dtype = torch.float32 if on_cpu else self.weight_dtype
-        self.upcast_prefill = on_cpu and self.weight_dtype != torch.float32 and not cpu_matmul_native(self.weight_dtype)
+        self.upcast_prefill = (
+            on_cpu and self.weight_dtype != torch.float32 and not cpu_matmul_native(self.weight_dtype)
+        )
         # Norm weights are tiny: keep them in the activations' dtype for the fused rms_norm.
         self.norm = self.norm.detach().to(self.act_dtype, copy=True)
         for layer in self.layers:
