@@ -321,9 +321,28 @@ def measure_bandwidth(device: str, megabytes: int = 512) -> float:
     return data.numel() * 4 / best
 
 
+def reset_peak_memory(device: str) -> None:
+    """Start a new peak, so each precision reports its own rather than the run's so far."""
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:  # Linux: writing 5 to clear_refs resets VmHWM to the current RSS
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # elsewhere the peak covers the whole run
+
+
 def peak_memory_bytes(device: str) -> int:
     if device == "cuda":
         return torch.cuda.max_memory_allocated()
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -335,8 +354,7 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
     # fp32 first: the targets are ratios to its generate, and it is the quality reference.
     for precision in sorted(config.precisions, key=lambda p: p != "fp32"):
         report(f"loading {config.model} at {precision} on {device}{' (random weights)' if config.random_weights else ''}")
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+        reset_peak_memory(device)
         if config.random_weights:
             loaded = models.load_random(config.model, precision, device)
         else:

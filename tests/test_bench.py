@@ -1,6 +1,7 @@
 """`llmchat bench` in one run: ours vs generate, ratios to fp32 generate, quality against fp32."""
 
 import pytest
+import torch
 
 from engine import bench, int8
 
@@ -28,3 +29,11 @@ def test_bench_reports_ratios_and_quality_for_each_precision(tiny_model_dir):
     quality = w8a8["quality"]
     assert quality["steps"] > 0 and 0.0 <= quality["top1_agreement"] <= 1.0 and quality["mean_kl_nats"] >= 0.0
     assert w8a8["weight_bytes"] < fp32["weight_bytes"]
+
+
+def test_each_precision_reports_its_own_memory_peak():
+    big = torch.ones(128 * 2**20 // 4)  # 128 MiB, touched, then handed back to the OS
+    with_big = bench.peak_memory_bytes("cpu")
+    del big
+    bench.reset_peak_memory("cpu")
+    assert bench.peak_memory_bytes("cpu") < with_big - 64 * 2**20
