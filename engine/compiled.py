@@ -34,6 +34,7 @@ from typing import Callable
 import platformdirs
 import torch
 
+from . import attention
 from .events import ModelInfo
 from .fastpath import FastLlama
 from .int8 import Int8Linear
@@ -63,6 +64,8 @@ class CompiledDecode:
         self.ready = threading.Event()
         self.error: str | None = None
         self.compile_s = 0.0
+        self.attention_error: str | None = None
+        """Why the decode-attention kernel (engine/attention.py) is not used, if it is not."""
         self._listeners: list[Callable[["CompiledDecode"], None]] = []
         self._lock = threading.Lock()
         self._step = torch.compile(FastLlama.step_on_buffers, dynamic=False, fullgraph=True)
@@ -75,6 +78,7 @@ class CompiledDecode:
         started = time.perf_counter()
         if self.source is not None:
             _fill_cache_in_a_subprocess(*self.source)  # best effort: on failure we compile here
+        self.attention_error = attention.load()  # before tracing, so the step calls the kernel
         fast = self._fast()
         if fast is None:
             return
@@ -115,7 +119,8 @@ class CompiledDecode:
     def describe(self) -> str:
         if self.error:
             return f"compiled decode unavailable ({self.error}); the eager fast path serves"
-        return f"decode now runs the compiled step (torch.compile, ready after {self.compile_s:.0f} s in the background)"
+        kernel = f"; attention by SDPA ({self.attention_error})" if self.attention_error else ""
+        return f"decode now runs the compiled step (torch.compile, ready after {self.compile_s:.0f} s in the background){kernel}"
 
 
 def compile_once(step, fast: FastLlama, cache_dtype: torch.dtype) -> None:
@@ -198,6 +203,7 @@ def main(spec: str, precision: str) -> None:
     loaded = models.load(spec, precision, "cpu")
     fast = fastpath.for_model(loaded.model, compiled=True)
     if supports(fast) is None:
+        attention.load()
         step = torch.compile(FastLlama.step_on_buffers, dynamic=False, fullgraph=True)
         compile_once(step, fast, getattr(torch, loaded.info.cache_dtype))
 

@@ -1,0 +1,89 @@
+"""One new token's attention over the KV cache, by a small C++ kernel built in the background.
+
+At long contexts a decode step's attention reads the whole cache. torch's CPU attention (SDPA;
+also written as matmuls, compiled, or as FlexAttention) reads it at ~11-14 GB/s on the 2-core
+machines, where a plain sum reads ~30: at 4,096 positions 491 us per layer against 191 us of
+bytes (BENCHMARKS.md). `decode_attention.cpp` reads K and V once, in blocks spread over the
+cores, and merges the blocks' softmaxes (flash-decoding): 262 us.
+
+It is compiled with the C++ compiler torch.compile needs anyway, once per machine, into
+llmchat's cache directory, by the background job that compiles the decode step
+(engine/compiled.py). Until it is loaded, or where it cannot be built, SDPA does the same sum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import warnings
+from pathlib import Path
+
+import platformdirs
+import torch
+
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+"""-ffast-math lets the compiler vectorize exp and the reductions (397 -> 262 us per layer)."""
+
+_lock = threading.Lock()
+_error: list[str] = []
+_loaded = threading.Event()
+
+
+def _build_directory() -> Path:
+    """Per machine and torch version: the build is for this CPU's instructions (-march=native)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
+    except (OSError, IndexError):
+        flags = ""
+    key = hashlib.sha256(f"{flags}{torch.__version__}{FLAGS}".encode()).hexdigest()[:12]
+    return Path(platformdirs.user_cache_dir("llmchat")) / "kernels" / key
+
+
+def load() -> str | None:
+    """Build the kernel (or load the cached build) as torch.ops.llmchat.decode_attention;
+    None once it is there, else why it is not (the caller keeps SDPA)."""
+    with _lock:
+        if _loaded.is_set() or _error:
+            return _error[0] if _error else None
+        try:
+            from torch.utils.cpp_extension import load as load_extension
+
+            directory = _build_directory()
+            directory.mkdir(parents=True, exist_ok=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                load_extension(
+                    name="llmchat_decode_attention",
+                    sources=[str(Path(__file__).with_name("decode_attention.cpp"))],
+                    extra_cflags=FLAGS,
+                    build_directory=str(directory),
+                    is_python_module=False,
+                )
+        except Exception as e:  # no compiler or ninja: SDPA serves
+            text = str(e).strip()
+            _error.append(f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:200])
+            return _error[0]
+        torch.library.register_fake("llmchat::decode_attention")(_shape)
+        _loaded.set()
+        return None
+
+
+def _shape(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """The output as torch.compile traces it: [kv_heads, group, d], whatever the capacity."""
+    return q.new_empty(q.shape)
+
+
+def supports(keys: torch.Tensor) -> bool:
+    """Whether the kernel can attend over `keys` now (loaded; a float32 cache on the CPU)."""
+    return _loaded.is_set() and keys.device.type == "cpu" and keys.dtype == torch.float32
+
+
+def decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """q [1, heads, 1, d] of one token over keys/values [1, kv_heads, positions, d] (the cache
+    or views of it) at positions 0..position ([1] tensor); returns [1, heads, 1, d]. The query
+    heads that share a K/V head are fed together, so each K/V is read once."""
+    _, heads, _, d = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.reshape(kv_heads, heads // kv_heads, d).contiguous()
+    out = torch.ops.llmchat.decode_attention(grouped, keys[0], values[0], position)
+    return out.reshape(1, heads, 1, d)

@@ -1,0 +1,34 @@
+"""The decode-attention kernel: the same attention as SDPA, over the cache as the step holds it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import attention
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    problem = attention.load()
+    assert problem is None, problem  # CI has a compiler and ninja: the kernel must build
+    return attention
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (4, 4)])
+@pytest.mark.parametrize("position", [0, 5, 255, 256, 300, 1023])
+def test_kernel_attends_as_sdpa_does(kernel, heads, kv_heads, position):
+    torch.manual_seed(position)
+    d = 64
+    buffer_k = torch.randn(1, kv_heads, 1024, d)  # a cache buffer with room: only 0..position count
+    buffer_v = torch.randn(1, kv_heads, 1024, d)
+    q = torch.randn(1, heads, 1, d)
+    keys, values = buffer_k[:, :, : position + 1], buffer_v[:, :, : position + 1]  # strided views
+    expected = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
+    for k, v in ((keys, values), (buffer_k, buffer_v)):  # a view of the cache, or the whole buffer
+        got = kernel.decode(q, k, v, torch.tensor([position]))
+        torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+
+
+def test_kernel_is_used_only_for_a_float32_cache_on_the_cpu(kernel):
+    assert kernel.supports(torch.zeros(1, 3, 8, 64))
+    assert not kernel.supports(torch.zeros(1, 3, 8, 64, dtype=torch.bfloat16))
