@@ -8,13 +8,13 @@
 
 namespace {
 
-constexpr int64_t kBlock = 256;
+constexpr int64_t kBlock = 512;
 
 // One new token's attention over the KV cache, for engine/attention.py.
 //
 // q [H, G, D]: the G query heads that share each of the H cached K/V heads; k, v [H, C, D]
 // (rows contiguous; heads may be strided, e.g. views of a larger buffer) with positions
-// 0..position valid. Each (head, block of 256 keys) is one task on torch's thread pool:
+// 0..position valid. Each (head, block of 512 keys) is one task on torch's thread pool:
 // scores, a softmax local to the block and a partial output; the partials are then merged
 // with their max-and-sum weights (flash-decoding). K and V are each read once.
 //
