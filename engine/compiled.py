@@ -17,7 +17,9 @@ tok/s); with the separate process it ran at 21.9 tok/s. The eager fast path stay
 reference; a test checks both pick the same tokens.
 
 The step takes each layer's whole cache buffer (capacity marked dynamic, so the cache growing
-does not recompile), writes the new K/V at the position and masks the slots past it.
+does not recompile) and writes the new K/V at the position; attention reads the positions up
+to it, through the decode-attention kernel (engine/attention.py) that the same background job
+builds first, or SDPA with the slots past it masked.
 """
 
 from __future__ import annotations
