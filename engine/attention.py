@@ -92,12 +92,9 @@ def supports(keys: torch.Tensor) -> bool:
     return _loaded.is_set() and keys.device.type == "cpu" and keys.dtype == torch.float32
 
 
-def decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """q [1, heads, 1, d] of one token over keys/values [1, kv_heads, positions, d] (the cache
-    or views of it) at positions 0..position ([1] tensor); returns [1, heads, 1, d]. The query
-    heads that share a K/V head are fed together, so each K/V is read once."""
-    _, heads, _, d = q.shape
-    kv_heads = keys.shape[1]
-    grouped = q.reshape(kv_heads, heads // kv_heads, d).contiguous()
-    out = torch.ops.llmchat.decode_attention(grouped, keys[0], values[0], position)
-    return out.reshape(1, heads, 1, d)
+def decode(grouped: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """One token's attention: `grouped` [1, kv_heads, group, d] holds its query heads, those
+    sharing a K/V head together, over keys/values [1, kv_heads, positions, d] (the cache or
+    views of it) at positions 0..position ([1] tensor); returns [1, kv_heads, group, d]."""
+    out = torch.ops.llmchat.decode_attention(grouped[0].contiguous(), keys[0], values[0], position)
+    return out[None]

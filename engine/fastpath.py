@@ -224,11 +224,13 @@ class FastLlama:
         decode kernel of engine/attention.py does it at close to the memory bandwidth."""
         if q.shape[2] > 1:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        if attention.supports(keys):
-            return attention.decode(q, keys, values, position)
         _, heads, _, d = q.shape
         grouped = q.reshape(1, self.kv_heads, heads // self.kv_heads, d)
-        return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask).reshape(1, heads, 1, d)
+        if attention.supports(keys):
+            out = attention.decode(grouped, keys, values, position)
+        else:
+            out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
+        return out.reshape(1, heads, 1, d)
 
     def _block(self, layer: _Layer, h: torch.Tensor, cos, sin, linear, attend) -> torch.Tensor:
         """One transformer layer on h [n, hidden]; `linear(x, W)` is x @ W.T, `attend(q, k, v)`
@@ -257,7 +259,7 @@ class FastLlama:
         upcast = self.upcast_prefill and n > UPCAST_ABOVE
         h = self.embed[ids[0]].to(self.act_dtype)  # [n, hidden]
         cos, sin = self._rope(torch.arange(start, start + n, device=h.device))
-        last = torch.tensor([start + n - 1])
+        last = torch.tensor([start]) if n == 1 else None  # the one new token's position, for the kernel
         mask = None
         if n > 1:  # query i (at start+i) sees every cached key and keys up to itself
             keys = torch.arange(start + n, device=h.device)

@@ -25,7 +25,8 @@ def test_kernel_attends_as_sdpa_does(kernel, heads, kv_heads, position):
     keys, values = buffer_k[:, :, : position + 1], buffer_v[:, :, : position + 1]  # strided views
     expected = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
     for k, v in ((keys, values), (buffer_k, buffer_v)):  # a view of the cache, or the whole buffer
-        got = kernel.decode(q, k, v, torch.tensor([position]))
+        grouped = q.reshape(1, kv_heads, heads // kv_heads, d)
+        got = kernel.decode(grouped, k, v, torch.tensor([position])).reshape(1, heads, 1, d)
         torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 
 
