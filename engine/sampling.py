@@ -122,7 +122,9 @@ class Draw:
         if token_id == self.id:
             return self
         if token_id not in self.top_ids:
-            raise ValueError(f"token {token_id} is neither the sampled token nor among the top {len(self.top_ids)}")
+            raise ValueError(
+                f"token {token_id} is neither the sampled token nor among the top {len(self.top_ids)}"
+            )
         at = self.top_ids.index(token_id)
         prob = self.top_probs[at]
         if prob <= 0.0:
@@ -180,12 +182,23 @@ class Sampler:
         # Entropy -sum p ln p and rank stay on the device. A removed token has p = 0 and
         # ln p = -inf; clamping ln p to the lowest finite float makes its term 0, not NaN.
         entropy = -torch.dot(probs, logprobs.clamp(min=torch.finfo(logprobs.dtype).min)).view(1)
-        rank = torch.ones_like(chosen_logprob) if greedy else torch.count_nonzero(logprobs > chosen_logprob).view(1) + 1
+        rank = (
+            torch.ones_like(chosen_logprob)
+            if greedy
+            else torch.count_nonzero(logprobs > chosen_logprob).view(1) + 1
+        )
         # One host copy per step: the chosen id, its logprob, entropy, rank and the top-k
         # (ids and ranks are exact in float32 below 2**24, far above any vocabulary size).
         dtype = logprobs.dtype
         packed = torch.cat(
-            [chosen.view(1).to(dtype), chosen_logprob, entropy, rank.to(dtype), top.values.exp(), top.indices.to(dtype)]
+            [
+                chosen.view(1).to(dtype),
+                chosen_logprob,
+                entropy,
+                rank.to(dtype),
+                top.values.exp(),
+                top.indices.to(dtype),
+            ]
         )
         values = packed.tolist()
         k = top.values.numel()

@@ -21,8 +21,8 @@ from typing import Iterator
 
 import torch
 
-from .detok import PieceNamer, StreamingDetokenizer
-from .events import (
+from engine.detok import PieceNamer, StreamingDetokenizer
+from engine.events import (
     CacheChanged,
     Candidate,
     ContextTrimmed,
@@ -38,13 +38,13 @@ from .events import (
     TurnFinished,
     TurnStats,
 )
-from .instruments.stepping import PendingStep, StepGate
-from .instruments.trace import AnswerTrace, forced_step
-from . import fastpath
-from .compiled import compiled_decode
-from .kvcache import KVCache
-from .models import LoadedModel
-from .sampling import Draw, Sampler, SamplingSettings
+from engine.fast import fused
+from engine.fast.compiled import compiled_decode
+from engine.instruments.stepping import PendingStep, StepGate
+from engine.instruments.trace import AnswerTrace, forced_step
+from engine.kvcache import KVCache
+from engine.models import LoadedModel
+from engine.sampling import Draw, Sampler, SamplingSettings
 
 PREFILL_CHUNK = 512
 """Prompt tokens per forward pass in prefill: bounds memory and lets progress and Esc through."""
@@ -72,9 +72,9 @@ class ChatSession:
         compile: bool = False,
     ):
         self.fast_path_wanted = fast
-        """Use engine/fastpath.py where the model allows; False keeps the HF forward (the reference)."""
+        """Use engine/fast/fused.py where the model allows; False keeps the HF forward (the reference)."""
         self.compile_wanted = compile
-        """Compile the decode step in the background (engine/compiled.py) and switch to it when ready."""
+        """Compile the decode step in the background (engine/fast/compiled.py) and switch to it when ready."""
         self.sampling = sampling or SamplingSettings()
         """Swapped whole (never mutated), read at every step: a change applies to the next token."""
         self.system_prompt = system_prompt
@@ -103,14 +103,17 @@ class ChatSession:
         self._no_ids = torch.empty(0, dtype=torch.long, device=self.device)
         self.fast = None
         self.compiled = None
-        if self.fast_path_wanted and fastpath.supports(self.model) is None:
-            self.fast = fastpath.for_model(self.model, compiled=self.compile_wanted)
+        if self.fast_path_wanted and fused.supports(self.model) is None:
+            self.fast = fused.for_model(self.model, compiled=self.compile_wanted)
             if self.compile_wanted:
                 self.compiled = compiled_decode(self.fast, self.info)
 
     def _stop_ids(self) -> set[int]:
         ids = set()
-        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+        for source in (
+            self.tokenizer.eos_token_id,
+            getattr(self.model.generation_config, "eos_token_id", None),
+        ):
             if isinstance(source, int):
                 ids.add(source)
             elif source:
@@ -191,7 +194,11 @@ class ChatSession:
         yield TurnFinished(stats, text)
 
     def run(
-        self, ids: list[int], stop_at_eos: bool = True, first: int = 0, detok: StreamingDetokenizer | None = None
+        self,
+        ids: list[int],
+        stop_at_eos: bool = True,
+        first: int = 0,
+        detok: StreamingDetokenizer | None = None,
     ) -> Iterator[Event]:
         """Reuse the cache for `ids`, prefill the rest, decode; returns (text, stats).
 
@@ -227,7 +234,13 @@ class ChatSession:
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
         """One forward pass over `ids` with the cache; the last position's logits."""
-        if len(ids) == 1 and len(self.cache) and self.fast is not None and self.compiled is not None and self.compiled.ready.is_set():
+        if (
+            len(ids) == 1
+            and len(self.cache)
+            and self.fast is not None
+            and self.compiled is not None
+            and self.compiled.ready.is_set()
+        ):
             logits = self.compiled.step(self.fast, ids[0], self.cache)
             self.cache.appended(ids)
             return logits
@@ -235,7 +248,9 @@ class ChatSession:
         if self.fast is not None:
             logits = self.fast.forward(inputs, self.cache)
         else:
-            logits = self.model(input_ids=inputs, cache=self.cache.hf, use_cache=True, logits_to_keep=1).logits[0, -1]
+            logits = self.model(
+                input_ids=inputs, cache=self.cache.hf, use_cache=True, logits_to_keep=1
+            ).logits[0, -1]
         self.cache.appended(ids)
         return logits
 
@@ -300,7 +315,9 @@ class ChatSession:
         return "".join(pieces), latencies, stop
 
     def _candidates(self, draw: Draw) -> tuple[Candidate, ...]:
-        return tuple(Candidate(i, self.namer.piece(i), p) for i, p in zip(draw.top_ids, draw.top_probs) if p > 0)
+        return tuple(
+            Candidate(i, self.namer.piece(i), p) for i, p in zip(draw.top_ids, draw.top_probs) if p > 0
+        )
 
     def _step(self, index: int, draw: Draw, logits: torch.Tensor, seen: torch.Tensor) -> Iterator[Event]:
         """Step mode: show the draw and wait for the caller's choice; returns (draw taken, seconds waited)."""

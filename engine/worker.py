@@ -17,13 +17,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import models
-from .conversation import SavedChat
-from .events import Event, Failed, ModelLoading, ModelReady, Notice, PhaseChanged
-from .precision import PrecisionError, cpu_note
-from .sampling import SamplingSettings
-from .session import ChatSession
-from .store import Store
+from engine import models
+from engine.events import Event, Failed, ModelLoading, ModelReady, Notice, PhaseChanged
+from engine.quant.precision import PrecisionError, cpu_note
+from engine.sampling import SamplingSettings
+from engine.saved.chat import SavedChat
+from engine.saved.store import Store
+from engine.session import ChatSession
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class InferenceWorker:
     ):
         self.emit = emit
         self.compile = compile
-        """Compile the decode step in the background after each load (engine/compiled.py)."""
+        """Compile the decode step in the background after each load (engine/fast/compiled.py)."""
         self.store = store
         """Where turns are saved as they finish; None runs without saving."""
         self.chat: SavedChat | None = None
@@ -272,7 +272,9 @@ class InferenceWorker:
             yield Failed(f"out of memory loading {command.spec} at {command.precision}; try int8 or nf4")
             return
         if self.session is None:
-            self.session = ChatSession(loaded, self.sampling, self.system_prompt, self.context, compile=self.compile)
+            self.session = ChatSession(
+                loaded, self.sampling, self.system_prompt, self.context, compile=self.compile
+            )
             self.chat = SavedChat(self.session, self.store)
         else:
             notice = self.chat.save_cache()  # the cache belongs to the old model: keep it on disk first
@@ -292,8 +294,9 @@ class InferenceWorker:
         compiled = self.session.compiled
         if compiled is not None:
             if not compiled.done:
-                yield Notice("compiling the decode step in the background (about a minute the first time, "
-                             "seconds once cached); the eager fast path answers meanwhile")
+                yield Notice(
+                    "compiling the decode step in the background (about a minute the first time, "
+                    "seconds once cached); the eager fast path answers meanwhile"
+                )
             # Reported from the compiling thread: the UI's inbox takes events from any thread.
             compiled.when_done(lambda c: self.emit(Notice(c.describe())))
-

@@ -15,14 +15,13 @@ import json
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 from engine import models
-from engine.conversation import SavedChat
 from engine.events import PromptTokens, TokenSampled, TurnFinished
 from engine.sampling import SamplingSettings
+from engine.saved.chat import SavedChat
+from engine.saved.store import Store
 from engine.session import ChatSession
-from engine.store import Store
 
 QUESTIONS = (
     "Explain how a transformer language model generates text, step by step.",
@@ -37,7 +36,9 @@ QUESTIONS = (
 NEXT_QUESTION = "Thanks. One more: what is speculative decoding?"
 
 
-def build_conversation(loaded: models.LoadedModel, store: Store, turns: int, sampling: SamplingSettings) -> SavedChat:
+def build_conversation(
+    loaded: models.LoadedModel, store: Store, turns: int, sampling: SamplingSettings
+) -> SavedChat:
     chat = SavedChat(ChatSession(loaded, sampling, system_prompt="You are a helpful assistant."), store)
     for i in range(turns):
         for _ in chat.send(QUESTIONS[i % len(QUESTIONS)]):
@@ -71,7 +72,9 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--turns", type=int, default=6, help="Turns in the conversation before resuming.")
-    parser.add_argument("--answer-tokens", type=int, default=96, help="Greedy tokens per answer while building it.")
+    parser.add_argument(
+        "--answer-tokens", type=int, default=96, help="Greedy tokens per answer while building it."
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="Print one JSON object.")
     args = parser.parse_args()
@@ -88,7 +91,9 @@ def main() -> None:
         resume_to_first_token(loaded, store, chat.conversation_id, sampling, use_cache=False)  # warm-up
         for _ in range(args.repeats):
             for name, use_cache in (("prefill", False), ("cache_file", True)):
-                runs[name].append(resume_to_first_token(loaded, store, chat.conversation_id, sampling, use_cache))
+                runs[name].append(
+                    resume_to_first_token(loaded, store, chat.conversation_id, sampling, use_cache)
+                )
         report = summarize(loaded, args, len(chat.session.cache), file.stat().st_size, save_s, runs)
     print(json.dumps(report, indent=2) if args.json else render(report))
 
@@ -134,7 +139,9 @@ def render(r: dict) -> str:
             f"{label:<22}{x['prompt_tokens']:>8}{x['reused_tokens']:>8}{x['load_ms']:>10}{x['ttft_ms']:>10}"
             f"{x['resume_to_first_token_ms']:>17}"
         )
-    lines.append(f"resume to first token is {r['speedup']}x faster with the cache file (median of {r['repeats']})")
+    lines.append(
+        f"resume to first token is {r['speedup']}x faster with the cache file (median of {r['repeats']})"
+    )
     return "\n".join(lines)
 
 

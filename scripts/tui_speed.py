@@ -26,19 +26,51 @@ PROMPT = "Write a long story about a dragon who learns to bake bread."
 
 def ask_once(args: argparse.Namespace) -> dict:
     """One `llmchat ask` run; its turn event carries decode tok/s."""
-    command = [sys.executable, "-m", "tui.cli", "ask", args.prompt, "-t", "0", "-n", str(args.tokens), "--json",
-               "-p", args.precision, "--device", args.device]
-    help_text = subprocess.run([sys.executable, "-m", "tui.cli", "ask", "--help"], capture_output=True, text=True, cwd=ROOT).stdout
+    command = [
+        sys.executable,
+        "-m",
+        "tui.cli",
+        "ask",
+        args.prompt,
+        "-t",
+        "0",
+        "-n",
+        str(args.tokens),
+        "--json",
+        "-p",
+        args.precision,
+        "--device",
+        args.device,
+    ]
+    help_text = subprocess.run(
+        [sys.executable, "-m", "tui.cli", "ask", "--help"], capture_output=True, text=True, cwd=ROOT
+    ).stdout
     if "--no-save" in help_text:
         command.append("--no-save")  # keep the benchmark out of the saved conversations
     out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=True).stdout
     turn = next(json.loads(line) for line in out.splitlines() if '"event": "turn"' in line)
-    return {"decode_tok_s": turn["decode_tok_s"], "itl_p50_ms": turn["itl_ms_p50"], "tokens": turn["generated_tokens"]}
+    return {
+        "decode_tok_s": turn["decode_tok_s"],
+        "itl_p50_ms": turn["itl_ms_p50"],
+        "tokens": turn["generated_tokens"],
+    }
 
 
 def app_once(args: argparse.Namespace) -> dict:
-    command = [sys.executable, __file__, "--side", "app", "--prompt", args.prompt, "--tokens", str(args.tokens),
-               "--precision", args.precision, "--device", args.device]
+    command = [
+        sys.executable,
+        __file__,
+        "--side",
+        "app",
+        "--prompt",
+        args.prompt,
+        "--tokens",
+        str(args.tokens),
+        "--precision",
+        args.precision,
+        "--device",
+        args.device,
+    ]
     run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if run.returncode:
         sys.exit(f"the app run failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
@@ -66,8 +98,11 @@ def app_side(args: argparse.Namespace) -> None:
 
         return inference_worker(watching, sampling, system, context)
 
-    options = AppOptions(precision=args.precision, device=args.device,
-                         sampling={"temperature": 0, "max_new_tokens": args.tokens})
+    options = AppOptions(
+        precision=args.precision,
+        device=args.device,
+        sampling={"temperature": 0, "max_new_tokens": args.tokens},
+    )
 
     async def drive() -> None:
         app = make_app(options, factory)
@@ -84,9 +119,16 @@ def app_side(args: argparse.Namespace) -> None:
 
     asyncio.run(drive())
     stats = finished[0].stats
-    print(json.dumps({"decode_tok_s": round(stats.decode_tok_s, 2), "itl_p50_ms": round(stats.itl_p50_s * 1000, 3),
-                      "tokens": stats.generated_tokens,
-                      "ui_cpu_share": round(ui_share[0], 3)}))
+    print(
+        json.dumps(
+            {
+                "decode_tok_s": round(stats.decode_tok_s, 2),
+                "itl_p50_ms": round(stats.itl_p50_s * 1000, 3),
+                "tokens": stats.generated_tokens,
+                "ui_cpu_share": round(ui_share[0], 3),
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -105,15 +147,24 @@ def main() -> None:
     for round_ in range(1, args.rounds + 1):
         asks.append(ask_once(args))
         apps.append(app_once(args))
-        print(f"round {round_}: ask {asks[-1]['decode_tok_s']:.1f} tok/s, app {apps[-1]['decode_tok_s']:.1f} tok/s "
-              f"({apps[-1]['tokens']} tokens; the UI thread used {apps[-1]['ui_cpu_share']:.0%} of a core)", flush=True)
+        print(
+            f"round {round_}: ask {asks[-1]['decode_tok_s']:.1f} tok/s, "
+            f"app {apps[-1]['decode_tok_s']:.1f} tok/s "
+            f"({apps[-1]['tokens']} tokens; the UI thread used {apps[-1]['ui_cpu_share']:.0%} of a core)",
+            flush=True,
+        )
     ask_median = statistics.median(r["decode_tok_s"] for r in asks)
     app_median = statistics.median(r["decode_tok_s"] for r in apps)
     # The median ITL shrugs off the bursts other processes cause on a shared machine.
     ask_itl = statistics.median(r["itl_p50_ms"] for r in asks)
     app_itl = statistics.median(r["itl_p50_ms"] for r in apps)
-    print(f"median decode: ask {ask_median:.1f} tok/s, app {app_median:.1f} tok/s, ratio app/ask {app_median / ask_median:.3f}")
-    print(f"median ITL: ask {ask_itl:.1f} ms, app {app_itl:.1f} ms, speed ratio app/ask {ask_itl / app_itl:.3f}")
+    print(
+        f"median decode: ask {ask_median:.1f} tok/s, app {app_median:.1f} tok/s, "
+        f"ratio app/ask {app_median / ask_median:.3f}"
+    )
+    print(
+        f"median ITL: ask {ask_itl:.1f} ms, app {app_itl:.1f} ms, speed ratio app/ask {ask_itl / app_itl:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ def greedy_tokens(model_dir, precision: str, fast: bool) -> list[int]:
     return [e.id for e in session.send("How does inference work?") if isinstance(e, TokenSampled)]
 
 
-def answer_against_fp32(fp32: models.LoadedModel, loaded: models.LoadedModel) -> tuple[str, PrecisionComparison]:
+def answer_against_fp32(
+    fp32: models.LoadedModel, loaded: models.LoadedModel
+) -> tuple[str, PrecisionComparison]:
     """SmolLM2's greedy answer to the capital question at `loaded`'s precision, and how its
     next-token distributions compare with fp32's over that turn (teacher-forced)."""
     session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=24))

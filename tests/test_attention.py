@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import attention
+from engine.fast import attention
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,21 @@
 import pytest
 import torch
 
-from engine import bench, int8
+from engine import bench
+from engine.quant import int8
 
 
 @pytest.mark.skipif(int8.available() is not None, reason="no fbgemm in this torch")
 def test_bench_reports_ratios_and_quality_for_each_precision(tiny_model_dir):
     config = bench.BenchConfig(
-        model=str(tiny_model_dir), precisions=("w8a8", "fp32"), device="cpu",
-        prompt_lengths=(8, 16), decode_tokens=6, repeats=1, turns=2, compile=True,
+        model=str(tiny_model_dir),
+        precisions=("w8a8", "fp32"),
+        device="cpu",
+        prompt_lengths=(8, 16),
+        decode_tokens=6,
+        repeats=1,
+        turns=2,
+        compile=True,
     )
     lines: list[str] = []
     result = bench.run(config, report=lines.append)
@@ -19,12 +26,18 @@ def test_bench_reports_ratios_and_quality_for_each_precision(tiny_model_dir):
     assert result["bandwidth_gb_s"] > 0 and any("bandwidth" in line for line in lines)
     for r in (fp32, w8a8):
         assert r["decode"]["tok_s"] > 0 and r["generate"]["tok_s"] > 0
-        assert r["decode_vs_generate"] == pytest.approx(r["decode"]["tok_s"] / r["generate"]["tok_s"], rel=0.01)
-        assert r["decode_vs_fp32_generate"] == pytest.approx(r["decode"]["tok_s"] / fp32["generate"]["tok_s"], rel=0.01)
+        assert r["decode_vs_generate"] == pytest.approx(
+            r["decode"]["tok_s"] / r["generate"]["tok_s"], rel=0.01
+        )
+        assert r["decode_vs_fp32_generate"] == pytest.approx(
+            r["decode"]["tok_s"] / fp32["generate"]["tok_s"], rel=0.01
+        )
         assert [row["prompt_tokens"] for row in r["prefill"]] == [8, 16]
         assert r["multi_turn"]["reused_tokens"] > 0
     assert fp32["quality"] == {}  # the reference is not compared with itself
-    assert fp32["compiled"]["compiled"] and fp32["decode_eager"]["tok_s"] > 0  # the compiled step was measured too
+    assert (
+        fp32["compiled"]["compiled"] and fp32["decode_eager"]["tok_s"] > 0
+    )  # the compiled step was measured too
     assert w8a8["compiled"] == {"compiled": False, "note": "w8a8's fbgemm weights are opaque to the compiler"}
     quality = w8a8["quality"]
     assert quality["steps"] > 0 and 0.0 <= quality["top1_agreement"] <= 1.0 and quality["mean_kl_nats"] >= 0.0

@@ -11,9 +11,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from engine.cache_file import FORMAT, CacheFileError, load_cache, save_cache, weights_fingerprint
 from engine.kvcache import KVCache
 from engine.sampling import SamplingSettings
+from engine.saved.cache_file import FORMAT, CacheFileError, load_cache, save_cache, weights_fingerprint
 from engine.session import ChatSession
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import compiled, models
+from engine import models
 from engine.events import TokenSampled
+from engine.fast import compiled
 from engine.kvcache import PreallocatedLayer
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -40,7 +41,9 @@ def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(tiny_model_dir
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     compiled_tokens = _greedy(fast)  # the answer runs past the first 256 slots: the buffers grow
     assert len(fast.cache) > PreallocatedLayer.initial_capacity
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # capacity is dynamic: no recompiling
+    assert (
+        torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+    )  # capacity is dynamic: no recompiling
     eager_tokens = _greedy(ChatSession(loaded, settings, compile=False))
     assert compiled_tokens == eager_tokens
     assert len(set(eager_tokens)) > 3
@@ -51,6 +54,7 @@ def test_a_failed_compilation_leaves_eager_answering(tiny_model_dir, monkeypatch
     def broken(fn, **kwargs):
         def step(*args):
             raise RuntimeError("no C++ compiler found\nmore detail")
+
         return step
 
     monkeypatch.setattr(torch, "compile", broken)
@@ -86,7 +90,7 @@ def test_quitting_while_compiling_ends_the_process_cleanly_and_stops_the_child()
     # Interpreter shutdown under a running compile aborted the app (exit 134); this ends it first.
     script = """
 import subprocess, sys, threading, time
-from engine import compiled
+from engine.fast import compiled
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 compiled._children.append(child)
 print(child.pid, flush=True)
@@ -97,7 +101,9 @@ compiled._compiling.append(thread)
 compiled.exit_if_compiling(3)
 print("still running")
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert done.returncode == 3, done.stderr
     assert "still running" not in done.stdout
     child = int(done.stdout.split()[0])

@@ -45,7 +45,9 @@ def test_fast_path_matches_reference_on_cuda(tiny_model_dir, precision):
 
 
 def test_precision_switch_keeps_conversation_on_cuda(tiny_model_dir):
-    session = ChatSession(models.load(str(tiny_model_dir), "bf16", "cuda"), SamplingSettings(temperature=0.0, max_new_tokens=8))
+    session = ChatSession(
+        models.load(str(tiny_model_dir), "bf16", "cuda"), SamplingSettings(temperature=0.0, max_new_tokens=8)
+    )
     _answer(session, "Hello there")
     session.use_model(models.load(str(tiny_model_dir), "nf4", "cuda"))
     _, finished = _answer(session, "And again")

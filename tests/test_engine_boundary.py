@@ -19,7 +19,10 @@ print(",".join(ui))
 def run_python(body: str) -> str:
     done = subprocess.run(
         [sys.executable, "-c", CHECK.format(body=body, ui=UI_PACKAGES)],
-        capture_output=True, text=True, cwd=ROOT, timeout=180,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=180,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout

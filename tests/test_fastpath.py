@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from engine import fastpath, models
+from engine import models
 from engine.events import TokenSampled
+from engine.fast import fused
 from engine.kvcache import KVCache
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -32,15 +33,21 @@ def test_fast_logits_match_reference_logits(tiny_model_dir, precision):
     ids = torch.tensor([loaded.tokenizer("The capital of France is Paris.")["input_ids"]])
     with torch.inference_mode():
         reference_cache = KVCache.for_model(loaded.info)
-        reference = loaded.model(input_ids=ids, cache=reference_cache.hf, use_cache=True).logits[0, -1].float()
-        fast = fastpath.FastLlama(loaded.model)
+        reference = (
+            loaded.model(input_ids=ids, cache=reference_cache.hf, use_cache=True).logits[0, -1].float()
+        )
+        fast = fused.FastLlama(loaded.model)
         cache = KVCache.for_model(loaded.info)
         prefill = fast.forward(ids[:, :-1], cache)  # prefill all but one, then one decode step
         cache.appended(ids[0, :-1].tolist())
         step = fast.forward(ids[:, -1:], cache)
         cache.appended(ids[0, -1:].tolist())
         # The HF forward still works on the re-pointed (fused) weights.
-        after = loaded.model(input_ids=ids, cache=KVCache.for_model(loaded.info).hf, use_cache=True).logits[0, -1].float()
+        after = (
+            loaded.model(input_ids=ids, cache=KVCache.for_model(loaded.info).hf, use_cache=True)
+            .logits[0, -1]
+            .float()
+        )
     tolerance = 1e-3 if precision == "fp32" else 0.1 * reference.abs().max().item()
     assert torch.allclose(step, reference, atol=tolerance)
     assert torch.allclose(after, reference, atol=1e-4 if precision == "fp32" else tolerance)
@@ -52,6 +59,6 @@ def test_fast_logits_match_reference_logits(tiny_model_dir, precision):
 
 def test_unsupported_models_say_why(tiny_model_dir):
     loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
-    assert fastpath.supports(loaded.model) is None
+    assert fused.supports(loaded.model) is None
     loaded.model.config.hidden_act = "gelu"
-    assert "activation" in fastpath.supports(loaded.model)
+    assert "activation" in fused.supports(loaded.model)

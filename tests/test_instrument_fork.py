@@ -75,7 +75,11 @@ def test_fork_reuses_the_cache_up_to_the_step_and_feeds_one_token(tiny_loaded):
     assert [t.position for t in tokens] == list(range(prompt + step, prompt + step + len(tokens)))
     assert events[-1].stats.prefilled_tokens == 1
     assert to_json(forked) == {
-        "event": "forked", "step": step, "token_id": token, "reused": prompt + step, "new": 1,
+        "event": "forked",
+        "step": step,
+        "token_id": token,
+        "reused": prompt + step,
+        "new": 1,
         "original_text": forked.original_text,
     }
 

@@ -14,7 +14,12 @@ def test_the_tiny_config_as_counted(tiny_loaded):
     shape = ModelShape.of(tiny_loaded)
     # tests/tiny.py: hidden 64, 4 heads, 2 KV heads, head_dim 16, MLP 128, 2 layers, untied head.
     assert (shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate, shape.layers) == (
-        64, 4, 2, 16, 128, 2,
+        64,
+        4,
+        2,
+        16,
+        128,
+        2,
     )
     assert not shape.tied_embeddings
     # q 64·64 + k 64·32 + v 64·32 + o 64·64 + MLP 3·64·128 = 4096 + 2048 + 2048 + 4096 + 24576

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from engine import fastpath, models
+from engine import models
 from engine.events import TokenSampled
+from engine.fast import fused
 from engine.instruments.precision_compare import compare_precisions, compare_turn, turn_ids
 from engine.kvcache import KVCache
 from engine.sampling import SamplingSettings
@@ -51,7 +52,9 @@ def test_kl_matches_a_direct_computation(tiny_loaded, tiny_bf16):
     with torch.inference_mode():  # the forward the chat loop runs: the fast path
 
         def logprobs(loaded):
-            logits = fastpath.for_model(loaded.model).forward(torch.tensor([ids]), KVCache.for_model(loaded.info))
+            logits = fused.for_model(loaded.model).forward(
+                torch.tensor([ids]), KVCache.for_model(loaded.info)
+            )
             return torch.log_softmax(logits.float(), -1)
 
         p, q = logprobs(tiny_loaded), logprobs(tiny_bf16)

@@ -20,13 +20,22 @@ def test_the_last_stage_is_the_samplers_distribution():
     assert len(final) == int((expected > 0).sum()) == stages.final.kept
     for token, prob in final.items():
         assert prob == pytest.approx(float(expected[token]), rel=1e-5)
-    assert [s.name for s in stages.stages] == ["model", "repetition penalty", "temperature", "top-k", "top-p", "min-p"]
+    assert [s.name for s in stages.stages] == [
+        "model",
+        "repetition penalty",
+        "temperature",
+        "top-k",
+        "top-p",
+        "min-p",
+    ]
     assert all(s.active for s in stages.stages[1:])
 
 
 def test_each_stage_says_what_it_removed():
     logits = torch.arange(50, dtype=torch.float32)  # token 49 most probable, 0 least
-    stages = sampler_stages(logits, torch.empty(0, dtype=torch.long), SamplingSettings(temperature=1.0, top_k=5), show=3)
+    stages = sampler_stages(
+        logits, torch.empty(0, dtype=torch.long), SamplingSettings(temperature=1.0, top_k=5), show=3
+    )
     by_name = {s.name: s for s in stages.stages}
     top_k = by_name["top-k"]
     assert (top_k.kept, top_k.removed) == (5, 45)
@@ -41,7 +50,9 @@ def test_each_stage_says_what_it_removed():
 
 def test_temperature_reshapes_without_removing():
     logits = torch.tensor([2.0, 1.0, 0.0])
-    cold = sampler_stages(logits, torch.empty(0, dtype=torch.long), SamplingSettings(temperature=0.5)).stages[2]
+    cold = sampler_stages(logits, torch.empty(0, dtype=torch.long), SamplingSettings(temperature=0.5)).stages[
+        2
+    ]
     assert cold.name == "temperature" and cold.removed == 0 and cold.kept == 3
     assert cold.top[0].prob == pytest.approx(float(torch.softmax(logits / 0.5, dim=-1)[0]))
     assert cold.top[0].prob > float(torch.softmax(logits, dim=-1)[0])

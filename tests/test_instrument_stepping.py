@@ -27,7 +27,9 @@ def test_each_step_takes_what_the_caller_chose(tiny_loaded):
             elif pick == "greedy":
                 token = session.step_gate.take_greedy().id
             else:
-                token = next((c.id for c in event.top_k[1:] if c.id not in session.stop_ids), event.top_k[0].id)
+                token = next(
+                    (c.id for c in event.top_k[1:] if c.id not in session.stop_ids), event.top_k[0].id
+                )
                 session.step_gate.take(token)
             choices.append((pick, event, token))
     steps = session.trace.steps

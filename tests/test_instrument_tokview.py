@@ -33,7 +33,9 @@ def test_smollm2_english_and_korean_costs(smollm2):
 
 
 def two_turns(loaded) -> tuple[ChatSession, PromptTokens, list[int]]:
-    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=5), system_prompt="Be brief.")
+    session = ChatSession(
+        loaded, SamplingSettings(temperature=0.0, max_new_tokens=5), system_prompt="Be brief."
+    )
     list(session.send(ENGLISH))
     events = list(session.send("unhappiness"))
     prompt = next(e for e in events if isinstance(e, PromptTokens))

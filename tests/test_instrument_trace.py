@@ -23,7 +23,9 @@ def test_entropy_and_rank_come_from_the_drawn_distribution():
 
 def test_entropy_ignores_tokens_the_filters_removed():
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
-    draw = Sampler(SamplingSettings(temperature=0.0, top_k=2), "cpu").sample(logits, torch.empty(0, dtype=torch.long))
+    draw = Sampler(SamplingSettings(temperature=0.0, top_k=2), "cpu").sample(
+        logits, torch.empty(0, dtype=torch.long)
+    )
     kept = torch.softmax(torch.tensor([3.0, 2.0]), dim=-1)
     assert draw.entropy == pytest.approx(float(-(kept * kept.log()).sum()), rel=1e-5)
     assert (draw.id, draw.rank) == (4, 1)
@@ -46,7 +48,9 @@ def test_the_sampler_copies_to_the_host_once_per_token(monkeypatch):
 
 
 def test_taking_an_alternative_keeps_the_distribution():
-    draw = Draw(id=5, logprob=math.log(0.5), top_ids=[5, 9, 2], top_probs=[0.5, 0.3, 0.0], entropy=1.2, rank=1)
+    draw = Draw(
+        id=5, logprob=math.log(0.5), top_ids=[5, 9, 2], top_probs=[0.5, 0.3, 0.0], entropy=1.2, rank=1
+    )
     other = draw.take(9)
     assert (other.id, other.rank, other.entropy) == (9, 2, 1.2)
     assert other.logprob == pytest.approx(math.log(0.3))
@@ -65,7 +69,9 @@ def test_each_answer_keeps_its_steps(tiny_loaded):
     assert [a.trace.steps for a in answers] == [first, second]
     assert session.trace is answers[-1].trace
     trace = answers[0].trace
-    assert [s.position for s in trace.steps] == list(range(len(trace.prompt_ids), len(trace.prompt_ids) + len(first)))
+    assert [s.position for s in trace.steps] == list(
+        range(len(trace.prompt_ids), len(trace.prompt_ids) + len(first))
+    )
     for step, event in enumerate(first):
         record = trace.record(step, session.namer)
         assert record.bytes == session.namer.token_bytes(event.id)

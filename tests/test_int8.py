@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from engine import int8, models
-from engine.precision import PrecisionError, precision_for
+from engine import models
+from engine.quant import int8
+from engine.quant.precision import PrecisionError, precision_for
 from tests.quantized import answer_against_fp32, greedy_tokens
 
 pytestmark = pytest.mark.skipif(int8.available() is not None, reason="no fbgemm in this torch")
@@ -73,7 +74,9 @@ def test_tiny_w8a8_weights_take_about_a_quarter_and_fast_path_matches_reference(
     matrices = sum(m.weight_bytes for m in loaded.model.modules() if isinstance(m, int8.Int8Linear))
     assert loaded.info.weight_bytes == loaded.model.get_memory_footprint() + matrices
     assert loaded.info.parameters == tiny_loaded.info.parameters
-    assert greedy_tokens(tiny_model_dir, "w8a8", fast=True) == greedy_tokens(tiny_model_dir, "w8a8", fast=False)
+    assert greedy_tokens(tiny_model_dir, "w8a8", fast=True) == greedy_tokens(
+        tiny_model_dir, "w8a8", fast=False
+    )
 
 
 @pytest.mark.real_model

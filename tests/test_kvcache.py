@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from transformers.cache_utils import DynamicCache
 
 from engine import models
@@ -58,7 +57,13 @@ def cache(tiny_loaded):
 
 @pytest.mark.parametrize(
     "a, b, n",
-    [([], [1], 0), ([1, 2, 3], [1, 2, 3], 3), ([1, 2, 3], [1, 2], 2), ([1, 2, 3], [1, 9, 3], 1), ([5], [6], 0)],
+    [
+        ([], [1], 0),
+        ([1, 2, 3], [1, 2, 3], 3),
+        ([1, 2, 3], [1, 2], 2),
+        ([1, 2, 3], [1, 9, 3], 1),
+        ([5], [6], 0),
+    ],
 )
 def test_common_prefix(a, b, n):
     assert common_prefix(a, b) == n
@@ -120,9 +125,7 @@ def _formula(config, element_bytes: int, tokens: int) -> int:
     return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * element_bytes * tokens
 
 
-
-
-# A 16-bit model keeps an fp32 cache on a CPU (engine/precision.py).
+# A 16-bit model keeps an fp32 cache on a CPU (engine/quant/precision.py).
 @pytest.mark.parametrize("precision, element_bytes", [("fp32", 4), ("bf16", 4)])
 def test_tensor_bytes_equal_the_formula(tiny_model_dir, precision, element_bytes):
     loaded = models.load(str(tiny_model_dir), precision, "cpu")
@@ -150,7 +153,9 @@ def test_hf_forward_reads_a_cache_stored_in_another_dtype(tiny_model_dir):
             loaded.model(input_ids=ids[:, :-1], cache=cache.hf, use_cache=True)
             logits[dtype] = loaded.model(input_ids=ids[:, -1:], cache=cache.hf, use_cache=True).logits[0, -1]
             assert cache.hf.layers[0].keys.dtype == dtype
-    assert torch.equal(logits[torch.float32], logits[torch.bfloat16])  # bf16 values survive fp32 storage exactly
+    assert torch.equal(
+        logits[torch.float32], logits[torch.bfloat16]
+    )  # bf16 values survive fp32 storage exactly
 
 
 def test_growth_past_initial_capacity_keeps_contents(model, cache, monkeypatch):

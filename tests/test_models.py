@@ -13,7 +13,7 @@ import torch
 from engine import models
 from engine.events import TokenSampled, TurnFinished
 from engine.models import ModelError
-from engine.precision import PRECISIONS, PrecisionError
+from engine.quant.precision import PRECISIONS, PrecisionError
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 
@@ -86,10 +86,19 @@ def test_model_without_chat_template(tiny_model_dir, tmp_path):
 
 def test_hub_id_offline_fails_with_alternatives(tmp_path):
     """Through the CLI a user sees one line on stderr and a non-zero exit, not a traceback."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "LLMCHAT_DATA_DIR": str(tmp_path)}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "LLMCHAT_DATA_DIR": str(tmp_path),
+    }
     done = subprocess.run(
         [*LLMCHAT, "ask", "hi", "--model", "no-such-org/no-such-model-xyz", "--device", "cpu"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
     )
     assert done.returncode == 2
     assert done.stdout == ""
@@ -101,7 +110,9 @@ def test_hub_id_offline_fails_with_alternatives(tmp_path):
 
 def test_resolve_kinds(tiny_model_dir, tmp_path):
     assert models.resolve("smollm2-135m").kind == "gguf"
-    assert models.resolve(str(tiny_model_dir)) == models.ModelSource("dir", str(Path(tiny_model_dir).resolve()))
+    assert models.resolve(str(tiny_model_dir)) == models.ModelSource(
+        "dir", str(Path(tiny_model_dir).resolve())
+    )
     assert models.resolve("HuggingFaceTB/SmolLM2-135M-Instruct").kind == "hub"
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"x")
@@ -175,7 +186,7 @@ def test_quantized_precisions_load_and_generate(tiny_model_dir, tiny_loaded, pre
 def test_half_precisions_load_and_generate(tiny_model_dir, precision, dtype):
     loaded = models.load(str(tiny_model_dir), precision, "cpu")
     assert next(loaded.model.parameters()).dtype == dtype
-    assert loaded.info.cache_element_bytes == 4  # on a CPU the cache stays fp32 (engine/precision.py)
+    assert loaded.info.cache_element_bytes == 4  # on a CPU the cache stays fp32 (engine/quant/precision.py)
     chat = ChatSession(loaded, SamplingSettings(temperature=0, max_new_tokens=4))
     events = list(chat.send("hello"))
     assert events[-1].stats.generated_tokens == 4

@@ -4,7 +4,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine import pages
+from engine.fast import pages
 
 
 def test_released_file_pages_read_back_the_same_values(tmp_path):

@@ -28,7 +28,12 @@ def data_dir(tmp_path_factory) -> Path:
 def llmchat(data_dir: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LLMCHAT_DATA_DIR": str(data_dir)}
     return subprocess.run(
-        [sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300
+        [sys.executable, "-m", "tui.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
     )
 
 
@@ -42,7 +47,9 @@ def test_ask_answers_paris(data_dir):
 
 @pytest.fixture(scope="module")
 def two_turns_json(data_dir) -> list[dict]:
-    done = llmchat(data_dir, "ask", QUESTION, "And of Germany?", "--temperature", "0", "--max-new-tokens", "24", "--json")
+    done = llmchat(
+        data_dir, "ask", QUESTION, "And of Germany?", "--temperature", "0", "--max-new-tokens", "24", "--json"
+    )
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]
 
@@ -127,7 +134,9 @@ def test_korean_question_streams_without_replacement_characters(smollm2):
 
 def test_context_overflow_drops_oldest_turns_and_carries_on(smollm2):
     system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-    chat = ChatSession(smollm2, SamplingSettings(temperature=0, max_new_tokens=10), system_prompt=system, context=110)
+    chat = ChatSession(
+        smollm2, SamplingSettings(temperature=0, max_new_tokens=10), system_prompt=system, context=110
+    )
     system_len = len(chat.tokenizer(f"<|im_start|>system\n{system}<|im_end|>\n")["input_ids"])
     system_ids = chat.template([])[:system_len]
     trims, answers = [], []

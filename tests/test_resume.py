@@ -8,7 +8,6 @@ import queue
 import pytest
 from typer.testing import CliRunner
 
-from engine.conversation import SavedChat
 from engine.events import (
     ConversationLoaded,
     Failed,
@@ -19,8 +18,9 @@ from engine.events import (
     TurnFinished,
 )
 from engine.sampling import SamplingSettings
+from engine.saved.chat import SavedChat
+from engine.saved.store import Store
 from engine.session import ChatSession
-from engine.store import Store
 
 GREEDY = SamplingSettings(temperature=0.0, max_new_tokens=8)
 QUESTIONS = ("What is the capital of France?", "How does inference work?", "And Germany?")
@@ -32,7 +32,15 @@ def new_chat(loaded, store, sampling=GREEDY, **kwargs) -> SavedChat:
 
 def turn(events) -> dict:
     """What a consumer saw of one turn."""
-    seen = {"tokens": [], "notices": [], "saved": [], "loaded": None, "failed": None, "reused": None, "text": None}
+    seen = {
+        "tokens": [],
+        "notices": [],
+        "saved": [],
+        "loaded": None,
+        "failed": None,
+        "reused": None,
+        "text": None,
+    }
     for event in events:
         if isinstance(event, PromptTokens):
             seen["reused"], seen["prompt"] = event.reused, list(event.ids)
@@ -65,13 +73,17 @@ def chat_two_turns(loaded, store) -> SavedChat:
 
 
 # -- resume --------------------------------------------------------------------------------
-def test_resume_with_the_saved_cache_answers_like_a_fresh_prefill_and_prefills_nothing_old(tiny_loaded, store):
+def test_resume_with_the_saved_cache_answers_like_a_fresh_prefill_and_prefills_nothing_old(
+    tiny_loaded, store
+):
     live = chat_two_turns(tiny_loaded, store)
     assert live.save_cache().message.startswith("KV cache saved")
 
     with_cache = new_chat(tiny_loaded, store)
     opened = turn(with_cache.resume(live.conversation_id))
-    assert opened["notices"] == [f"KV cache loaded from disk: {len(live.session.cache)} tokens, no prefill needed"]
+    assert opened["notices"] == [
+        f"KV cache loaded from disk: {len(live.session.cache)} tokens, no prefill needed"
+    ]
     assert with_cache.session.cache.ids == live.session.cache.ids
     assert with_cache.session.system_prompt == "Answer briefly."
     without_cache = new_chat(tiny_loaded, store)
@@ -121,7 +133,9 @@ def test_a_cache_file_that_does_not_fit_is_ignored_and_the_answer_is_unchanged(t
 def test_resume_of_an_unknown_conversation_fails_cleanly(tiny_loaded, store):
     chat = new_chat(tiny_loaded, store)
     assert turn(chat.resume(99))["failed"] == "no conversation 99"
-    assert turn(new_chat(tiny_loaded, None).resume("last"))["failed"].startswith("conversations are not being saved")
+    assert turn(new_chat(tiny_loaded, None).resume("last"))["failed"].startswith(
+        "conversations are not being saved"
+    )
 
 
 def test_a_prompt_left_unanswered_is_answered_by_regenerate(tiny_loaded, store):
@@ -229,7 +243,9 @@ def test_edit_regenerate_and_version_arrows(tiny_loaded, store):
     # The cache survives moving between branches: the shared prefix is reused.
     after = turn(chat.send("third"))
     assert after["reused"] > 0
-    assert len(store.messages(chat.conversation_id)) == 9  # 4 + a regenerated answer + an edit and its answer + 2
+    assert (
+        len(store.messages(chat.conversation_id)) == 9
+    )  # 4 + a regenerated answer + an edit and its answer + 2
     assert turn(chat.step_version(7, 1))["failed"] is not None
 
 
@@ -284,7 +300,9 @@ def test_ask_saves_and_continues_a_conversation(cli):
     again = cli("ask", "-m", cli.model, "-t", "0", "-n", "6", "--json", "--conversation", "last", "more?")
     assert again.exit_code == 0, again.output
     events = json_events(again.output)
-    assert any(e["event"] == "notice" and e["message"].startswith("KV cache loaded from disk") for e in events)
+    assert any(
+        e["event"] == "notice" and e["message"].startswith("KV cache loaded from disk") for e in events
+    )
     prompt = next(e for e in events if e["event"] == "prompt")
     cached_tokens = [e for e in events if e["event"] == "token"]
     assert prompt["reused"] > len(prompt["ids"]) // 2
@@ -319,7 +337,9 @@ def test_ask_runs_on_without_a_usable_store(cli):
     (cli.data / "conversations.db").write_bytes(b"garbage" * 100)
     result = cli("ask", "-m", cli.model, "-t", "0", "-n", "4", "hello")
     assert result.exit_code == 0, result.output
-    assert "not saving this conversation" in result.output and "not a readable llmchat database" in result.output
+    assert (
+        "not saving this conversation" in result.output and "not a readable llmchat database" in result.output
+    )
     assert (cli.data / "conversations.db").read_bytes() == b"garbage" * 100
 
 
@@ -420,7 +440,10 @@ def test_the_worker_saves_resumes_and_moves_between_versions(tiny_model_dir, tmp
         worker.resume("last")
         events = recorder.until(ConversationLoaded)
         loaded = events[-1]
-        assert [(m.role, m.version, m.versions) for m in loaded.messages] == [("user", 1, 1), ("assistant", 2, 2)]
+        assert [(m.role, m.version, m.versions) for m in loaded.messages] == [
+            ("user", 1, 1),
+            ("assistant", 2, 2),
+        ]
         assert recorder.until(Notice)[-1].message.startswith("KV cache loaded from disk")
         worker.step_version(1, -1)
         older = recorder.until(ConversationLoaded)[-1]

@@ -113,14 +113,18 @@ def test_non_numbers_are_rejected(field, value):
         SamplingSettings(**{field: value})
 
 
-@pytest.mark.parametrize("field, value", [("top_k", 2.5), ("top_k", 40.0), ("max_new_tokens", 10.5), ("seed", 1.5)])
+@pytest.mark.parametrize(
+    "field, value", [("top_k", 2.5), ("top_k", 40.0), ("max_new_tokens", 10.5), ("seed", 1.5)]
+)
 def test_count_settings_must_be_whole_numbers(field, value):
     with pytest.raises(ValueError, match=f"^{field} must be a whole number"):
         SamplingSettings(**{field: value})
 
 
 def test_edge_values_are_accepted():
-    SamplingSettings(temperature=0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=10.0, seed=0, max_new_tokens=1)
+    SamplingSettings(
+        temperature=0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=10.0, seed=0, max_new_tokens=1
+    )
     SamplingSettings(temperature=5.0, top_p=1e-3, min_p=1.0)
 
 
@@ -218,5 +222,11 @@ def test_samples_follow_the_reported_distribution():
 
 def test_settings_names_lists_every_field():
     assert SamplingSettings.names() == [
-        "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "max_new_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "repetition_penalty",
+        "seed",
+        "max_new_tokens",
     ]

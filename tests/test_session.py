@@ -123,10 +123,13 @@ def test_our_greedy_decode_equals_model_generate(tiny_loaded):
     prompt = list(one(events, PromptTokens).ids)
     with torch.inference_mode():
         out = tiny_loaded.model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False, max_new_tokens=20, pad_token_id=tiny_loaded.tokenizer.pad_token_id,
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=20,
+            pad_token_id=tiny_loaded.tokenizer.pad_token_id,
         )
-    assert ours == out[0, len(prompt):].tolist()
+    assert ours == out[0, len(prompt) :].tolist()
     assert len(set(ours)) > 3
 
 
@@ -163,7 +166,11 @@ def test_edit_reuses_the_prefix_before_the_edited_message(chat):
     prompt = one(events, PromptTokens)
     assert prompt.reused == common_prefix(old, list(prompt.ids))
     assert prompt.reused >= len(first_turn)  # the first exchange is not prefilled again
-    assert [m.content for m in chat.messages[:3]] == ["hello", chat.messages[1].content, "The capital of France"]
+    assert [m.content for m in chat.messages[:3]] == [
+        "hello",
+        chat.messages[1].content,
+        "The capital of France",
+    ]
     assert len(chat.messages) == 4
     assert_cache_holds(chat)
 
@@ -241,7 +248,9 @@ def test_context_stop_when_the_window_fills(tiny_loaded):
 def test_oldest_turns_are_dropped_and_the_system_prompt_kept(tiny_loaded):
     system = "be brief"
     chat = ChatSession(tiny_loaded, replace(GREEDY, max_new_tokens=5), system_prompt=system, context=100)
-    system_ids = chat.template([])[: len(chat.tokenizer(f"<|im_start|>system\n{system}<|im_end|>\n")["input_ids"])]
+    system_ids = chat.template([])[
+        : len(chat.tokenizer(f"<|im_start|>system\n{system}<|im_end|>\n")["input_ids"])
+    ]
     trims = []
     for n, question in enumerate(["first question", "second question", "third question", "fourth question"]):
         events = list(chat.send(question))

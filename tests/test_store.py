@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.store import DB_NAME, SCHEMA_VERSION, AnswerRecord, Store, StoreError, data_dir, fts_query
+from engine.saved.store import DB_NAME, SCHEMA_VERSION, AnswerRecord, Store, StoreError, data_dir, fts_query
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +55,12 @@ def test_messages_survive_reopening_with_their_record(tmp_path):
     with Store(tmp_path) as store:
         path = store.path(conversation_id)
         conversation = store.conversation(conversation_id)
-    assert [m.content for m in path] == ["What is the capital of France?", "Paris.", "And of Germany?", "Berlin."]
+    assert [m.content for m in path] == [
+        "What is the capital of France?",
+        "Paris.",
+        "And of Germany?",
+        "Berlin.",
+    ]
     assert [m.parent_id for m in path] == [None, *ids[:3]]
     assert path[1].record == RECORD and path[0].record is None
     assert conversation.leaf_id == ids[-1]
@@ -168,7 +173,9 @@ def test_fts_query_quotes_every_word():
 def test_edit_and_regenerate_keep_old_branches_and_switch_between_them(store):
     conversation_id, (q1, a1, q2, a2) = two_turns(store)
     # Regenerate the last answer: a sibling of a2.
-    a2b = store.add_message(conversation_id, "assistant", "Berlin, since 1990.", parent_id=q2, record=RECORD).id
+    a2b = store.add_message(
+        conversation_id, "assistant", "Berlin, since 1990.", parent_id=q2, record=RECORD
+    ).id
     # Edit the second question: a sibling of q2, answered on its own branch.
     q2b = store.add_message(conversation_id, "user", "And of Italy?", parent_id=a1).id
     a2c = store.add_message(conversation_id, "assistant", "Rome.", record=RECORD).id
@@ -207,7 +214,9 @@ def test_export_markdown_shows_the_current_branch_and_how_answers_were_made(stor
     assert "## User\n\nAnd of Italy?" in text
     assert "Germany" not in text  # the other branch is not on the current path
     assert "## Assistant\n\nParis." in text
-    record = "*tiny · fp32 · seed 7, temperature 0.0, top_k 0 · TTFT 250 ms · 100.0 tok/s · 5 tokens · stop: eos*"
+    record = (
+        "*tiny · fp32 · seed 7, temperature 0.0, top_k 0 · TTFT 250 ms · 100.0 tok/s · 5 tokens · stop: eos*"
+    )
     assert record in text
 
 
@@ -333,7 +342,7 @@ def test_an_unwritable_data_dir_is_a_clear_error(tmp_path):
 WRITER = textwrap.dedent(
     """
     import sys
-    from engine.store import Store
+    from engine.saved.store import Store
     directory, conversation_id, name, count = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     with Store(directory, timeout_s=30) as store:
         own = store.create_conversation(name).id
@@ -349,7 +358,9 @@ def test_two_writer_processes_at_once_lose_nothing(tmp_path):
     with Store(tmp_path) as store:
         shared = store.create_conversation("shared").id
     writers = [
-        subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(shared), name, str(count)], cwd=ROOT)
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(tmp_path), str(shared), name, str(count)], cwd=ROOT
+        )
         for name in ("alpha", "beta")
     ]
     assert [w.wait(timeout=120) for w in writers] == [0, 0]
@@ -361,7 +372,9 @@ def test_two_writer_processes_at_once_lose_nothing(tmp_path):
         # Each append read the leaf and extended it in one transaction: one unbroken chain.
         assert len(path) == 2 * count
         for name in ("alpha", "beta"):
-            assert [m.content for m in path if m.content.startswith(name)] == [f"{name} {i}" for i in range(count)]
+            assert [m.content for m in path if m.content.startswith(name)] == [
+                f"{name} {i}" for i in range(count)
+            ]
         owns = [r for r in store.list_conversations() if r.id != shared]
         assert sorted(r.model for r in owns) == ["alpha", "beta"]
         assert all(r.turns == count for r in owns)
@@ -373,11 +386,11 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     from engine import models
-    from engine.conversation import SavedChat
+    from engine.saved.chat import SavedChat
     from engine.events import TokenSampled, TurnFinished
     from engine.sampling import SamplingSettings
     from engine.session import ChatSession
-    from engine.store import Store
+    from engine.saved.store import Store
 
     loaded = models.load(sys.argv[1], "fp32", "cpu")
     session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=12))

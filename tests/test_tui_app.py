@@ -37,7 +37,9 @@ async def ask(pilot, text: str = "What is the capital of France?") -> None:
 
 
 async def turn_done(pilot):
-    await wait_for(pilot, lambda: not pilot.app.turns.busy and not pilot.app.turns.waiting, what="the turn to end")
+    await wait_for(
+        pilot, lambda: not pilot.app.turns.busy and not pilot.app.turns.waiting, what="the turn to end"
+    )
     await pilot.pause(0.1)
 
 
@@ -275,10 +277,28 @@ def test_keys_are_in_the_footer_and_the_command_palette(tmp_path):
         async with app.run_test(size=(80, 24)) as pilot:
             await ready(pilot)
             footer = widget_text(app.query_one(Footer))
-            for label in ("esc Stop", "^n New", "^r Regenerate", "^s Settings", "^t Panels", "f1 Help", "^q Quit", "^p"):
+            for label in (
+                "esc Stop",
+                "^n New",
+                "^r Regenerate",
+                "^s Settings",
+                "^t Panels",
+                "f1 Help",
+                "^q Quit",
+                "^p",
+            ):
                 assert label in footer, footer
             titles = {command.title for command in app.get_system_commands(app.screen)}
-            assert {"Stop", "New chat", "Regenerate", "Settings", "Toggle panels", "Help", "Quit", "Theme"} <= titles
+            assert {
+                "Stop",
+                "New chat",
+                "Regenerate",
+                "Settings",
+                "Toggle panels",
+                "Help",
+                "Quit",
+                "Theme",
+            } <= titles
 
     run(scenario)
 
@@ -332,7 +352,11 @@ def test_token_updates_are_batched_not_one_per_token(tmp_path, monkeypatch):
     """A burst of 600 tokens (GPU speed) reaches the panels in a few dozen batches, all of them."""
     batches: list[int] = []
     original = TokenStream.add
-    monkeypatch.setattr(TokenStream, "add", lambda self, tokens, repaint=True: (batches.append(len(tokens)), original(self, tokens, repaint)))
+    monkeypatch.setattr(
+        TokenStream,
+        "add",
+        lambda self, tokens, repaint=True: (batches.append(len(tokens)), original(self, tokens, repaint)),
+    )
     answer = tuple((1000 + i, f" w{i}", 0.5) for i in range(600)) + ((2, "<|im_end|>", 0.9),)
 
     async def scenario():
@@ -344,7 +368,9 @@ def test_token_updates_are_batched_not_one_per_token(tmp_path, monkeypatch):
             assert sum(batches) == 601
             assert len(batches) < 100, batches
             # The answer's last repaint may land a frame after the turn ends on a loaded machine.
-            await wait_for(pilot, lambda: "w599" in widget_text(app.query_one(ChatLog)), what="the whole answer shown")
+            await wait_for(
+                pilot, lambda: "w599" in widget_text(app.query_one(ChatLog)), what="the whole answer shown"
+            )
 
     run(scenario)
 

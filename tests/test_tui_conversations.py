@@ -18,9 +18,16 @@ import pytest
 from textual.widgets import DataTable, Input
 
 from engine.events import (
-    ConversationLoaded, MessageSaved, Notice, PhaseChanged, PromptTokens, SavedMessage, TokenSampled, TurnFinished,
+    ConversationLoaded,
+    MessageSaved,
+    Notice,
+    PhaseChanged,
+    PromptTokens,
+    SavedMessage,
+    TokenSampled,
+    TurnFinished,
 )
-from engine.store import Store
+from engine.saved.store import Store
 from tests.tui_fakes import FakeEngine, FakeFactory, fake_app
 from tests.tui_screen import screen_text, wait_for, widget_text
 from tui.engine_link import inference_worker
@@ -56,18 +63,28 @@ def seed(directory: Path) -> tuple[int, int]:
         store.add_message(inference, "user", "How does inference work?")
         store.add_message(inference, "assistant", "Prefill then decode, one token at a time.")
         france = store.create_conversation("smollm2-135m", "bf16").id
-        for role, text in (("user", "What is the capital of France?"), ("assistant", "Paris."),
-                           ("user", "And Germany?"), ("assistant", "Berlin is the capital of Germany.")):
+        for role, text in (
+            ("user", "What is the capital of France?"),
+            ("assistant", "Paris."),
+            ("user", "And Germany?"),
+            ("assistant", "Berlin is the capital of Germany."),
+        ):
             store.add_message(france, role, text)
     with sqlite3.connect(directory / "conversations.db") as db:
-        db.execute("UPDATE conversations SET created = ?, updated = ? WHERE id = ?", (NOON, NOON + 60, inference))
-        db.execute("UPDATE conversations SET created = ?, updated = ? WHERE id = ?", (NOON, NOON + 3600, france))
+        db.execute(
+            "UPDATE conversations SET created = ?, updated = ? WHERE id = ?", (NOON, NOON + 60, inference)
+        )
+        db.execute(
+            "UPDATE conversations SET created = ?, updated = ? WHERE id = ?", (NOON, NOON + 3600, france)
+        )
     return france, inference
 
 
 async def open_conversations(pilot) -> ConversationsScreen:
     await pilot.press("ctrl+o")
-    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConversationsScreen), what="the conversations screen")
+    await wait_for(
+        pilot, lambda: isinstance(pilot.app.screen, ConversationsScreen), what="the conversations screen"
+    )
     screen = pilot.app.screen
     await wait_for(pilot, lambda: screen.query_one("#status").content != "loading…", what="the list")
     return screen
@@ -91,8 +108,22 @@ def test_the_list_shows_title_date_turns_and_model(data_dir, tmp_path):
         async with app.run_test(size=WIDE) as pilot:
             screen = await open_conversations(pilot)
             assert table_rows(screen) == [
-                ["", str(france), "What is the capital of France?", "2026-05-28 21:26", "2", "smollm2-135m bf16"],
-                ["", str(inference), "How does inference work?", "2026-05-28 20:27", "1", "smollm2-135m fp32"],
+                [
+                    "",
+                    str(france),
+                    "What is the capital of France?",
+                    "2026-05-28 21:26",
+                    "2",
+                    "smollm2-135m bf16",
+                ],
+                [
+                    "",
+                    str(inference),
+                    "How does inference work?",
+                    "2026-05-28 20:27",
+                    "1",
+                    "smollm2-135m fp32",
+                ],
             ]
             assert status(screen) == "2 conversations, newest first."
             await pilot.press("escape")
@@ -129,7 +160,7 @@ def test_search_finds_words_in_any_message(data_dir, tmp_path):
 def test_search_highlights_the_match_and_also_finds_titles():
     content = highlight("user: What is the [capital] of\n France?")
     assert content.plain == "user: What is the capital of France?"
-    assert [content.plain[s.start:s.end] for s in content.spans] == ["capital"]
+    assert [content.plain[s.start : s.end] for s in content.spans] == ["capital"]
 
 
 def test_search_rows_one_per_conversation_then_title_matches(data_dir):
@@ -138,7 +169,8 @@ def test_search_rows_one_per_conversation_then_title_matches(data_dir):
         store.rename(inference, "Notes about Germany")
         rows = search_rows(store, "germany")
     assert [(row.id, row.match) for row in rows] == [
-        (france, rows[0].match), (inference, "title"),
+        (france, rows[0].match),
+        (inference, "title"),
     ]
     assert rows[0].match.startswith(("assistant:", "user:")) and "[Germany]" in rows[0].match
 
@@ -238,7 +270,8 @@ def test_export_markdown_and_json_to_the_current_directory(data_dir, tmp_path, m
             exported = json.loads((out / f"llmchat-conversation-{inference}.json").read_text())
             assert exported["format"] == "llmchat-conversation"
             assert [m["content"] for m in exported["messages"]] == [
-                "How does inference work?", "Prefill then decode, one token at a time.",
+                "How does inference work?",
+                "Prefill then decode, one token at a time.",
             ]
 
     run(scenario)
@@ -262,6 +295,7 @@ def test_a_broken_store_is_reported_on_the_screen(tmp_path, monkeypatch):
             screen = await open_conversations(pilot)
             assert "is not a readable llmchat database" in status(screen)
             assert screen.query_one("#status").has_class("-error")
+
     run(scenario)
     assert (directory / "conversations.db").read_bytes() == b"this is not a database" * 100
 
@@ -292,7 +326,7 @@ def test_enter_resumes_the_highlighted_conversation(data_dir, tmp_path):
         app = fake_app(factory, tmp_path)
         async with app.run_test(size=WIDE) as pilot:
             await wait_for(pilot, lambda: app.turns.ready)
-            screen = await open_conversations(pilot)
+            await open_conversations(pilot)
             await pilot.press("down", "enter")
             await wait_for(pilot, lambda: not isinstance(app.screen, ConversationsScreen))
             await wait_for(pilot, lambda: len(app.query_one(ChatLog).messages()) == 2)
@@ -347,12 +381,20 @@ class Recorder:
 
 
 def tiny_app(recorder: Recorder, tiny_model_dir, tmp_path, **options):
-    return fake_app(recorder.factory, tmp_path, model=str(tiny_model_dir), device="cpu",
-                    sampling={"temperature": 0, "max_new_tokens": 6}, **options)
+    return fake_app(
+        recorder.factory,
+        tmp_path,
+        model=str(tiny_model_dir),
+        device="cpu",
+        sampling={"temperature": 0, "max_new_tokens": 6},
+        **options,
+    )
 
 
 async def turns_done(pilot, recorder: Recorder, count: int) -> None:
-    await wait_for(pilot, lambda: len(recorder.of(TurnFinished)) >= count and not pilot.app.turns.busy, timeout=60)
+    await wait_for(
+        pilot, lambda: len(recorder.of(TurnFinished)) >= count and not pilot.app.turns.busy, timeout=60
+    )
     await pilot.pause(0.1)
 
 
@@ -366,8 +408,14 @@ def test_resume_shows_the_history_and_the_next_turn_prefills_it(tiny_model_dir, 
             await wait_for(pilot, lambda: recorder.of(ConversationLoaded) and recorder.of(Notice), timeout=60)
             await wait_for(pilot, lambda: len(app.query_one(ChatLog).messages()) == 4)
             chat = widget_text(app.query_one(ChatLog))
-            for text in ("Conversation", "What is the capital of France?", "Paris.", "And Germany?",
-                         "Berlin is the capital of Germany.", "no saved KV cache: the history will be prefilled"):
+            for text in (
+                "Conversation",
+                "What is the capital of France?",
+                "Paris.",
+                "And Germany?",
+                "Berlin is the capital of Germany.",
+                "no saved KV cache: the history will be prefilled",
+            ):
                 assert text in chat, text
             assert "resumed: the next turn prefills the history" in widget_text(app.query_one(KVCachePanel))
             await pilot.press(*"And Italy?", "enter")
@@ -379,7 +427,10 @@ def test_resume_shows_the_history_and_the_next_turn_prefills_it(tiny_model_dir, 
         with Store(data_dir) as store:
             path = store.path(france)
         assert [m.content for m in path][:5] == [
-            "What is the capital of France?", "Paris.", "And Germany?", "Berlin is the capital of Germany.",
+            "What is the capital of France?",
+            "Paris.",
+            "And Germany?",
+            "Berlin is the capital of Germany.",
             "And Italy?",
         ]
         assert len(path) == 6  # the new answer was saved in the resumed conversation
@@ -402,8 +453,11 @@ def test_resume_from_the_screen_loads_the_saved_cache_and_reuses_it(tiny_model_d
             screen = await open_conversations(pilot)
             assert table_rows(screen)[0][1] == str(conversation)
             await pilot.press("enter")
-            await wait_for(pilot, lambda: any("KV cache loaded from disk" in n.message for n in recorder.of(Notice)),
-                           timeout=30)
+            await wait_for(
+                pilot,
+                lambda: any("KV cache loaded from disk" in n.message for n in recorder.of(Notice)),
+                timeout=30,
+            )
             await wait_for(pilot, lambda: "resumed from disk" in widget_text(app.query_one(KVCachePanel)))
             cached = int(widget_text(app.query_one(KVCachePanel)).split("next turn reuses ")[1].split()[0])
             assert cached > 0
@@ -424,12 +478,19 @@ def version_of(widget) -> str:
     return widget_text(widget).strip().splitlines()[-1] if widget.saved and widget.saved.versions > 1 else ""
 
 
-def test_edit_and_regenerate_make_versions_and_the_arrows_move_between_them(tiny_model_dir, data_dir, tmp_path):
+def test_edit_and_regenerate_make_versions_and_the_arrows_move_between_them(
+    tiny_model_dir, data_dir, tmp_path
+):
     recorder = Recorder()
 
     async def scenario():
-        app = fake_app(recorder.factory, tmp_path, model=str(tiny_model_dir), device="cpu",
-                       sampling={"temperature": 1.0, "max_new_tokens": 6})
+        app = fake_app(
+            recorder.factory,
+            tmp_path,
+            model=str(tiny_model_dir),
+            device="cpu",
+            sampling={"temperature": 1.0, "max_new_tokens": 6},
+        )
         async with app.run_test(size=WIDE) as pilot:
             chat = app.query_one(ChatLog)
             await wait_for(pilot, lambda: app.turns.ready, timeout=60)
@@ -455,7 +516,9 @@ def test_edit_and_regenerate_make_versions_and_the_arrows_move_between_them(tiny
             user.focus()
             await pilot.press("left")
             await wait_for(pilot, lambda: len(recorder.of(ConversationLoaded)) == 1)
-            await wait_for(pilot, lambda: [m.text for m in chat.messages()[:1]] == ["What is the capital of France?"])
+            await wait_for(
+                pilot, lambda: [m.text for m in chat.messages()[:1]] == ["What is the capital of France?"]
+            )
             user, answer = chat.messages()
             assert "‹ 1/2 ›" in widget_text(user) and answer.text == first_answer
             assert app.focused is user  # still selected, so ← → can be pressed again

@@ -18,10 +18,16 @@ import pytest
 from rich.cells import cell_len
 from textual.widgets import Input, Markdown
 
-from engine import fastpath, models
+from engine import models
 from engine.events import (
-    Forked, ModelReady, PromptTokens, StepPaused, TokenSampled, TurnFinished,
+    Forked,
+    ModelReady,
+    PromptTokens,
+    StepPaused,
+    TokenSampled,
+    TurnFinished,
 )
+from engine.fast import fused
 from engine.instruments import phases, precision_compare
 from engine.instruments.explain import explain
 from engine.instruments.phases import Calibration, ModelShape, turn_phases
@@ -46,8 +52,15 @@ from tui.widgets.token_stream import TokenStream
 WIDE = (160, 45)
 QUESTION = "What is the capital of France?"
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
-FILTERS = {"temperature": 0.8, "top_k": 5, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.3, "seed": 7,
-           "max_new_tokens": 8}
+FILTERS = {
+    "temperature": 0.8,
+    "top_k": 5,
+    "top_p": 0.9,
+    "min_p": 0.05,
+    "repetition_penalty": 1.3,
+    "seed": 7,
+    "max_new_tokens": 8,
+}
 """Every stage of the sampler chain switched on."""
 
 
@@ -57,8 +70,9 @@ def steady(event):
         case TokenSampled():
             return dataclasses.replace(event, latency_s=0.120 if event.index == 0 else 0.020)
         case TurnFinished(stats, text):
-            stats = dataclasses.replace(stats, ttft_s=0.120, itl_p50_s=0.020, itl_p90_s=0.025, prefill_tok_s=200.0,
-                                        decode_tok_s=50.0)
+            stats = dataclasses.replace(
+                stats, ttft_s=0.120, itl_p50_s=0.020, itl_p90_s=0.025, prefill_tok_s=200.0, decode_tok_s=50.0
+            )
             return TurnFinished(stats, text)
         case ModelReady(info):
             return ModelReady(dataclasses.replace(info, load_s=0.5))
@@ -88,7 +102,9 @@ class Recorder:
 
 
 def tiny_app(recorder: Recorder, tiny_model_dir, tmp_path, sampling=None):
-    return fake_app(recorder.factory, tmp_path, model=str(tiny_model_dir), device="cpu", sampling=sampling or GREEDY)
+    return fake_app(
+        recorder.factory, tmp_path, model=str(tiny_model_dir), device="cpu", sampling=sampling or GREEDY
+    )
 
 
 def run(scenario) -> None:
@@ -101,16 +117,24 @@ async def answered(pilot, recorder: Recorder, turns: int = 1, questions=(QUESTIO
     await wait_for(pilot, lambda: app.turns.ready, timeout=60, what="the model to load")
     for n in range(turns):
         await pilot.press(*questions[n], "enter")
-        await wait_for(pilot, lambda: len(recorder.of(TurnFinished)) > n and not app.turns.busy, timeout=60,
-                       what=f"answer {n + 1}")
+        await wait_for(
+            pilot,
+            lambda: len(recorder.of(TurnFinished)) > n and not app.turns.busy,
+            timeout=60,
+            what=f"answer {n + 1}",
+        )
     await pilot.pause(0.2)
 
 
 async def opened(pilot, key: str, kind, text: str = "") -> str:
     """Press `key`, wait for a screen of `kind` (showing `text`), and return what the screen shows."""
     await pilot.press(key)
-    await wait_for(pilot, lambda: isinstance(pilot.app.screen, kind) and text in screen_text(pilot.app), timeout=30,
-                   what=f"{kind.__name__} showing {text!r}")
+    await wait_for(
+        pilot,
+        lambda: isinstance(pilot.app.screen, kind) and text in screen_text(pilot.app),
+        timeout=30,
+        what=f"{kind.__name__} showing {text!r}",
+    )
     return screen_text(pilot.app)
 
 
@@ -149,7 +173,10 @@ def test_inspector_shows_each_step_as_the_engine_recorded_it(tiny_model_dir, tmp
             assert f"entropy   {token.entropy / math.log(2):.3f} bits  ({token.entropy:.3f} nats)" in shown
             assert "bytes     " + " ".join(f"{b:02x}" for b in record.bytes) in shown
             for candidate in token.top_k[:5]:
-                assert f"{visible_piece(candidate.piece)[:12]}" in shown and f"{candidate.prob:7.2%}".strip() in shown
+                assert (
+                    f"{visible_piece(candidate.piece)[:12]}" in shown
+                    and f"{candidate.prob:7.2%}".strip() in shown
+                )
             assert "◀ taken" in shown
 
     run(scenario)
@@ -196,23 +223,33 @@ def test_fork_continues_from_the_alternative_and_keeps_the_original(tiny_model_d
             await pilot.press("home", *["right"] * step, "down")  # the step's second candidate
             alternative = original.steps[step].top_k[1]
             await pilot.press("f")
-            await wait_for(pilot, lambda: len(recorder.of(TurnFinished)) == 2 and not app.turns.busy, timeout=60)
+            await wait_for(
+                pilot, lambda: len(recorder.of(TurnFinished)) == 2 and not app.turns.busy, timeout=60
+            )
             await pilot.pause(0.3)
 
             forked = recorder.of(Forked)[0]
-            assert (forked.step, forked.token_id, forked.reused, forked.new) == (step, alternative.id, prompt + step, 1)
+            assert (forked.step, forked.token_id, forked.reused, forked.new) == (
+                step,
+                alternative.id,
+                prompt + step,
+                1,
+            )
             trace = session.messages[-1].trace
             assert trace.parent is original and trace.fork_step == step
             assert trace.ids[:step] == original.ids[:step] and trace.ids[step] == alternative.id
             assert trace.ids != original.ids
             # The chat shows the new answer: the kept text, then what the fork streamed (the chosen token on).
-            after = recorder.events[recorder.events.index(forked):]
+            after = recorder.events[recorder.events.index(forked) :]
             streamed = "".join(e.text for e in after if isinstance(e, TokenSampled))
             shown = app.query(Answer).last().query_one(Markdown).source
             assert shown == kept + streamed and kept
             assert session.messages[-1].content.startswith(shown)  # (+ bytes a stream holds back to the end)
             chat = widget_text(app.query_one(ChatLog))
-            assert f"⑂ Fork at step {step + 1}: took {alternative.piece!r} instead of {original.steps[step].piece!r}" in chat
+            assert (
+                f"⑂ Fork at step {step + 1}: took {alternative.piece!r} "
+                f"instead of {original.steps[step].piece!r}" in chat
+            )
             assert f"kept {prompt + step} positions" in chat and "fed 1 new" in chat
             assert "2/2" in chat  # the original is the answer's other version
             # The inspector shows the fork, and `b` goes back to the original branch.
@@ -230,17 +267,23 @@ def test_step_mode_takes_an_alternative_then_greedy_then_resumes(tiny_model_dir,
     recorder = Recorder()
 
     async def scenario():
-        app = tiny_app(recorder, tiny_model_dir, tmp_path, {"temperature": 1.0, "seed": 3, "max_new_tokens": 6})
+        app = tiny_app(
+            recorder, tiny_model_dir, tmp_path, {"temperature": 1.0, "seed": 3, "max_new_tokens": 6}
+        )
         async with app.run_test(size=WIDE) as pilot:
             await wait_for(pilot, lambda: app.turns.ready, timeout=60)
             await pilot.press("f3")
             assert session_of(app).step_gate.enabled
             await pilot.press(*QUESTION, "enter")
-            await wait_for(pilot, lambda: isinstance(app.screen, StepScreen), timeout=60, what="the step sheet")
+            await wait_for(
+                pilot, lambda: isinstance(app.screen, StepScreen), timeout=60, what="the step sheet"
+            )
             first = recorder.of(StepPaused)[0]
             shown = screen_text(app)
             assert f"step 1 · KV position {first.position}" in shown
-            assert f"the sampler drew {visible_piece(first.sampled.piece)} ({first.sampled.prob:.1%})" in shown
+            assert (
+                f"the sampler drew {visible_piece(first.sampled.piece)} ({first.sampled.prob:.1%})" in shown
+            )
             for candidate in first.top_k[:4]:
                 assert f"{candidate.prob:7.2%}".strip() in shown
 
@@ -258,7 +301,9 @@ def test_step_mode_takes_an_alternative_then_greedy_then_resumes(tiny_model_dir,
             await pilot.press("g")  # greedy
             await wait_for(pilot, lambda: len(recorder.of(StepPaused)) == 3, timeout=30, what="step 3")
             await pilot.press("r")  # full speed
-            await wait_for(pilot, lambda: len(recorder.of(TurnFinished)) == 1 and not app.turns.busy, timeout=60)
+            await wait_for(
+                pilot, lambda: len(recorder.of(TurnFinished)) == 1 and not app.turns.busy, timeout=60
+            )
             tokens = recorder.of(TokenSampled)
             assert tokens[0].id == first.top_k[2].id and tokens[0].rank == 3
             assert tokens[1].id == second.greedy.id
@@ -290,8 +335,10 @@ def test_stages_show_what_each_filter_did_to_the_last_step(tiny_model_dir, tmp_p
             assert top_k.kept == 5
             assert f"{min_p.kept:,} left" in shown
             assert "✗ out" in shown
-            assert " ".join(f"{s.kept:>8,}" for s in expected.stages).split() == \
-                next(line for line in shown.splitlines() if line.strip().startswith("kept")).split()[1:]
+            assert (
+                " ".join(f"{s.kept:>8,}" for s in expected.stages).split()
+                == next(line for line in shown.splitlines() if line.strip().startswith("kept")).split()[1:]
+            )
 
     run(scenario)
 
@@ -308,8 +355,10 @@ def test_tokenizer_view_shows_the_turn_and_compares_costs(tiny_model_dir, tmp_pa
             generated = sum(1 for t in recorder.of(TokenSampled)) - len(session_of(app).messages[1].trace)
             assert prompt.reused > 0
             shown = await opened(pilot, "f5", TokenizerScreen, "Compare cost")
-            assert (f"prompt {len(prompt.ids)} tokens: {prompt.reused} cached + {len(prompt.ids) - prompt.reused} "
-                    f"prefilled · answer {generated} generated") in shown
+            assert (
+                f"prompt {len(prompt.ids)} tokens: {prompt.reused} cached + "
+                f"{len(prompt.ids) - prompt.reused} prefilled · answer {generated} generated"
+            ) in shown
             assert "▌cache│new▐" in shown and "<|im_start|>" in shown
             tokenizer = session_of(app).tokenizer
             for side, text in (("left", "unhappiness"), ("right", "추론은 어떻게 작동하나요? 🤖")):
@@ -317,8 +366,14 @@ def test_tokenizer_view_shows_the_turn_and_compares_costs(tiny_model_dir, tmp_pa
             await pilot.pause(0.2)
             left, right = (text_cost(tokenizer, t) for t in ("unhappiness", "추론은 어떻게 작동하나요? 🤖"))
             costs = screen_text(app)
-            assert f"{left.tokens} tokens · {left.characters} characters · {left.utf8_bytes} UTF-8 bytes" in costs
-            assert f"{right.tokens} tokens · {right.characters} characters · {right.utf8_bytes} UTF-8 bytes" in costs
+            assert (
+                f"{left.tokens} tokens · {left.characters} characters · {left.utf8_bytes} UTF-8 bytes"
+                in costs
+            )
+            assert (
+                f"{right.tokens} tokens · {right.characters} characters · {right.utf8_bytes} UTF-8 bytes"
+                in costs
+            )
             assert right.tokens != left.tokens
             ratio = max(left.tokens, right.tokens) / min(left.tokens, right.tokens)
             assert f"{ratio:.1f}×" in costs
@@ -345,10 +400,17 @@ def test_phases_measure_the_last_turn_against_a_calibration_made_once(tiny_model
             turn = turn_phases(ModelShape.of(session_of(app).loaded), stats)
             shown = screen_text(app)
             assert si(turn.prefill.flops, "FLOP") in shown and si(turn.decode.flops, "FLOP") in shown
-            assert f"{turn.prefill.intensity:,.1f} FLOP/B" in shown and f"{turn.decode.intensity:,.1f} FLOP/B" in shown
+            assert (
+                f"{turn.prefill.intensity:,.1f} FLOP/B" in shown
+                and f"{turn.decode.intensity:,.1f} FLOP/B" in shown
+            )
             assert si(turn.decode.flop_s, "FLOP/s") in shown
-            assert si(peaks.matmul_flop_s, "FLOP/s") in shown and f"balance {peaks.balance:,.1f} FLOP/B" in shown
-            assert f"decode: {turn.decode.intensity:,.1f} FLOP/B < {peaks.balance:,.1f}: memory-bound" in shown
+            assert (
+                si(peaks.matmul_flop_s, "FLOP/s") in shown and f"balance {peaks.balance:,.1f} FLOP/B" in shown
+            )
+            assert (
+                f"decode: {turn.decode.intensity:,.1f} FLOP/B < {peaks.balance:,.1f}: memory-bound" in shown
+            )
             # Opened again, it reads the saved calibration instead of measuring.
             await pilot.press("escape")
             await opened(pilot, "f6", PhasesScreen)
@@ -370,8 +432,13 @@ def test_attention_view_uses_eager_attention_only_while_open(tiny_model_dir, tmp
             await opened(pilot, "f7", AttentionScreen, "query position")
             assert session.model.config._attn_implementation == "eager"
             await pilot.press("right", "down")  # layer 0, head 0
-            await wait_for(pilot, lambda: app.screen.view is not None and app.screen.view.layer == 0
-                           and app.screen.view.head == 0, timeout=30)
+            await wait_for(
+                pilot,
+                lambda: (
+                    app.screen.view is not None and app.screen.view.layer == 0 and app.screen.view.head == 0
+                ),
+                timeout=30,
+            )
             view = app.screen.view
             expected = await on_engine(app, lambda s: app.instruments.probe.view(0, 0))
             assert view.weights == expected.weights and len(view.ids) == len(session.cache)
@@ -383,8 +450,14 @@ def test_attention_view_uses_eager_attention_only_while_open(tiny_model_dir, tmp
             await pilot.press("ctrl+p")
             await wait_for(pilot, lambda: session.model.config._attn_implementation == "sdpa", timeout=30)
             await pilot.press("escape")
-            await wait_for(pilot, lambda: session.model.config._attn_implementation == "eager"
-                           and isinstance(app.screen, AttentionScreen), timeout=30)
+            await wait_for(
+                pilot,
+                lambda: (
+                    session.model.config._attn_implementation == "eager"
+                    and isinstance(app.screen, AttentionScreen)
+                ),
+                timeout=30,
+            )
             await pilot.press("escape")
             await wait_for(pilot, lambda: session.model.config._attn_implementation == "sdpa", timeout=30)
             assert session.fast is fast and not app.instruments.probe.enabled
@@ -411,7 +484,10 @@ def test_precision_compare_shows_the_engine_comparison(tiny_model_dir, tmp_path)
             agree = sum(s.agree for s in expected.steps)
             assert f"top-1 agreement {agree} of {len(expected.steps)} steps" in shown
             assert f"mean KL {expected.mean_kl:.5f} nats" in shown
-            assert human_bytes(expected.reference.weight_bytes) in shown and human_bytes(expected.other.weight_bytes) in shown
+            assert (
+                human_bytes(expected.reference.weight_bytes) in shown
+                and human_bytes(expected.other.weight_bytes) in shown
+            )
             assert "fp32 (reference)" in shown and "bf16" in shown
             first = expected.first_divergence
             assert ("first divergent token none" in shown) == (first is None)
@@ -421,13 +497,18 @@ def test_precision_compare_shows_the_engine_comparison(tiny_model_dir, tmp_path)
 
 
 # -- reachable from the keyboard and the palette, explained in place ------------------------
-@pytest.mark.parametrize("title,kind,name", [
-    ("Token inspector", InspectorScreen, "inspector"),
-    ("Sampler stages", StagesScreen, "stages"),
-    ("Tokenizer view", TokenizerScreen, "tokenizer"),
-    ("Attention view", AttentionScreen, "attention"),
-])
-def test_palette_opens_each_instrument_and_question_mark_explains_it(tiny_model_dir, tmp_path, title, kind, name):
+@pytest.mark.parametrize(
+    "title,kind,name",
+    [
+        ("Token inspector", InspectorScreen, "inspector"),
+        ("Sampler stages", StagesScreen, "stages"),
+        ("Tokenizer view", TokenizerScreen, "tokenizer"),
+        ("Attention view", AttentionScreen, "attention"),
+    ],
+)
+def test_palette_opens_each_instrument_and_question_mark_explains_it(
+    tiny_model_dir, tmp_path, title, kind, name
+):
     recorder = Recorder()
 
     async def scenario():
@@ -478,8 +559,14 @@ class FakeClock:
         return next(self._ticks) * 0.010
 
 
-FIXED_PEAKS = Calibration(device="cpu", dtype="float32", threads=2, matmul_flop_s=40e9, bandwidth_bytes_s=12e9,
-                          measured_at=1_767_225_600.0)
+FIXED_PEAKS = Calibration(
+    device="cpu",
+    dtype="float32",
+    threads=2,
+    matmul_flop_s=40e9,
+    bandwidth_bytes_s=12e9,
+    measured_at=1_767_225_600.0,
+)
 
 
 def snapshot_app(tiny_model_dir, tmp_path, sampling=None):
@@ -538,7 +625,9 @@ def test_snapshot_sampler_stages(snap_compare, tiny_model_dir, tmp_path):
         await wait_for(pilot, lambda: pilot.app.screen.stages is not None, timeout=30)
         await settled(pilot)
 
-    assert snap_compare(snapshot_app(tiny_model_dir, tmp_path, FILTERS), terminal_size=WIDE, run_before=before)
+    assert snap_compare(
+        snapshot_app(tiny_model_dir, tmp_path, FILTERS), terminal_size=WIDE, run_before=before
+    )
 
 
 def test_snapshot_tokenizer_view(snap_compare, tiny_model_dir, tmp_path):
@@ -579,8 +668,8 @@ def test_snapshot_attention(snap_compare, tiny_model_dir, tmp_path):
 def test_snapshot_precision_compare(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(precision_compare, "time", FakeClock())
     # The KL digits come from bf16 prefill upcast to fp32; a CPU with native bf16 matmuls
-    # (engine/fastpath.py) would print others.
-    monkeypatch.setattr(fastpath, "cpu_matmul_native", lambda dtype: False)
+    # (engine/fast/fused.py) would print others.
+    monkeypatch.setattr(fused, "cpu_matmul_native", lambda dtype: False)
 
     async def before(pilot):
         await answered(pilot, recorder_of(pilot))

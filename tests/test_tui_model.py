@@ -51,7 +51,9 @@ def run(scenario):
 
 
 async def turns_done(pilot, recorder: Recorder, count: int) -> None:
-    await wait_for(pilot, lambda: len(recorder.of(TurnFinished)) >= count and not pilot.app.turns.busy, timeout=60)
+    await wait_for(
+        pilot, lambda: len(recorder.of(TurnFinished)) >= count and not pilot.app.turns.busy, timeout=60
+    )
     await pilot.pause(0.2)
 
 
@@ -59,8 +61,13 @@ def test_panels_show_what_the_real_engine_said(tiny_model_dir, tmp_path):
     recorder = Recorder()
 
     async def scenario():
-        app = fake_app(recorder.factory, tmp_path, model=str(tiny_model_dir), device="cpu",
-                       sampling={"temperature": 0, "max_new_tokens": 8})
+        app = fake_app(
+            recorder.factory,
+            tmp_path,
+            model=str(tiny_model_dir),
+            device="cpu",
+            sampling={"temperature": 0, "max_new_tokens": 8},
+        )
         async with app.run_test(size=WIDE) as pilot:
             await wait_for(pilot, lambda: app.turns.ready, timeout=60)
             await pilot.press(*"What is the capital of France?", "enter")
@@ -73,7 +80,10 @@ def test_panels_show_what_the_real_engine_said(tiny_model_dir, tmp_path):
 
             answer = app.query_one(Answer)
             assert answer.query_one(Markdown).source == finished.text
-            assert f"{finished.stats.generated_tokens} tokens · TTFT {ms(finished.stats.ttft_s)}" in widget_text(answer)
+            assert (
+                f"{finished.stats.generated_tokens} tokens · TTFT {ms(finished.stats.ttft_s)}"
+                in widget_text(answer)
+            )
             phase = widget_text(app.query_one(PhasePanel))
             assert f"TTFT {ms(finished.stats.ttft_s)}" in phase
             assert f"decode {finished.stats.decode_tok_s:.1f} tok/s" in phase
@@ -98,8 +108,13 @@ def test_temperature_change_mid_answer_changes_the_next_tokens(tiny_model_dir, t
     recorder = Recorder(hold_at=3)
 
     async def scenario():
-        app = fake_app(recorder.factory, tmp_path, model=str(tiny_model_dir), device="cpu",
-                       sampling={"temperature": 1.0, "seed": 1, "max_new_tokens": 12})
+        app = fake_app(
+            recorder.factory,
+            tmp_path,
+            model=str(tiny_model_dir),
+            device="cpu",
+            sampling={"temperature": 1.0, "seed": 1, "max_new_tokens": 12},
+        )
         async with app.run_test(size=WIDE) as pilot:
             await wait_for(pilot, lambda: app.turns.ready, timeout=60)
             await pilot.press(*"What is the capital of France?", "enter")
@@ -127,8 +142,13 @@ def test_precision_switch_reloads_keeps_the_chat_and_reprefills(tiny_model_dir, 
     recorder = Recorder()
 
     async def scenario():
-        app = fake_app(recorder.factory, tmp_path, model=str(tiny_model_dir), device="cpu",
-                       sampling={"temperature": 0, "max_new_tokens": 6})
+        app = fake_app(
+            recorder.factory,
+            tmp_path,
+            model=str(tiny_model_dir),
+            device="cpu",
+            sampling={"temperature": 0, "max_new_tokens": 6},
+        )
         async with app.run_test(size=WIDE) as pilot:
             await wait_for(pilot, lambda: app.turns.ready, timeout=60)
             await pilot.press(*"What is the capital of France?", "enter")

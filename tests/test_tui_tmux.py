@@ -22,7 +22,9 @@ SOCKET = f"llmchat-test-{os.getpid()}"
 
 
 def tmux(*args: str, check: bool = True) -> str:
-    return subprocess.run(["tmux", "-L", SOCKET, "-f", "/dev/null", *args], capture_output=True, text=True, check=check).stdout
+    return subprocess.run(
+        ["tmux", "-L", SOCKET, "-f", "/dev/null", *args], capture_output=True, text=True, check=check
+    ).stdout
 
 
 def screen(session: str) -> str:
@@ -45,7 +47,9 @@ def test_the_real_app_answers_in_tmux(tmp_path):
     # The private dirs are passed explicitly, and COLUMNS/LINES (set under pytest) dropped: the app
     # would take them over the real terminal size.
     private = f"LLMCHAT_CONFIG_DIR={tmp_path / 'config'} LLMCHAT_DATA_DIR={tmp_path / 'data'}"
-    command = f"env -u COLUMNS -u LINES {private} {sys.executable} -m tui.cli --temperature 0 --max-new-tokens 40"
+    command = (
+        f"env -u COLUMNS -u LINES {private} {sys.executable} -m tui.cli --temperature 0 --max-new-tokens 40"
+    )
     tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "45", "-c", str(ROOT), command)
     try:
         # The window is up before the model is (torch is imported in the background).
@@ -54,8 +58,18 @@ def test_the_real_app_answers_in_tmux(tmp_path):
         wait_for_screen(session, "SmolLM2", "params", timeout=180)
         tmux("send-keys", "-t", session, "What is the capital of France?", "Enter")
         shown = wait_for_screen(session, "Paris", "tok/s ·", "last turn", timeout=120)
-        for panel_text in ("Phase", "TTFT", "KV cache", "46,080 B/token", "newly prefilled", "Top-k", "entropy",
-                           "Tokens", "prompt", "answer"):
+        for panel_text in (
+            "Phase",
+            "TTFT",
+            "KV cache",
+            "46,080 B/token",
+            "newly prefilled",
+            "Top-k",
+            "entropy",
+            "Tokens",
+            "prompt",
+            "answer",
+        ):
             assert panel_text in shown, panel_text
     finally:
         tmux("send-keys", "-t", session, "C-q", check=False)

@@ -45,10 +45,25 @@ def test_config_dir_follows_the_environment(tmp_path, monkeypatch):
 
 
 def test_flags_win_over_the_config_file():
-    file = Config(model="m", precision="bf16", theme="llmchat-light", sampling={"temperature": 0.2, "top_k": 5})
-    options = options_from(file, model=None, precision="fp16", device=None, system=None, context=None,
-                           theme=None, sampling={"temperature": 1.0})
-    assert (options.model, options.precision, options.device, options.theme) == ("m", "fp16", "auto", "llmchat-light")
+    file = Config(
+        model="m", precision="bf16", theme="llmchat-light", sampling={"temperature": 0.2, "top_k": 5}
+    )
+    options = options_from(
+        file,
+        model=None,
+        precision="fp16",
+        device=None,
+        system=None,
+        context=None,
+        theme=None,
+        sampling={"temperature": 1.0},
+    )
+    assert (options.model, options.precision, options.device, options.theme) == (
+        "m",
+        "fp16",
+        "auto",
+        "llmchat-light",
+    )
     assert options.sampling == {"temperature": 1.0, "top_k": 5}
 
 
@@ -63,7 +78,12 @@ def test_themes_come_from_the_tcss_files():
     assert {"llmchat-dark", "llmchat-light", "llmchat-high-contrast"} <= set(themes)
     assert themes["llmchat-light"].dark is False and themes["llmchat-high-contrast"].background == "#000000"
     theme = parse_theme("t", "/* c */ $primary: #123456; $dark: false; $text-alpha: 1.0; $chip: #ffffff;")
-    assert (theme.primary, theme.dark, theme.text_alpha, theme.variables) == ("#123456", False, 1.0, {"chip": "#ffffff"})
+    assert (theme.primary, theme.dark, theme.text_alpha, theme.variables) == (
+        "#123456",
+        False,
+        1.0,
+        {"chip": "#ffffff"},
+    )
     with pytest.raises(ValueError, match="primary"):
         parse_theme("t", "$background: #000000;")
 
@@ -92,7 +112,11 @@ def test_settings_fields_round_trip():
 
 
 def test_formatting():
-    assert visible_piece(" Paris\n") == "␣Paris↵" and visible_piece("\x0e") == "<0x0E>" and visible_piece("") == "∅"
+    assert (
+        visible_piece(" Paris\n") == "␣Paris↵"
+        and visible_piece("\x0e") == "<0x0E>"
+        and visible_piece("") == "∅"
+    )
     assert human_bytes(512) == "512 B" and human_bytes(46_080 * 1024) == "45.0 MiB"
     assert entropy_bits([0.5, 0.5]) == 1.0 and entropy_bits([1.0, 0.0]) == 0.0
     assert sparkline([1, 2, 4], 5) == "  ▂▄█" and sparkline([], 3) == "   "
@@ -163,3 +187,16 @@ def test_chips_read_from_the_start_when_all_fit():
     chips = [Content(f"w{i} ") for i in range(8)]  # 3 cells each
     assert [row.plain for row in block(chips, width=20, lines=3)] == ["w0 w1 w2 w3 w4 w5 ", "w6 w7 "]
     assert block(chips, width=20, lines=1)[0].plain.startswith("…")
+
+
+def test_a_stats_repaint_after_the_widgets_are_gone_paints_nothing():
+    """The repaint timer can fire while the app closes, when its panels no longer exist."""
+    from textual.css.query import NoMatches
+
+    from tui.router import Router
+
+    class ClosingApp:
+        def part(self, kind):
+            raise NoMatches(f"no {kind.__name__}")
+
+    Router(ClosingApp()).repaint_stats()  # was: NameError for the uncaught NoMatches

@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from engine import models, w8
-from engine.precision import PrecisionError, precision_for
+from engine import models
+from engine.quant import w8
+from engine.quant.precision import PrecisionError, precision_for
 from tests.quantized import answer_against_fp32, greedy_tokens
 
 

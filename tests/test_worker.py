@@ -202,7 +202,10 @@ def test_switching_precision_keeps_the_conversation(worker, recorder, tiny_model
     assert prompt.reused == 0  # another model's cache cannot be reused
     assert "hello" in worker.session.tokenizer.decode(prompt.ids)  # but the conversation goes on
     assert len(worker.session.messages) == 4
-    assert worker.session.cache.tensor_bytes() == len(worker.session.cache) * worker.session.info.kv_bytes_per_token
+    assert (
+        worker.session.cache.tensor_bytes()
+        == len(worker.session.cache) * worker.session.info.kv_bytes_per_token
+    )
 
 
 def test_fork_and_call_run_on_the_inference_thread(tiny_model_dir):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 CHAT_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
@@ -32,7 +33,10 @@ def build_tiny_model(directory: Path, layers: int = 2, hidden: int = 64, seed: i
     )
     bpe.train_from_iterator(CORPUS, trainer)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token="<|endoftext|>",
+        tokenizer_object=bpe,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
         pad_token="<|endoftext|>",
     )
     tokenizer.chat_template = CHAT_TEMPLATE

@@ -15,22 +15,68 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from engine.events import (
-    CacheChanged, Candidate, Failed, ModelInfo, ModelLoading, ModelReady, PhaseChanged, PrefillProgress,
-    PromptTokens, TokenSampled, TurnFinished, TurnStats,
+    CacheChanged,
+    Candidate,
+    Failed,
+    ModelInfo,
+    ModelLoading,
+    ModelReady,
+    PhaseChanged,
+    PrefillProgress,
+    PromptTokens,
+    TokenSampled,
+    TurnFinished,
+    TurnStats,
 )
 
 INFO = ModelInfo(
-    spec="fake-135m", name="fake-135m", precision="fp32", device="cpu", compute_dtype="float32", cache_dtype="float32",
-    parameters=134_515_008, weight_bytes=538_060_032, layers=30, heads=9, kv_heads=3, head_dim=64,
-    hidden_size=576, vocab_size=49152, context=8192, cache_element_bytes=4, load_s=0.5,
+    spec="fake-135m",
+    name="fake-135m",
+    precision="fp32",
+    device="cpu",
+    compute_dtype="float32",
+    cache_dtype="float32",
+    parameters=134_515_008,
+    weight_bytes=538_060_032,
+    layers=30,
+    heads=9,
+    kv_heads=3,
+    head_dim=64,
+    hidden_size=576,
+    vocab_size=49152,
+    context=8192,
+    cache_element_bytes=4,
+    load_s=0.5,
 )
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 2, "nf4": 2, "w8a8": 4, "w8": 4}
 
-PROMPT = ((1, "<|im_start|>"), (4093, "user"), (198, "\n"), (1780, "What"), (314, " is"), (260, " the"),
-          (3575, " capital"), (282, " of"), (4649, " France"), (47, "?"), (2, "<|im_end|>"), (198, "\n"),
-          (1, "<|im_start|>"), (520, "assistant"), (198, "\n"))
-ANSWER = ((378, "The", 0.93), (3575, " capital", 0.71), (282, " of", 0.98), (4649, " France", 0.88),
-          (314, " is", 0.95), (7042, " Paris", 0.62), (30, ".", 0.41), (2, "<|im_end|>", 0.97))
+PROMPT = (
+    (1, "<|im_start|>"),
+    (4093, "user"),
+    (198, "\n"),
+    (1780, "What"),
+    (314, " is"),
+    (260, " the"),
+    (3575, " capital"),
+    (282, " of"),
+    (4649, " France"),
+    (47, "?"),
+    (2, "<|im_end|>"),
+    (198, "\n"),
+    (1, "<|im_start|>"),
+    (520, "assistant"),
+    (198, "\n"),
+)
+ANSWER = (
+    (378, "The", 0.93),
+    (3575, " capital", 0.71),
+    (282, " of", 0.98),
+    (4649, " France", 0.88),
+    (314, " is", 0.95),
+    (7042, " Paris", 0.62),
+    (30, ".", 0.41),
+    (2, "<|im_end|>", 0.97),
+)
 RUNNERS_UP = ((216, " **", 0.05), (2362, " city", 0.03), (28, ",", 0.02))
 
 
@@ -47,8 +93,17 @@ class Turn:
 
 
 class FakeEngine:
-    def __init__(self, emit: Callable, sampling, *, answer=ANSWER, token_s: float = 0.0, hold_after: int | None = None,
-                 fail_load: str | None = None, load_gate: threading.Event | None = None):
+    def __init__(
+        self,
+        emit: Callable,
+        sampling,
+        *,
+        answer=ANSWER,
+        token_s: float = 0.0,
+        hold_after: int | None = None,
+        fail_load: str | None = None,
+        load_gate: threading.Event | None = None,
+    ):
         self.emit = emit
         self.sampling = sampling
         self.answer = answer
@@ -122,7 +177,12 @@ class FakeEngine:
             self.emit(Failed(self.fail_load))
             return
         element = ELEMENT_BYTES[precision]
-        self.info = replace(INFO, precision=precision, cache_element_bytes=element, cache_dtype="float32" if element == 4 else "bfloat16")
+        self.info = replace(
+            INFO,
+            precision=precision,
+            cache_element_bytes=element,
+            cache_dtype="float32" if element == 4 else "bfloat16",
+        )
         self.cache_tokens = 0
         self.emit(ModelReady(self.info))
 
@@ -154,9 +214,18 @@ class FakeEngine:
                 time.sleep(self.token_s)
             turn.temperatures.append(self.sampling.temperature)
             end = piece == "<|im_end|>"
-            self.emit(TokenSampled(index, token_id, piece, "" if end else piece, math.log(prob),
-                                   candidates(token_id, piece, prob), 0.120 if index == 0 else 0.020 + 0.001 * index,
-                                   self.cache_tokens))
+            self.emit(
+                TokenSampled(
+                    index,
+                    token_id,
+                    piece,
+                    "" if end else piece,
+                    math.log(prob),
+                    candidates(token_id, piece, prob),
+                    0.120 if index == 0 else 0.020 + 0.001 * index,
+                    self.cache_tokens,
+                )
+            )
             if index == 0:
                 self.emit(PhaseChanged("decode"))
             if end:
@@ -170,8 +239,14 @@ class FakeEngine:
         generated = len(turn.temperatures)
         self.emit(self._cache())
         self.emit(PhaseChanged("idle"))
-        self.emit(TurnFinished(TurnStats(len(ids), reused, len(ids) - reused, generated, 0.120, 0.023, 0.026,
-                                         125.0, 43.5, stop), text))
+        self.emit(
+            TurnFinished(
+                TurnStats(
+                    len(ids), reused, len(ids) - reused, generated, 0.120, 0.023, 0.026, 125.0, 43.5, stop
+                ),
+                text,
+            )
+        )
 
 
 class FakeFactory:

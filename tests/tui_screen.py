@@ -15,7 +15,9 @@ def screen_text(app: App) -> str:
     return "\n".join(strip.text.rstrip() for strip in strips)
 
 
-async def wait_for(pilot: Pilot, condition: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+async def wait_for(
+    pilot: Pilot, condition: Callable[[], bool], timeout: float = 10.0, what: str = ""
+) -> None:
     """Let the app run until `condition()` holds; fail with the screen shown if it never does."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -15,7 +15,19 @@ from textual.theme import Theme
 
 FOLDER = Path(__file__).parent
 _DECLARATION = re.compile(r"\$([a-z][a-z0-9-]*)\s*:\s*([^;]+);")
-_COLOURS = ("primary", "secondary", "accent", "warning", "error", "success", "foreground", "background", "surface", "panel", "boost")
+_COLOURS = (
+    "primary",
+    "secondary",
+    "accent",
+    "warning",
+    "error",
+    "success",
+    "foreground",
+    "background",
+    "surface",
+    "panel",
+    "boost",
+)
 
 
 def parse_theme(name: str, text: str) -> Theme:
@@ -36,4 +48,7 @@ def parse_theme(name: str, text: str) -> Theme:
 
 
 def load_themes(folder: Path = FOLDER) -> list[Theme]:
-    return [parse_theme(f"llmchat-{path.stem}", path.read_text(encoding="utf-8")) for path in sorted(folder.glob("*.tcss"))]
+    return [
+        parse_theme(f"llmchat-{path.stem}", path.read_text(encoding="utf-8"))
+        for path in sorted(folder.glob("*.tcss"))
+    ]

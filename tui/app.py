@@ -52,7 +52,9 @@ class ChatApp(App[None]):
         Binding("ctrl+n", "new_chat", "New"),
         Binding("ctrl+r", "regenerate", "Regenerate"),
         Binding("ctrl+s", "settings", "Settings"),
-        Binding("ctrl+o", "conversations", "Chats", show=False),  # the 80-column footer is full; F1 and Ctrl+P list it
+        Binding(
+            "ctrl+o", "conversations", "Chats", show=False
+        ),  # the 80-column footer is full; F1 and Ctrl+P list it
         Binding("alt+up", "select_message", "Select message", show=False),
         Binding("ctrl+t", "toggle_panels", "Panels"),
         Binding("f1", "help", "Help"),
@@ -60,7 +62,9 @@ class ChatApp(App[None]):
         *INSTRUMENT_BINDINGS,  # F2-F8: the teaching instruments (tui/instruments.py)
     ]
 
-    def __init__(self, options: AppOptions | None = None, engine_factory: EngineFactory = inference_worker) -> None:
+    def __init__(
+        self, options: AppOptions | None = None, engine_factory: EngineFactory = inference_worker
+    ) -> None:
         super().__init__()
         self.options = options or AppOptions()
         self.engine_factory = engine_factory
@@ -78,7 +82,8 @@ class ChatApp(App[None]):
         self._parts: dict[type, Widget] = {}
 
     def part(self, kind: type[WidgetType]) -> WidgetType:
-        """The main screen's widget of this kind, also while a dialog is on top (`query_one` asks the top screen)."""
+        """The main screen's widget of this kind, also while a dialog is on top
+        (`query_one` asks the top screen)."""
         found = self._parts.get(kind)
         if found is None:
             found = self._parts[kind] = self.screen_stack[0].query_one(kind)
@@ -101,8 +106,12 @@ class ChatApp(App[None]):
         for theme in load_themes():
             self.register_theme(theme)
         if self.options.theme not in self.available_themes:
-            self.notify(f"unknown theme {self.options.theme!r}; using {config.DEFAULT_THEME}", severity="warning")
-        self.theme = self.options.theme if self.options.theme in self.available_themes else config.DEFAULT_THEME
+            self.notify(
+                f"unknown theme {self.options.theme!r}; using {config.DEFAULT_THEME}", severity="warning"
+            )
+        self.theme = (
+            self.options.theme if self.options.theme in self.available_themes else config.DEFAULT_THEME
+        )
         self.theme_changed_signal.subscribe(self, self._save_theme)
         prompt = self.part(PromptInput)
         prompt.cursor_blink = self.options.cursor_blink
@@ -292,7 +301,11 @@ class ChatApp(App[None]):
 
         info = self.part(StatusBar).info
         themes = sorted(self.available_themes, key=lambda name: (not name.startswith("llmchat-"), name))
-        self.push_screen(SettingsScreen(self.precision, info.device if info else self.options.device, self.sampling, themes))
+        self.push_screen(
+            SettingsScreen(
+                self.precision, info.device if info else self.options.device, self.sampling, themes
+            )
+        )
 
     def on_settings_screen_precision_chosen(self, message) -> None:
         if self.engine is None:
@@ -308,7 +321,9 @@ class ChatApp(App[None]):
         if self.engine is not None:
             self.engine.set_sampling(message.settings)
         self.part(TopKPanel).set_sampling(message.settings)
-        changes = [f"{k} {getattr(old, k)} → {v}" for k, v in vars(message.settings).items() if getattr(old, k) != v]
+        changes = [
+            f"{k} {getattr(old, k)} → {v}" for k, v in vars(message.settings).items() if getattr(old, k) != v
+        ]
         self.notify("; ".join(changes) + " (from the next token)", title="Sampling")
 
     def action_conversations(self) -> None:
@@ -349,17 +364,34 @@ class ChatApp(App[None]):
         yield SystemCommand("New chat", "Clear the conversation and the cache (Ctrl+N)", self.action_new_chat)
         yield SystemCommand("Regenerate", "Answer the last prompt again (Ctrl+R)", self.action_regenerate)
         yield SystemCommand("Settings", "Precision, sampling and theme (Ctrl+S)", self.action_settings)
-        yield SystemCommand("Conversations", "Saved chats: search, resume, rename, delete, export (Ctrl+O)",
-                            self.action_conversations)
-        yield SystemCommand("Edit last message", "Edit your last message and answer it again; the old branch stays",
-                            self.history.edit_last)
-        yield SystemCommand("Previous version", "Show the previous version (branch) of the newest message that has one",
-                            lambda: self.history.step_last(-1))
-        yield SystemCommand("Next version", "Show the next version (branch) of the newest message that has one",
-                            lambda: self.history.step_last(1))
-        yield SystemCommand("Select message", "Select a message: ↑↓ move, ←→ versions, e edit (Alt+↑)",
-                            self.action_select_message)
-        yield SystemCommand("Toggle panels", "Show or hide the inference panels (Ctrl+T)", self.action_toggle_panels)
+        yield SystemCommand(
+            "Conversations",
+            "Saved chats: search, resume, rename, delete, export (Ctrl+O)",
+            self.action_conversations,
+        )
+        yield SystemCommand(
+            "Edit last message",
+            "Edit your last message and answer it again; the old branch stays",
+            self.history.edit_last,
+        )
+        yield SystemCommand(
+            "Previous version",
+            "Show the previous version (branch) of the newest message that has one",
+            lambda: self.history.step_last(-1),
+        )
+        yield SystemCommand(
+            "Next version",
+            "Show the next version (branch) of the newest message that has one",
+            lambda: self.history.step_last(1),
+        )
+        yield SystemCommand(
+            "Select message",
+            "Select a message: ↑↓ move, ←→ versions, e edit (Alt+↑)",
+            self.action_select_message,
+        )
+        yield SystemCommand(
+            "Toggle panels", "Show or hide the inference panels (Ctrl+T)", self.action_toggle_panels
+        )
         yield SystemCommand("Help", "Keys and what each panel shows (F1)", self.action_help)
         yield from self.instruments.commands()
         yield from super().get_system_commands(screen)
@@ -383,6 +415,6 @@ def run_app(**flags) -> None:
     if problem:
         app.call_later(app.notify, problem, severity="warning")
     app.run()
-    compiled = sys.modules.get("engine.compiled")  # only if torch was ever loaded
+    compiled = sys.modules.get("engine.fast.compiled")  # only if torch was ever loaded
     if compiled is not None:
         compiled.exit_if_compiling(app.return_code or 0)  # the engine has saved and stopped

@@ -13,7 +13,7 @@ from engine.events import Event
 
 if TYPE_CHECKING:
     from engine.sampling import SamplingSettings
-    from engine.store import Store
+    from engine.saved.store import Store
 
 Emit = Callable[[Event], None]
 
@@ -37,7 +37,9 @@ EngineFactory = Callable[[Emit, "SamplingSettings", "str | None", "int | None"],
 """(emit, sampling, system prompt, context limit) -> a started engine."""
 
 
-def inference_worker(emit: Emit, sampling: "SamplingSettings", system: str | None, context: int | None) -> Engine:
+def inference_worker(
+    emit: Emit, sampling: "SamplingSettings", system: str | None, context: int | None
+) -> Engine:
     """The real engine: one inference thread owning the model and the KV cache, saving turns to the store.
 
     A store that cannot be opened (corrupt, newer, locked, unwritable) is left alone: the chat
@@ -54,7 +56,7 @@ def inference_worker(emit: Emit, sampling: "SamplingSettings", system: str | Non
 def open_store(emit: Emit) -> "Store | None":
     """The conversation store, or None after emitting a notice that says why not."""
     from engine.events import Notice
-    from engine.store import Store, StoreError
+    from engine.saved.store import Store, StoreError
 
     try:
         return Store()

@@ -68,7 +68,9 @@ class History:
         """Step the newest message that has other versions (for the command palette)."""
         versioned = [m for m in self.app.part(ChatLog).messages() if m.saved and m.saved.versions > 1]
         if not versioned:
-            self.app.notify("No message has other versions yet: edit a message or regenerate an answer first.")
+            self.app.notify(
+                "No message has other versions yet: edit a message or regenerate an answer first."
+            )
             return
         self.step(versioned[-1].index, step)
 
@@ -87,7 +89,9 @@ class History:
         app = self.app
         prompt = app.part(PromptInput)
         if app.engine is None or not app.turns.start_other():
-            app.notify("Wait for the answer to finish (or stop it with Esc), then press Enter to send the edit.")
+            app.notify(
+                "Wait for the answer to finish (or stop it with Esc), then press Enter to send the edit."
+            )
             return
         chat = app.part(ChatLog)
         prompt.end_edit()
@@ -127,8 +131,9 @@ class History:
         focus, self._focus = self._focus, None
         self.conversation_id = event.conversation_id
         if self._resuming:
-            # Before the redraw is awaited: the paced update may show the resumed cache meanwhile. The KV
-            # panel keeps its figures: the resumed cache's size (0, or loaded from disk) follows as CacheChanged.
+            # Before the redraw is awaited: the paced update may show the resumed cache meanwhile.
+            # The KV panel keeps its figures: the resumed cache's size (0, or loaded from disk)
+            # follows as CacheChanged.
             self._resuming = False
             for panel in (TokenStream, TopKPanel):
                 app.part(panel).clear()

@@ -38,28 +38,66 @@ class Instrument:
 
 
 INSTRUMENTS = (
-    Instrument("inspector", "f2", "Inspect", "Token inspector",
-               "Every step of an answer: ID, bytes, logprob, rank, entropy, KV slot, alternatives; fork from one"),
-    Instrument("step", "f3", "Step mode", "Step mode (toggle)",
-               "Pause before each token and choose it: sampled, greedy or any alternative"),
-    Instrument("stages", "f4", "Stages", "Sampler stages",
-               "How penalty, temperature, top-k, top-p and min-p reshape one step's distribution"),
-    Instrument("tokenizer", "f5", "Tokenizer", "Tokenizer view",
-               "Prompt and answer as pieces with IDs, the chat template, cached vs new; compare the cost of two texts"),
-    Instrument("phases", "f6", "Phases", "Two phases, measured",
-               "Prefill vs decode: FLOP/s, bytes/s and arithmetic intensity against this machine's peaks"),
-    Instrument("attention", "f7", "Attention", "Attention view",
-               "Where the newest token looks, per layer and head, summed per message (slows decoding while open)"),
-    Instrument("precision", "f8", "Precision", "Precision compare",
-               "The last turn at two precisions: top-1 agreement, KL, first divergent token, speed and memory"),
+    Instrument(
+        "inspector",
+        "f2",
+        "Inspect",
+        "Token inspector",
+        "Every step of an answer: ID, bytes, logprob, rank, entropy, KV slot, alternatives; fork from one",
+    ),
+    Instrument(
+        "step",
+        "f3",
+        "Step mode",
+        "Step mode (toggle)",
+        "Pause before each token and choose it: sampled, greedy or any alternative",
+    ),
+    Instrument(
+        "stages",
+        "f4",
+        "Stages",
+        "Sampler stages",
+        "How penalty, temperature, top-k, top-p and min-p reshape one step's distribution",
+    ),
+    Instrument(
+        "tokenizer",
+        "f5",
+        "Tokenizer",
+        "Tokenizer view",
+        "Prompt and answer as pieces with IDs, the chat template, cached vs new; "
+        "compare the cost of two texts",
+    ),
+    Instrument(
+        "phases",
+        "f6",
+        "Phases",
+        "Two phases, measured",
+        "Prefill vs decode: FLOP/s, bytes/s and arithmetic intensity against this machine's peaks",
+    ),
+    Instrument(
+        "attention",
+        "f7",
+        "Attention",
+        "Attention view",
+        "Where the newest token looks, per layer and head, summed per message (slows decoding while open)",
+    ),
+    Instrument(
+        "precision",
+        "f8",
+        "Precision",
+        "Precision compare",
+        "The last turn at two precisions: top-1 agreement, KL, first divergent token, speed and memory",
+    ),
 )
 BY_NAME = {i.name: i for i in INSTRUMENTS}
 SHOWN: set[str] = set()
-"""Instruments whose key the main footer shows (the 80-column footer is full: all are in F1 help and Ctrl+P)."""
+"""Instruments whose key the main footer shows (the 80-column footer is full: all are in
+F1 help and Ctrl+P)."""
 
 INSTRUMENT_BINDINGS = [
     # priority: the prompt (a TextArea) binds F5-F7 to selections; the instruments win
-    Binding(i.key, f"instrument('{i.name}')", i.label, show=i.name in SHOWN, priority=True) for i in INSTRUMENTS
+    Binding(i.key, f"instrument('{i.name}')", i.label, show=i.name in SHOWN, priority=True)
+    for i in INSTRUMENTS
 ]
 
 
@@ -87,7 +125,11 @@ def answers(session: ChatSession) -> list[AnswerRef]:
             continue
         number += 1
         if message.trace is not None:
-            forked = f", forked at step {message.trace.fork_step + 1}" if message.trace.fork_step is not None else ""
+            forked = (
+                f", forked at step {message.trace.fork_step + 1}"
+                if message.trace.fork_step is not None
+                else ""
+            )
             refs.append(AnswerRef(f"answer {number} (message {index + 1}{forked})", index, message.trace))
     current = session.trace
     if current is not None and len(current) and all(r.trace is not current for r in refs):
@@ -126,7 +168,9 @@ class Instruments:
 
     def _ready(self) -> bool:
         if self.session is None or not hasattr(self.engine, "call"):
-            self.app.notify("The instruments read the loaded model: wait until it has loaded.", severity="warning")
+            self.app.notify(
+                "The instruments read the loaded model: wait until it has loaded.", severity="warning"
+            )
             return False
         return True
 
@@ -179,14 +223,17 @@ class Instruments:
 
         for instrument in INSTRUMENTS:
             yield SystemCommand(
-                f"Instrument: {instrument.title}", f"{instrument.help} ({instrument.key.upper()})",
+                f"Instrument: {instrument.title}",
+                f"{instrument.help} ({instrument.key.upper()})",
                 lambda name=instrument.name: self.open(name),
             )
         from tui.screens.instrument import InstrumentScreen
 
         if isinstance(self.app.screen, InstrumentScreen):
             screen = self.app.screen
-            yield SystemCommand("Explain this instrument", "What it shows, and the formula (?)", screen.action_explain)
+            yield SystemCommand(
+                "Explain this instrument", "What it shows, and the formula (?)", screen.action_explain
+            )
 
     # -- events ---------------------------------------------------------------------
     async def on_event(self, event: Event) -> None:
@@ -220,7 +267,8 @@ class Instruments:
             return
         gate.pause()
         self.app.notify(
-            "Each next token now waits for your choice: s sampled · g greedy · 1–9 an alternative · r resume.",
+            "Each next token now waits for your choice: "
+            "s sampled · g greedy · 1–9 an alternative · r resume.",
             title="Step mode on",
         )
 
@@ -249,7 +297,10 @@ class Instruments:
         if isinstance(self.app.screen, StepScreen):
             self.app.pop_screen()
             if self.stepping:
-                self.app.notify("The answer ended. Step mode stays on: the next answer pauses at its first token (F3 turns it off).")
+                self.app.notify(
+                    "The answer ended. Step mode stays on: "
+                    "the next answer pauses at its first token (F3 turns it off)."
+                )
 
     # -- fork ---------------------------------------------------------------------------
     def fork(self, answer: AnswerRef, step: int, token_id: int) -> bool:
@@ -259,7 +310,9 @@ class Instruments:
             self.app.notify("Only a finished answer can be forked.", severity="warning")
             return False
         if not turns.ready or turns.busy:
-            self.app.notify("Wait for the answer in progress to end (or press Esc), then fork.", severity="warning")
+            self.app.notify(
+                "Wait for the answer in progress to end (or press Esc), then fork.", severity="warning"
+            )
             return False
         turns.start_other()
         last = answer.message == len(self.session.messages) - 1
@@ -283,15 +336,21 @@ class Instruments:
         session = self.session
         kept = "the original is kept as a branch (b in the inspector shows it)"
         if pending is not None and await chat.truncate_from(pending.message):
-            kept = "the original is kept as the answer's previous version (← → on the answer; b in the inspector)"
+            kept = (
+                "the original is kept as the answer's previous version "
+                "(← → on the answer; b in the inspector)"
+            )
         elif pending is not None and pending.last and chat.query(Answer):
-            chat.query(Answer).last().set_note(f"⑂ the original continuation, kept as a branch (forked at step {event.step + 1})")
+            chat.query(Answer).last().set_note(
+                f"⑂ the original continuation, kept as a branch (forked at step {event.step + 1})"
+            )
             kept = "the original is kept above as a branch"
         old = pending.trace.steps[event.step] if pending is not None else None
         took = session.namer.piece(event.token_id)
         instead = f" instead of {old.piece!r}" if old is not None and old.id != event.token_id else ""
         chat.add_note(
-            f"⑂ Fork at step {event.step + 1}: took {took!r}{instead}. The KV cache kept {event.reused} positions "
+            f"⑂ Fork at step {event.step + 1}: took {took!r}{instead}. "
+            f"The KV cache kept {event.reused} positions "
             f"(the prompt and the answer's first {event.step} tokens) and fed {event.new} new; {kept}."
         )
         answer = await chat.expect_answer(f"⑂ forked: {event.reused} positions reused, {event.new} fed…")

@@ -10,11 +10,20 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from textual.css.query import NoMatches
 from textual.timer import Timer
 
 from engine.events import (
-    CacheChanged, ContextTrimmed, Event, ModelLoading, Notice, PhaseChanged, PrefillProgress, PromptTokens,
-    TokenSampled, TurnStats,
+    CacheChanged,
+    ContextTrimmed,
+    Event,
+    ModelLoading,
+    Notice,
+    PhaseChanged,
+    PrefillProgress,
+    PromptTokens,
+    TokenSampled,
+    TurnStats,
 )
 from tui.fmt import ms
 from tui.widgets.chat_log import ChatLog
@@ -95,7 +104,9 @@ class Router:
             case PromptTokens():
                 app.part(TokenStream).set_prompt(event)
             case PhaseChanged(phase="prefill"):
-                await chat.begin_answer(f"prefilling {event.tokens} new tokens ({event.reused} reused from the cache)…")
+                await chat.begin_answer(
+                    f"prefilling {event.tokens} new tokens ({event.reused} reused from the cache)…"
+                )
                 app.part(PhasePanel).set_phase(event)
                 app.part(KVCachePanel).set_turn(event)
             case PhaseChanged():
@@ -106,7 +117,8 @@ class Router:
                 chat.forget_first(event.dropped_messages)  # the saved messages' indices moved up
                 chat.add_note(
                     f"The conversation outgrew the {event.capacity:,}-token window: the oldest "
-                    f"{event.dropped_messages} messages were dropped ({event.tokens_before:,} → {event.tokens_after:,} tokens)."
+                    f"{event.dropped_messages} messages were dropped "
+                    f"({event.tokens_before:,} → {event.tokens_after:,} tokens)."
                 )
             case Notice(message):
                 chat.add_note(message)

@@ -5,7 +5,8 @@
 | `trace.py` | token inspector: the per-answer history of steps, and the forced step a fork starts from |
 | `stepping.py` | step mode: the gate the decode loop waits at while a student picks each token |
 | `stages.py` | sampler stages: the distribution after each filter of the chain |
-| `tokview.py` | tokenizer view: pieces, IDs, characters per token, template, cached/new boundary, message spans |
+| `tokview.py` | tokenizer view: pieces, IDs, characters per token, template, cached/new boundary, \
+message spans |
 | `phases.py` | the two phases measured: FLOPs and bytes per phase, achieved rates, machine calibration |
 | `attention.py` | attention view: one layer's (or the mean) attention row over the context, by message |
 | `precision_compare.py` | precision compare: the same turn at two precisions, teacher-forced |

@@ -2,8 +2,9 @@
 
 While the probe is on, the session runs the Hugging Face forward (not its fast path) with
 eager attention (the only implementation that materializes softmax(QKᵀ/√d)), which slows
-every forward pass; both switch back when the probe is off. A forward hook on each layer's attention module keeps that layer's last query
-row, [heads, context], on the device: a copy of heads × context numbers per layer and step.
+every forward pass; both switch back when the probe is off. A forward hook on each layer's
+attention module keeps that layer's last query row, [heads, context], on the device: a copy
+of heads × context numbers per layer and step.
 Nothing reaches the host until `view` is asked for.
 
 Call `enable` and `disable` on the thread that owns the model, between forward passes, and
@@ -17,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .tokview import Span, message_spans
+from engine.instruments.tokview import Span, message_spans
 
 if TYPE_CHECKING:
-    from ..session import ChatSession
+    from engine.session import ChatSession
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ EXPLANATIONS: dict[str, Explanation] = {
         "top-k alternatives, and the entropy of the distribution: near 0 the model was sure, "
         "large values mean many tokens were plausible. exp(entropy) is how many equally likely "
         "choices that uncertainty is worth.",
-        "logprob = ln p(token);  entropy H = −Σ p ln p (nats; bits = H / ln 2);  rank = 1 + #{v : p(v) > p(token)}",
+        "logprob = ln p(token);  entropy H = −Σ p ln p (nats; bits = H / ln 2);  "
+        "rank = 1 + #{v : p(v) > p(token)}",
     ),
     "fork": Explanation(
         "Fork from an alternative",
@@ -51,7 +52,8 @@ EXPLANATIONS: dict[str, Explanation] = {
         "keeps the smallest set whose probability reaches p; min-p drops tokens less probable "
         "than min-p times the best one. Each row shows what a stage removed and the "
         "renormalized probabilities that remain.",
-        "penalty: z/θ if z>0 else z·θ;  p = softmax(z/T);  top-p: keep while Σ(before) < p;  min-p: keep p ≥ min_p·max p",
+        "penalty: z/θ if z>0 else z·θ;  p = softmax(z/T);  top-p: keep while Σ(before) < p;  "
+        "min-p: keep p ≥ min_p·max p",
     ),
     "tokenizer": Explanation(
         "Tokenizer view",
@@ -102,4 +104,6 @@ def explain(instrument: str) -> Explanation:
     try:
         return EXPLANATIONS[instrument]
     except KeyError:
-        raise ValueError(f"no explanation for {instrument!r}; choose one of {', '.join(EXPLANATIONS)}") from None
+        raise ValueError(
+            f"no explanation for {instrument!r}; choose one of {', '.join(EXPLANATIONS)}"
+        ) from None

@@ -45,9 +45,9 @@ from typing import Literal
 import platformdirs
 import torch
 
-from ..events import TurnStats
-from ..models import LoadedModel
-from ..session import PREFILL_CHUNK
+from engine.events import TurnStats
+from engine.models import LoadedModel
+from engine.session import PREFILL_CHUNK
 
 Bound = Literal["compute", "memory"]
 
@@ -123,7 +123,9 @@ class ModelShape:
 
     def prefill_flops(self, new: int, reused: int = 0, chunks: int | None = None) -> int:
         chunks = _chunks(new) if chunks is None else chunks
-        return 2 * self.matmul_params * new + 2 * self.head_params * chunks + self.attention_flops(new, reused)
+        return (
+            2 * self.matmul_params * new + 2 * self.head_params * chunks + self.attention_flops(new, reused)
+        )
 
     def prefill_bytes(self, new: int, reused: int = 0, chunks: int | None = None) -> int:
         chunks = _chunks(new) if chunks is None else chunks
@@ -212,7 +214,7 @@ def calibrate(
     refresh: bool = False,
 ) -> Calibration:
     """Measure (a few seconds) or read back this machine's peak matmul FLOP/s and bandwidth."""
-    from ..bench import measure_bandwidth
+    from engine.bench import measure_bandwidth
 
     path = path or calibration_path()
     key = _machine_key(device, dtype)

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from .. import fastpath
-from ..kvcache import KVCache
-from ..models import LoadedModel
+from engine.fast import fused
+from engine.kvcache import KVCache
+from engine.models import LoadedModel
 
 if TYPE_CHECKING:
-    from ..session import ChatSession
+    from engine.session import ChatSession
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class _Runner:
     def __init__(self, loaded: LoadedModel, chunk: int):
         self.model = loaded.model
         # The forward the chat loop runs, so the comparison measures what the user gets.
-        self.fast = fastpath.for_model(loaded.model) if fastpath.supports(loaded.model) is None else None
+        self.fast = fused.for_model(loaded.model) if fused.supports(loaded.model) is None else None
         self.device = next(loaded.model.parameters()).device
         self.cache = KVCache.for_model(loaded.info)
         self.chunk = chunk
@@ -101,7 +101,9 @@ class _Runner:
             if self.fast is not None:
                 logits = self.fast.forward(inputs, self.cache)
             else:
-                logits = self.model(input_ids=inputs, cache=self.cache.hf, use_cache=True, logits_to_keep=1).logits[0, -1]
+                logits = self.model(
+                    input_ids=inputs, cache=self.cache.hf, use_cache=True, logits_to_keep=1
+                ).logits[0, -1]
             self.cache.appended(part)
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         if self.device.type == "cuda":
@@ -123,7 +125,7 @@ def compare_precisions(
         raise ValueError("nothing to answer: the prompt is empty")
     if reference.info.vocab_size != other.info.vocab_size:
         raise ValueError("the two models have different vocabularies; compare one model at two precisions")
-    from ..session import PREFILL_CHUNK
+    from engine.session import PREFILL_CHUNK
 
     ref, oth = _Runner(reference, PREFILL_CHUNK), _Runner(other, PREFILL_CHUNK)
     with torch.inference_mode():
@@ -135,7 +137,9 @@ def compare_precisions(
         for step in range(max_new_tokens):
             token = torch.argmax(ref_lp)
             kl = (ref_lp.exp() * (ref_lp - oth_lp)).sum()
-            values = torch.stack([token.float(), torch.argmax(oth_lp).float(), kl, ref_lp[token].exp(), oth_lp[token].exp()])
+            values = torch.stack(
+                [token.float(), torch.argmax(oth_lp).float(), kl, ref_lp[token].exp(), oth_lp[token].exp()]
+            )
             t, top, kl_value, p_ref, p_oth = values.tolist()
             steps.append(StepCompare(step, int(t), int(top), max(kl_value, 0.0), p_ref, p_oth))
             if progress:
@@ -155,7 +159,9 @@ def compare_precisions(
 
 
 def _side(loaded: LoadedModel, prefill_s: float, itl: list[float]) -> SideStats:
-    return SideStats(loaded.info.precision, loaded.info.weight_bytes, prefill_s, statistics.median(itl) if itl else 0.0)
+    return SideStats(
+        loaded.info.precision, loaded.info.weight_bytes, prefill_s, statistics.median(itl) if itl else 0.0
+    )
 
 
 def turn_ids(session: ChatSession) -> list[int]:
@@ -172,4 +178,6 @@ def compare_turn(
     session: ChatSession, other: LoadedModel, max_new_tokens: int = 32, cancel: threading.Event | None = None
 ) -> PrecisionComparison:
     """The session's last turn, its model as the reference against `other` (same model, another precision)."""
-    return compare_precisions(session.loaded, other, turn_ids(session), max_new_tokens, session.stop_ids, cancel)
+    return compare_precisions(
+        session.loaded, other, turn_ids(session), max_new_tokens, session.stop_ids, cancel
+    )

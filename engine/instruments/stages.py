@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ..events import Candidate
-from ..sampling import (
+from engine.events import Candidate
+from engine.sampling import (
     SamplingSettings,
     apply_min_p,
     apply_repetition_penalty,
@@ -28,8 +28,8 @@ from ..sampling import (
 )
 
 if TYPE_CHECKING:
-    from ..session import ChatSession
-    from .trace import AnswerTrace
+    from engine.instruments.trace import AnswerTrace
+    from engine.session import ChatSession
 
 PieceName = Callable[[int], str]
 
@@ -65,7 +65,9 @@ class SamplerStages:
         return self.stages[-1]
 
 
-def _chain(s: SamplingSettings) -> list[tuple[str, str, bool, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]]:
+def _chain(
+    s: SamplingSettings,
+) -> list[tuple[str, str, bool, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]]:
     """(name, setting, active, filter) in `Sampler.distribution`'s order."""
     return [
         (
@@ -108,7 +110,13 @@ def sampler_stages(
 
 
 def _stage(
-    name: str, setting: str, active: bool, before: torch.Tensor, after: torch.Tensor, piece: PieceName, show: int
+    name: str,
+    setting: str,
+    active: bool,
+    before: torch.Tensor,
+    after: torch.Tensor,
+    piece: PieceName,
+    show: int,
 ) -> Stage:
     probs_before = torch.softmax(before, dim=-1)
     probs = torch.softmax(after, dim=-1)

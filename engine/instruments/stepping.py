@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import Draw, SamplingSettings
+from engine.sampling import Draw, SamplingSettings
 
 
 @dataclass(frozen=True)

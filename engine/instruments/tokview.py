@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Sequence
 
-from ..detok import PieceNamer
-from ..kvcache import common_prefix
+from engine.detok import PieceNamer
+from engine.kvcache import common_prefix
 
 if TYPE_CHECKING:
-    from ..session import ChatSession
+    from engine.session import ChatSession
 
 Source = Literal["cached", "prefilled", "generated", "text"]
 
@@ -98,7 +98,9 @@ class TokenizerView:
         return TextCost(text, len(text), len(text.encode("utf-8")), inner)
 
 
-def _pieces(namer: PieceNamer, ids: Sequence[int], sources: Sequence[Source], start: int = 0) -> tuple[Piece, ...]:
+def _pieces(
+    namer: PieceNamer, ids: Sequence[int], sources: Sequence[Source], start: int = 0
+) -> tuple[Piece, ...]:
     return tuple(
         Piece(start + i, token, namer.piece(token), namer.token_bytes(token), source)
         for i, (token, source) in enumerate(zip(ids, sources))

@@ -11,8 +11,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from ..detok import PieceNamer
-from ..events import Candidate, TokenSampled
+from engine.detok import PieceNamer
+from engine.events import Candidate, TokenSampled
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,15 @@ from tui.fmt import subscript, visible_piece
 from tui.screens.instrument import InstrumentScreen
 from tui.screens.tokenizer import span_label
 
-SLOW = "⚠ eager attention while this view is open: every forward pass is slower. Closing it (Esc) switches back."
-LEVELS = ((0.20, "$text-error on $error-muted"), (0.05, "$text-warning on $warning-muted"),
-          (0.01, "$text-primary on $primary-muted"), (0.0, "$text-muted"))
+SLOW = (
+    "⚠ eager attention while this view is open: every forward pass is slower. Closing it (Esc) switches back."
+)
+LEVELS = (
+    (0.20, "$text-error on $error-muted"),
+    (0.05, "$text-warning on $warning-muted"),
+    (0.01, "$text-primary on $primary-muted"),
+    (0.0, "$text-muted"),
+)
 """Weight floors and chip styles: the more attention, the hotter."""
 
 
@@ -40,7 +46,8 @@ def probe_of(link, session) -> AttentionProbe:
 
 
 def enable_and_view(link, layer: int | None, head: int | None):
-    """For `engine.call`: switch the probe on and read it; with nothing recorded yet, run the last pass again."""
+    """For `engine.call`: switch the probe on and read it; with nothing recorded yet, run the
+    last pass again."""
 
     def run(session) -> AttentionView | None:
         probe = probe_of(link, session)
@@ -60,10 +67,15 @@ def span_lines(view: AttentionView, width: int) -> list[Content]:
     lines = []
     for sw in view.spans:
         filled = round(width * sw.weight)
-        lines.append(Content.assemble(
-            (f"{span_label(sw.span):<22}", "bold"), f"{sw.span.tokens:>5} tokens  ",
-            ("█" * filled, "$accent"), ("░" * (width - filled), "$text-muted 30%"), f" {sw.weight:6.1%}",
-        ))
+        lines.append(
+            Content.assemble(
+                (f"{span_label(sw.span):<22}", "bold"),
+                f"{sw.span.tokens:>5} tokens  ",
+                ("█" * filled, "$accent"),
+                ("░" * (width - filled), "$text-muted 30%"),
+                f" {sw.weight:6.1%}",
+            )
+        )
     return lines
 
 
@@ -73,13 +85,23 @@ def top_lines(view: AttentionView, pieces: list[str], count: int = 8) -> list[Co
     for sw in view.spans:
         for i in range(sw.span.start, sw.span.end):
             role_at[i] = span_label(sw.span)
-    lines = [Content.assemble(("position".rjust(8), "bold"), ("  piece".ljust(18), "bold"), ("weight".rjust(8), "bold"),
-                              ("  message", "bold"))]
+    lines = [
+        Content.assemble(
+            ("position".rjust(8), "bold"),
+            ("  piece".ljust(18), "bold"),
+            ("weight".rjust(8), "bold"),
+            ("  message", "bold"),
+        )
+    ]
     for i in order:
-        lines.append(Content.assemble(
-            f"{i:>8}  ", (visible_piece(pieces[i])[:15].ljust(16), weight_style(view.weights[i])),
-            f"{view.weights[i]:8.2%}", f"  {role_at.get(i, '')}",
-        ))
+        lines.append(
+            Content.assemble(
+                f"{i:>8}  ",
+                (visible_piece(pieces[i])[:15].ljust(16), weight_style(view.weights[i])),
+                f"{view.weights[i]:8.2%}",
+                f"  {role_at.get(i, '')}",
+            )
+        )
     return lines
 
 
@@ -169,10 +191,17 @@ class AttentionScreen(InstrumentScreen):
     def _selector(self) -> None:
         layer = "average of all" if self.layer_no is None else f"{self.layer_no} (of 0–{self.n_layers - 1})"
         head = "average of all" if self.head_no is None else f"{self.head_no} (of 0–{self.n_heads - 1})"
-        self.query_one("#selector", Static).update(Content.assemble(
-            ("layer ", "bold"), layer, ("  ← →", "$text-muted"), ("   head ", "bold"), head, ("  ↑ ↓", "$text-muted"),
-            ("   a averages both", "$text-muted"),
-        ))
+        self.query_one("#selector", Static).update(
+            Content.assemble(
+                ("layer ", "bold"),
+                layer,
+                ("  ← →", "$text-muted"),
+                ("   head ", "bold"),
+                head,
+                ("  ↑ ↓", "$text-muted"),
+                ("   a averages both", "$text-muted"),
+            )
+        )
 
     # -- reading the probe -------------------------------------------------------------
     def refresh_view(self) -> None:
@@ -180,15 +209,23 @@ class AttentionScreen(InstrumentScreen):
         if session.step_gate.pending is not None:  # the inference thread waits at the gate
             probe = probe_of(self.link, session)
             probe.enable()
-            self.show(probe.view(self.layer_no, self.head_no), waiting="recorded from the next step on: take a token")
+            self.show(
+                probe.view(self.layer_no, self.head_no),
+                waiting="recorded from the next step on: take a token",
+            )
             return
         if getattr(self.app, "turns", None) is not None and self.app.turns.busy:
-            self._status("decoding at full speed: the view fills in when the answer ends (or at each step in step mode, F3)")
+            self._status(
+                "decoding at full speed: the view fills in when the answer ends "
+                "(or at each step in step mode, F3)"
+            )
         self.run_worker(self._fetch(), exclusive=True)
 
     async def _fetch(self) -> None:
         try:
-            view = await self.on_engine(self.link.engine.call(enable_and_view(self.link, self.layer_no, self.head_no)))
+            view = await self.on_engine(
+                self.link.engine.call(enable_and_view(self.link, self.layer_no, self.head_no))
+            )
         except Exception as e:
             self._status(f"✖ {e}")
             return
@@ -203,7 +240,8 @@ class AttentionScreen(InstrumentScreen):
             self._status(f"nothing recorded yet: {waiting}")
             return
         self._status(
-            f"query position {view.query_position} (its output predicts the token at {view.query_position + 1}) · "
+            f"query position {view.query_position} "
+            f"(its output predicts the token at {view.query_position + 1}) · "
             f"{len(view.ids)} positions in the context · the weights sum to {sum(view.weights):.3f}"
         )
         pieces = list(self.link.session.namer.pieces(view.ids))

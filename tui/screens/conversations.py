@@ -24,7 +24,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import get_current_worker
 
-from engine.store import ConversationSummary, Store, StoreError
+from engine.saved.store import ConversationSummary, Store, StoreError
 from tui.screens.dialogs import ConfirmDialog, TextDialog
 
 EXPORTS = {"md": "Markdown", "json": "JSON"}
@@ -52,7 +52,9 @@ def search_rows(store: Store, query: str) -> list[Row]:
     """Conversations whose messages match (best first, one row each), then those matching by title only."""
     rows: dict[int, Row] = {}
     for hit in store.search(query, limit=200):
-        rows.setdefault(hit.conversation_id, Row(hit.conversation_id, hit.title, match=f"{hit.role}: {hit.snippet}"))
+        rows.setdefault(
+            hit.conversation_id, Row(hit.conversation_id, hit.title, match=f"{hit.role}: {hit.snippet}")
+        )
     words = query.lower().split()
     for summary in store.list_conversations():
         if summary.id not in rows and words and all(w in summary.title.lower() for w in words):
@@ -97,7 +99,8 @@ class ConversationsScreen(ModalScreen[int | None]):
     ConversationsScreen { align: center middle; }
     ConversationsScreen > #box { width: 92%; height: 90%; border: thick $primary; background: $surface;
         padding: 0 1; }
-    ConversationsScreen.-narrow > #box, ConversationsScreen.-short > #box { width: 100%; height: 100%; border: none; }
+    ConversationsScreen.-narrow > #box, ConversationsScreen.-short > #box { width: 100%; height: 100%;
+        border: none; }
     ConversationsScreen #heading { text-style: bold; color: $text-primary; }
     ConversationsScreen #hint { color: $text-muted; }
     ConversationsScreen #search { margin: 1 0 0 0; }
@@ -148,8 +151,11 @@ class ConversationsScreen(ModalScreen[int | None]):
                 "Every finished turn is saved here. Exports (m, j) go into the current directory.",
                 id="hint",
             )
-            yield Input(placeholder="Search every message (full text; the last word may be a prefix)…",
-                        id="search", compact=True)
+            yield Input(
+                placeholder="Search every message (full text; the last word may be a prefix)…",
+                id="search",
+                compact=True,
+            )
             yield ConversationTable(cursor_type="row", zebra_stripes=True)
             yield Static("loading…", id="status", markup=False)
         yield Footer(compact=True)
@@ -166,7 +172,8 @@ class ConversationsScreen(ModalScreen[int | None]):
 
     # -- the store, on worker threads -----------------------------------------------------
     def _open(self) -> Store:
-        """This screen's own connection, opened on a worker thread (WAL mode: readers and writers share the file)."""
+        """This screen's own connection, opened on a worker thread (WAL mode: readers and writers
+        share the file)."""
         with self._store_lock:
             if self._store is None:
                 self._store = Store()
@@ -176,7 +183,11 @@ class ConversationsScreen(ModalScreen[int | None]):
     def _fetch(self, query: str) -> None:
         try:
             store = self._open()
-            rows = search_rows(store, query) if query.strip() else [summary_row(s) for s in store.list_conversations()]
+            rows = (
+                search_rows(store, query)
+                if query.strip()
+                else [summary_row(s) for s in store.list_conversations()]
+            )
         except StoreError as e:
             self.post_message(self.Done(str(e), error=True, refresh=False))
             return
@@ -329,8 +340,11 @@ class ConversationsScreen(ModalScreen[int | None]):
         if row is None:
             return
         if row.id == self.open_id:
-            self._say(f"Conversation {row.id} is open in the chat: start a new chat (Ctrl+N) first, then delete it.",
-                      error=True)
+            self._say(
+                f"Conversation {row.id} is open in the chat: "
+                "start a new chat (Ctrl+N) first, then delete it.",
+                error=True,
+            )
             return
 
         def confirmed(yes: bool | None) -> None:
@@ -339,8 +353,10 @@ class ConversationsScreen(ModalScreen[int | None]):
             else:
                 self._say("Nothing was deleted.")
 
-        question = (f"Delete conversation {row.id}, “{row.title or '(untitled)'}”, with every branch and its saved "
-                    "KV cache? This cannot be undone.")
+        question = (
+            f"Delete conversation {row.id}, “{row.title or '(untitled)'}”, with every branch and its saved "
+            "KV cache? This cannot be undone."
+        )
         self.app.push_screen(ConfirmDialog(question, yes="Delete"), confirmed)
 
     def action_export(self, extension: str) -> None:

@@ -42,8 +42,10 @@ HELP = """\
 ## Instruments (each also in Ctrl+P; **?** inside one opens its explanation, Esc closes it)
 | Key | Instrument |
 |---|---|
-| **F2** | token inspector: every step of any answer (←→, or click a chip in Tokens); **f** forks from the highlighted alternative |
-| **F3** | step mode on/off: each token waits; **s** sampled, **g** greedy, **1–9** an alternative, **r** resume |
+| **F2** | token inspector: every step of any answer (←→, or click a chip in Tokens); \
+**f** forks from the highlighted alternative |
+| **F3** | step mode on/off: each token waits; **s** sampled, **g** greedy, **1–9** an alternative, \
+**r** resume |
 | **F4** | sampler stages: how penalty, temperature, top-k, top-p, min-p reshape the step's distribution |
 | **F5** | tokenizer view: pieces and IDs, chat template, cached vs new; compare the cost of two texts |
 | **F6** | two phases measured: FLOP/s, bytes/s, arithmetic intensity against this machine's peaks |

@@ -38,19 +38,33 @@ def record_lines(record: TokenRecord, steps: int, forked_here: bool) -> list[Con
         rank = "unknown"
     text = repr(record.text) if record.text else "nothing yet: it holds part of a UTF-8 character"
     lines = [
-        Content.assemble(("step ", "bold"), f"{record.step + 1} of {steps}", ("  · KV cache position ", "bold"),
-                         f"{record.position}"),
+        Content.assemble(
+            ("step ", "bold"),
+            f"{record.step + 1} of {steps}",
+            ("  · KV cache position ", "bold"),
+            f"{record.position}",
+        ),
         Content.assemble(label("ID"), f"{record.id}"),
         Content.assemble(label("piece"), (visible_piece(record.piece), prob_style(record.prob))),
         Content.assemble(label("bytes"), byte_text(record.bytes)),
-        Content.assemble(label("logprob"), f"{record.logprob:.4f}", ("  p = ", "$text-muted"), f"{record.prob:.2%}"),
+        Content.assemble(
+            label("logprob"), f"{record.logprob:.4f}", ("  p = ", "$text-muted"), f"{record.prob:.2%}"
+        ),
         Content.assemble(label("rank"), f"{record.rank}", (f"  ({rank})", "$text-muted")),
-        Content.assemble(label("entropy"), f"{record.entropy_bits:.3f} bits", (f"  ({record.entropy:.3f} nats) ≈ a fair "
-                         f"choice among {record.choices:.1f} tokens", "$text-muted")),
+        Content.assemble(
+            label("entropy"),
+            f"{record.entropy_bits:.3f} bits",
+            (
+                f"  ({record.entropy:.3f} nats) ≈ a fair choice among {record.choices:.1f} tokens",
+                "$text-muted",
+            ),
+        ),
         Content.assemble(label("text"), text),
     ]
     if forked_here:
-        lines.append(Content.styled("⑂ forked here: this token was chosen from the alternatives", "$text-accent"))
+        lines.append(
+            Content.styled("⑂ forked here: this token was chosen from the alternatives", "$text-accent")
+        )
     return lines
 
 
@@ -117,20 +131,30 @@ class InspectorScreen(InstrumentScreen):
     def _show_answer(self) -> None:
         which = self.query_one("#which", Static)
         if self.ref is None:
-            which.update(Content.styled("No answer yet: send a prompt, then inspect its tokens here.", "$text-muted"))
+            which.update(
+                Content.styled("No answer yet: send a prompt, then inspect its tokens here.", "$text-muted")
+            )
             self.query_one(TokenStrip).set_tokens([])
             self._show_step()
             return
         trace = self.ref.trace
         number = next((i for i, r in enumerate(self.refs) if r.trace is trace), None)
-        position = f" · {number + 1} of {len(self.refs)} answers" if number is not None else " · not in the conversation now"
+        position = (
+            f" · {number + 1} of {len(self.refs)} answers"
+            if number is not None
+            else " · not in the conversation now"
+        )
         branch = ""
         if trace.parent is not None:
             branch = f" · forked at step {trace.fork_step + 1} (b shows the original)"
-        which.update(Content.assemble(
-            (self.ref.label, "bold"), f" · {len(self.steps)} steps{position}", (branch, "$text-accent"),
-            ("   [ ] other answers · ← → steps · click a chip", "$text-muted"),
-        ))
+        which.update(
+            Content.assemble(
+                (self.ref.label, "bold"),
+                f" · {len(self.steps)} steps{position}",
+                (branch, "$text-accent"),
+                ("   [ ] other answers · ← → steps · click a chip", "$text-muted"),
+            )
+        )
         self.query_one(TokenStrip).set_tokens(
             [StripToken(s.id, s.piece, prob_style(math.exp(s.logprob))) for s in self.steps], self.step
         )
@@ -159,7 +183,9 @@ class InspectorScreen(InstrumentScreen):
         if self.ref.message is None:
             hint.update("Only a finished answer in the conversation can be forked.")
         else:
-            hint.update("↑↓ or click choose · f / Enter forks: the answer continues from the highlighted token")
+            hint.update(
+                "↑↓ or click choose · f / Enter forks: the answer continues from the highlighted token"
+            )
 
     # -- keys -------------------------------------------------------------------------
     def action_step(self, delta: int) -> None:
@@ -184,7 +210,10 @@ class InspectorScreen(InstrumentScreen):
     def action_answer(self, delta: int) -> None:
         if not self.refs:
             return
-        at = next((i for i, r in enumerate(self.refs) if self.ref is not None and r.trace is self.ref.trace), len(self.refs))
+        at = next(
+            (i for i, r in enumerate(self.refs) if self.ref is not None and r.trace is self.ref.trace),
+            len(self.refs),
+        )
         self._switch(self.refs[(at + delta) % len(self.refs)])
 
     def action_branch(self) -> None:
@@ -192,7 +221,9 @@ class InspectorScreen(InstrumentScreen):
             self.notify("This answer was not forked: it has no other branch.")
             return
         parent = self.ref.trace.parent
-        self._switch(AnswerRef(f"the original branch of {self.ref.label}", None, parent), self.ref.trace.fork_step)
+        self._switch(
+            AnswerRef(f"the original branch of {self.ref.label}", None, parent), self.ref.trace.fork_step
+        )
 
     def _switch(self, ref: AnswerRef, step: int | None = None) -> None:
         self.ref, self.steps = ref, list(ref.trace.steps)

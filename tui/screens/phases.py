@@ -65,15 +65,24 @@ def roofline(measures: list[PhaseMeasure], peaks: Calibration, width: int) -> li
             row[i] = "─"
         row[balance] = "┃"
         style = "$text-success" if m.bound(peaks) == "compute" else "$text-warning"
-        lines.append(Content.assemble(
-            (f"{m.phase:<10}", "bold"), ("".join(row[:col]), "$text-muted"), ("●", f"bold {style}"),
-            ("".join(row[col + 1 :]), "$text-muted"), (f" {m.intensity:,.1f}", style),
-        ))
+        lines.append(
+            Content.assemble(
+                (f"{m.phase:<10}", "bold"),
+                ("".join(row[:col]), "$text-muted"),
+                ("●", f"bold {style}"),
+                ("".join(row[col + 1 :]), "$text-muted"),
+                (f" {m.intensity:,.1f}", style),
+            )
+        )
     lines.append(Content.assemble(" " * 10, ("".join(labels).rstrip(), "$text-muted")))
-    lines.append(Content.assemble(
-        " " * 10, ("┃", "bold"), f" balance point {peaks.balance:,.1f} FLOP/byte: left of it a phase waits on memory, "
-        "right of it on arithmetic",
-    ))
+    lines.append(
+        Content.assemble(
+            " " * 10,
+            ("┃", "bold"),
+            f" balance point {peaks.balance:,.1f} FLOP/byte: left of it a phase waits on memory, "
+            "right of it on arithmetic",
+        )
+    )
     return lines
 
 
@@ -88,7 +97,10 @@ def measure_rows(turn: TurnPhases, peaks: Calibration | None) -> list[Content]:
     lines = [
         head,
         row("tokens", [f"{m.tokens:,}" + (" new" if m.phase == "prefill" else " steps") for m in measures]),
-        row("time", [ms(m.seconds) + (" (whole pass)" if m.phase == "prefill" else " per step") for m in measures]),
+        row(
+            "time",
+            [ms(m.seconds) + (" (whole pass)" if m.phase == "prefill" else " per step") for m in measures],
+        ),
         row("FLOPs", [si(m.flops, "FLOP") for m in measures]),
         row("bytes moved", [human_bytes(m.bytes) for m in measures]),
         row("arithmetic intensity", [f"{m.intensity:,.1f} FLOP/B" for m in measures]),
@@ -102,9 +114,18 @@ def measure_rows(turn: TurnPhases, peaks: Calibration | None) -> list[Content]:
             row("roofline allows", [si(m.attainable_flop_s(peaks), "FLOP/s") for m in measures]),
         ]
         bound = [m.bound(peaks) + "-bound" for m in measures]
-        lines.append(Content.assemble(("bound by".ljust(24), "bold"), *(
-            (b.rjust(width), "bold $text-success" if b.startswith("compute") else "bold $text-warning") for b in bound
-        )))
+        lines.append(
+            Content.assemble(
+                ("bound by".ljust(24), "bold"),
+                *(
+                    (
+                        b.rjust(width),
+                        "bold $text-success" if b.startswith("compute") else "bold $text-warning",
+                    )
+                    for b in bound
+                ),
+            )
+        )
     return lines
 
 
@@ -114,20 +135,32 @@ def verdict(turn: TurnPhases, peaks: Calibration) -> list[Content]:
         if m is None:
             continue
         if m.bound(peaks) == "compute":
-            out.append(Content.assemble(
-                (f"{m.phase}: ", "bold"), f"{m.intensity:,.1f} FLOP/B ≥ {peaks.balance:,.1f}: compute-bound; it reached "
-                f"{m.compute_use(peaks):.0%} of this machine's peak FLOP/s.",
-            ))
+            out.append(
+                Content.assemble(
+                    (f"{m.phase}: ", "bold"),
+                    f"{m.intensity:,.1f} FLOP/B ≥ {peaks.balance:,.1f}: compute-bound; it reached "
+                    f"{m.compute_use(peaks):.0%} of this machine's peak FLOP/s.",
+                )
+            )
         else:
-            out.append(Content.assemble(
-                (f"{m.phase}: ", "bold"), f"{m.intensity:,.1f} FLOP/B < {peaks.balance:,.1f}: memory-bound; it moved "
-                f"{m.memory_use(peaks):.0%} of this machine's measured bandwidth and used {m.compute_use(peaks):.1%} "
-                "of its arithmetic.",
-            ))
-    if out and all(m.compute_use(peaks) < 0.05 and m.memory_use(peaks) < 0.05 for m in (turn.prefill, turn.decode) if m):
-        out.append(Content.styled(
-            "Neither phase came near a limit: a model this small does so little work per pass that fixed costs "
-            "(Python, kernel launches, the sampler) take most of the time.", "$text-muted"))
+            out.append(
+                Content.assemble(
+                    (f"{m.phase}: ", "bold"),
+                    f"{m.intensity:,.1f} FLOP/B < {peaks.balance:,.1f}: memory-bound; it moved "
+                    f"{m.memory_use(peaks):.0%} of this machine's measured bandwidth "
+                    f"and used {m.compute_use(peaks):.1%} of its arithmetic.",
+                )
+            )
+    if out and all(
+        m.compute_use(peaks) < 0.05 and m.memory_use(peaks) < 0.05 for m in (turn.prefill, turn.decode) if m
+    ):
+        out.append(
+            Content.styled(
+                "Neither phase came near a limit: a model this small does so little work per pass "
+                "that fixed costs (Python, kernel launches, the sampler) take most of the time.",
+                "$text-muted",
+            )
+        )
     return out
 
 
@@ -153,11 +186,15 @@ class PhasesScreen(InstrumentScreen):
         info = self.link.session.info
         s = self.shape
         self.set_title_line(f"{info.name} · {info.precision} · {info.device}")
-        self.query_one("#model", Static).update(Content.assemble(
-            ("model ", "bold"), f"P = {s.matmul_params:,} weights per token in {s.layers} layers ",
-            ("(2·P FLOPs per token)", "$text-muted"), f" · LM head {s.head_params:,} · W = {human_bytes(s.streamed_weight_bytes)} "
-            f"read per pass · KV {s.kv_bytes_per_token:,} B/token",
-        ))
+        self.query_one("#model", Static).update(
+            Content.assemble(
+                ("model ", "bold"),
+                f"P = {s.matmul_params:,} weights per token in {s.layers} layers ",
+                ("(2·P FLOPs per token)", "$text-muted"),
+                f" · LM head {s.head_params:,} · W = {human_bytes(s.streamed_weight_bytes)} "
+                f"read per pass · KV {s.kv_bytes_per_token:,} B/token",
+            )
+        )
         self.peaks = phases.cached_calibration(info.device, dtype_of(info.compute_dtype))
         if self.peaks is None:
             self.action_calibrate()
@@ -165,11 +202,17 @@ class PhasesScreen(InstrumentScreen):
 
     def action_calibrate(self) -> None:
         info = self.link.session.info
-        self.query_one("#machine", Static).update(Content.styled(
-            "measuring this machine's peak matmul FLOP/s and memory bandwidth (a few seconds, once; then cached)…",
-            "$text-warning"))
-        self.run_worker(self._calibrate(info.device, dtype_of(info.compute_dtype), refresh=self.peaks is not None),
-                        exclusive=True)
+        self.query_one("#machine", Static).update(
+            Content.styled(
+                "measuring this machine's peak matmul FLOP/s and memory bandwidth "
+                "(a few seconds, once; then cached)…",
+                "$text-warning",
+            )
+        )
+        self.run_worker(
+            self._calibrate(info.device, dtype_of(info.compute_dtype), refresh=self.peaks is not None),
+            exclusive=True,
+        )
 
     async def _calibrate(self, device: str, dtype: torch.dtype, refresh: bool) -> None:
         try:
@@ -177,7 +220,9 @@ class PhasesScreen(InstrumentScreen):
                 self.link.engine.call(lambda s: phases.calibrate(device, dtype, refresh=refresh))
             )
         except Exception as e:
-            self.query_one("#machine", Static).update(Content.styled(f"✖ calibration failed: {e}", "$text-error"))
+            self.query_one("#machine", Static).update(
+                Content.styled(f"✖ calibration failed: {e}", "$text-error")
+            )
             return
         self.draw()
 
@@ -185,20 +230,33 @@ class PhasesScreen(InstrumentScreen):
         peaks = self.peaks
         if peaks is not None:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(peaks.measured_at))
-            self.query_one("#machine", Static).update(Content.assemble(
-                ("machine ", "bold"), f"{peaks.device}, {peaks.dtype}, {peaks.threads} threads: peak matmul ",
-                (si(peaks.matmul_flop_s, "FLOP/s"), "bold"), " · bandwidth ", (si(peaks.bandwidth_bytes_s, "B/s"), "bold"),
-                f" · balance {peaks.balance:,.1f} FLOP/B", (f"  (measured {when}; c measures again)", "$text-muted"),
-            ))
+            self.query_one("#machine", Static).update(
+                Content.assemble(
+                    ("machine ", "bold"),
+                    f"{peaks.device}, {peaks.dtype}, {peaks.threads} threads: peak matmul ",
+                    (si(peaks.matmul_flop_s, "FLOP/s"), "bold"),
+                    " · bandwidth ",
+                    (si(peaks.bandwidth_bytes_s, "B/s"), "bold"),
+                    f" · balance {peaks.balance:,.1f} FLOP/B",
+                    (f"  (measured {when}; c measures again)", "$text-muted"),
+                )
+            )
         stats = self.link.last_stats
         if stats is None:
-            self.query_one("#table", Static).update(Content.styled(
-                "No finished turn yet: send a prompt; this view fills in when the answer ends.", "$text-muted"))
+            self.query_one("#table", Static).update(
+                Content.styled(
+                    "No finished turn yet: send a prompt; this view fills in when the answer ends.",
+                    "$text-muted",
+                )
+            )
             return
         turn = turn_phases(self.shape, stats)
         if turn.prefill is None and turn.decode is None:
-            self.query_one("#table", Static).update(Content.styled(
-                "The last turn had nothing to measure (no prefill, under two tokens).", "$text-muted"))
+            self.query_one("#table", Static).update(
+                Content.styled(
+                    "The last turn had nothing to measure (no prefill, under two tokens).", "$text-muted"
+                )
+            )
             return
         self.query_one("#table", Static).update(Content("\n").join(measure_rows(turn, peaks)))
         if peaks is not None:

@@ -18,7 +18,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from engine import models
 from engine.instruments.precision_compare import PrecisionComparison, compare_turn
-from engine.precision import PRECISIONS
+from engine.quant.precision import PRECISIONS
 from tui.fmt import human_bytes, ms, subscript, visible_piece
 from tui.screens.instrument import InstrumentScreen
 
@@ -49,7 +49,11 @@ def side_by_side(result: PrecisionComparison) -> list[Content]:
         return Content.assemble((name.ljust(22), "bold"), left.rjust(width), right.rjust(width))
 
     return [
-        Content.assemble("".ljust(22), (f"{a.precision} (reference)".rjust(width), "bold"), (b.precision.rjust(width), "bold")),
+        Content.assemble(
+            "".ljust(22),
+            (f"{a.precision} (reference)".rjust(width), "bold"),
+            (b.precision.rjust(width), "bold"),
+        ),
         row("weights in memory", human_bytes(a.weight_bytes), human_bytes(b.weight_bytes)),
         row("prefill", ms(a.prefill_s), ms(b.prefill_s)),
         row("ITL (median)", ms(a.itl_p50_s), ms(b.itl_p50_s)),
@@ -60,23 +64,40 @@ def side_by_side(result: PrecisionComparison) -> list[Content]:
 def agreement_lines(result: PrecisionComparison, piece) -> list[Content]:
     steps = result.steps
     agree = sum(s.agree for s in steps)
-    lines = [Content.assemble(
-        ("top-1 agreement ", "bold"), f"{agree} of {len(steps)} steps ({result.agreement:.1%})",
-        ("   mean KL ", "bold"), f"{result.mean_kl:.5f} nats",
-        ("   max KL ", "bold"), f"{max((s.kl for s in steps), default=0.0):.5f} nats",
-    )]
+    lines = [
+        Content.assemble(
+            ("top-1 agreement ", "bold"),
+            f"{agree} of {len(steps)} steps ({result.agreement:.1%})",
+            ("   mean KL ", "bold"),
+            f"{result.mean_kl:.5f} nats",
+            ("   max KL ", "bold"),
+            f"{max((s.kl for s in steps), default=0.0):.5f} nats",
+        )
+    ]
     first = result.first_divergence
     if first is None:
-        lines.append(Content.assemble(("first divergent token ", "bold"), (
-            f"none: at every one of the {len(steps)} steps the {result.other.precision} model would pick the same token",
-            "$text-success")))
+        lines.append(
+            Content.assemble(
+                ("first divergent token ", "bold"),
+                (
+                    f"none: at every one of the {len(steps)} steps "
+                    f"the {result.other.precision} model would pick the same token",
+                    "$text-success",
+                ),
+            )
+        )
     else:
-        lines.append(Content.assemble(
-            ("first divergent token ", "bold"), f"step {first.step + 1}: {result.reference.precision} takes ",
-            (visible_piece(piece(first.token)), "bold"), f" (p {first.ref_prob:.1%}); {result.other.precision} would take ",
-            (visible_piece(piece(first.other_top)), "bold $text-error"), f" (it gave {visible_piece(piece(first.token))} "
-            f"p {first.other_prob:.1%}). A free-running {result.other.precision} answer parts ways here.",
-        ))
+        lines.append(
+            Content.assemble(
+                ("first divergent token ", "bold"),
+                f"step {first.step + 1}: {result.reference.precision} takes ",
+                (visible_piece(piece(first.token)), "bold"),
+                f" (p {first.ref_prob:.1%}); {result.other.precision} would take ",
+                (visible_piece(piece(first.other_top)), "bold $text-error"),
+                f" (it gave {visible_piece(piece(first.token))} "
+                f"p {first.other_prob:.1%}). A free-running {result.other.precision} answer parts ways here.",
+            )
+        )
     return lines
 
 
@@ -109,7 +130,9 @@ class PrecisionScreen(InstrumentScreen):
         current = self.link.session.info.precision
         others = [p for p in PRECISIONS if p != current]
         default = "bf16" if "bf16" in others else others[0]
-        yield Static(f"The last turn answered greedily at {current} (the reference) and, fed the same tokens, at:")
+        yield Static(
+            f"The last turn answered greedily at {current} (the reference) and, fed the same tokens, at:"
+        )
         with Horizontal(id="controls"):
             yield Label("second precision")
             yield Select([(p, p) for p in others], value=default, allow_blank=False, id="other")
@@ -121,7 +144,10 @@ class PrecisionScreen(InstrumentScreen):
         yield Static(id="sides")
         yield Static("Do they agree?", classes="section")
         yield Static(id="agreement")
-        yield Static("The reference's tokens (green: the other model's top-1 agrees · red: it does not)", classes="section")
+        yield Static(
+            "The reference's tokens (green: the other model's top-1 agrees · red: it does not)",
+            classes="section",
+        )
         yield Static(id="chips")
 
     def on_mount(self) -> None:
@@ -129,7 +155,9 @@ class PrecisionScreen(InstrumentScreen):
         self.query_one("#tokens", Input).cursor_blink = options.cursor_blink if options is not None else True
         self.query_one("#other", Select).focus()
         self.set_title_line(f"reference {self.link.session.info.precision}")
-        self._status("choose a second precision and press r (or the button); it loads that precision for a moment")
+        self._status(
+            "choose a second precision and press r (or the button); it loads that precision for a moment"
+        )
 
     def on_unmount(self) -> None:
         self.cancel.set()
@@ -149,8 +177,10 @@ class PrecisionScreen(InstrumentScreen):
             self._status("✖ tokens must be a whole number of at least 1")
             return
         busy = getattr(self.app, "turns", None) is not None and self.app.turns.busy
-        self._status(f"loading {precision} and running the last turn at both precisions"
-                     + (" (after the answer in progress)…" if busy else "…"))
+        self._status(
+            f"loading {precision} and running the last turn at both precisions"
+            + (" (after the answer in progress)…" if busy else "…")
+        )
         self.run_worker(self._run(str(precision), tokens), exclusive=True)
 
     async def _run(self, precision: str, tokens: int) -> None:

@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
-from engine.precision import PRECISIONS, cpu_note
+from engine.quant.precision import PRECISIONS, cpu_note
 from engine.sampling import SamplingSettings
 
 FIELDS = {
@@ -94,14 +94,25 @@ class SettingsScreen(ModalScreen[None]):
     def compose(self):
         with VerticalScroll():
             yield Static("Settings", classes="heading")
-            yield Static("Precision: a change reloads the model in the background, keeps the conversation, "
-                         "and re-prefills the cache on the next turn.", classes="hint")
+            yield Static(
+                "Precision: a change reloads the model in the background, keeps the conversation, "
+                "and re-prefills the cache on the next turn.",
+                classes="hint",
+            )
             with Horizontal(classes="row"):
                 yield Label("Precision")
-                yield Select([(p, p) for p in PRECISIONS], value=self.precision, allow_blank=False, compact=True, id="precision")
+                yield Select(
+                    [(p, p) for p in PRECISIONS],
+                    value=self.precision,
+                    allow_blank=False,
+                    compact=True,
+                    id="precision",
+                )
             yield Static(self._precision_note(self.precision), id="precision-note", classes="hint")
-            yield Static("Sampling: Enter applies a field; it takes effect from the next token, also mid-answer.",
-                         classes="heading")
+            yield Static(
+                "Sampling: Enter applies a field; it takes effect from the next token, also mid-answer.",
+                classes="heading",
+            )
             for name, label in FIELDS.items():
                 with Horizontal(classes="row"):
                     yield Label(label)
@@ -112,7 +123,13 @@ class SettingsScreen(ModalScreen[None]):
             yield Static("Theme", classes="heading")
             with Horizontal(classes="row"):
                 yield Label("Theme (saved)")
-                yield Select([(t, t) for t in self.themes], value=self.app.theme, allow_blank=False, compact=True, id="theme")
+                yield Select(
+                    [(t, t) for t in self.themes],
+                    value=self.app.theme,
+                    allow_blank=False,
+                    compact=True,
+                    id="theme",
+                )
             with Horizontal(id="buttons"):
                 yield Button("Apply  ^s", id="apply", variant="primary")
                 yield Button("Close  esc", id="close")
@@ -143,7 +160,9 @@ class SettingsScreen(ModalScreen[None]):
 
     @on(Input.Changed)
     def _check(self, event: Input.Changed) -> None:
-        self._show_problem(event.input.id or "", check_field(self.sampling, event.input.id or "", event.value))
+        self._show_problem(
+            event.input.id or "", check_field(self.sampling, event.input.id or "", event.value)
+        )
 
     @on(Input.Submitted)
     def _submitted(self) -> None:

@@ -17,8 +17,14 @@ from tui.fmt import prob_style, visible_piece
 from tui.instruments import AnswerRef, answers
 from tui.screens.instrument import InstrumentScreen
 
-SHORT = {"model": "model", "repetition penalty": "penalty", "temperature": "temp", "top-k": "top-k",
-         "top-p": "top-p", "min-p": "min-p"}
+SHORT = {
+    "model": "model",
+    "repetition penalty": "penalty",
+    "temperature": "temp",
+    "top-k": "top-k",
+    "top-p": "top-p",
+    "min-p": "min-p",
+}
 PIECE_WIDTH = 14
 COLUMN = 9
 
@@ -43,9 +49,16 @@ def table(stages: SamplerStages, rows: int = 12) -> list[Content]:
             if all(c.id != i for i, _ in order):
                 order.append((c.id, c.piece))
     order = order[:rows]
-    head = Content.assemble(("token".ljust(PIECE_WIDTH), "bold"),
-                            *((SHORT.get(s.name, s.name)[:COLUMN - 1].rjust(COLUMN), "bold" if s.active or s.name == "model"
-                               else "$text-muted") for s in stages.stages))
+    head = Content.assemble(
+        ("token".ljust(PIECE_WIDTH), "bold"),
+        *(
+            (
+                SHORT.get(s.name, s.name)[: COLUMN - 1].rjust(COLUMN),
+                "bold" if s.active or s.name == "model" else "$text-muted",
+            )
+            for s in stages.stages
+        ),
+    )
     lines = [head]
     for token, piece in order:
         parts: list = [(visible_piece(piece)[: PIECE_WIDTH - 1].ljust(PIECE_WIDTH), "")]
@@ -55,7 +68,9 @@ def table(stages: SamplerStages, rows: int = 12) -> list[Content]:
             gone = gone or text.startswith("✗")
             parts.append((text.rjust(COLUMN), style))
         lines.append(Content.assemble(*parts))
-    kept = Content.assemble(("kept".ljust(PIECE_WIDTH), "bold"), *((f"{s.kept:,}".rjust(COLUMN), "") for s in stages.stages))
+    kept = Content.assemble(
+        ("kept".ljust(PIECE_WIDTH), "bold"), *((f"{s.kept:,}".rjust(COLUMN), "") for s in stages.stages)
+    )
     return [*lines, kept]
 
 
@@ -64,17 +79,28 @@ def stage_lines(stages: SamplerStages) -> list[Content]:
     lines = []
     for stage in stages.stages[1:]:
         if not stage.active:
-            lines.append(Content.styled(f"{stage.name:<19}{stage.setting}: off, the distribution passes unchanged", "$text-muted"))
+            lines.append(
+                Content.styled(
+                    f"{stage.name:<19}{stage.setting}: off, the distribution passes unchanged", "$text-muted"
+                )
+            )
             continue
         removed = ", ".join(f"{visible_piece(c.piece)} {c.prob:.2%}" for c in stage.removed_top[:5])
         what = f"removed {stage.removed:,} tokens" + (f" (the likeliest: {removed})" if removed else "")
         if stage.removed == 0:
             what = "reshaped the probabilities, removed none"
-        lines.append(Content.assemble((f"{stage.name:<19}", "bold"), f"{stage.setting}: {what}; {stage.kept:,} left"))
+        lines.append(
+            Content.assemble((f"{stage.name:<19}", "bold"), f"{stage.setting}: {what}; {stage.kept:,} left")
+        )
     final = stages.final.top[0] if stages.final.top else None
     if final is not None:
         verdict = "takes the most probable" if stages.greedy else "draws from the last column"
-        lines.append(Content.assemble(("draw", "bold"), f"  the sampler {verdict}: {visible_piece(final.piece)} is at {final.prob:.2%}"))
+        lines.append(
+            Content.assemble(
+                ("draw", "bold"),
+                f"  the sampler {verdict}: {visible_piece(final.piece)} is at {final.prob:.2%}",
+            )
+        )
     return lines
 
 
@@ -89,7 +115,9 @@ class StagesScreen(InstrumentScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="source", classes="muted")
-        yield Static("Probability of each candidate after each stage (✗ = removed by that stage)", classes="section")
+        yield Static(
+            "Probability of each candidate after each stage (✗ = removed by that stage)", classes="section"
+        )
         yield Static(id="table")
         yield Static("What each stage did", classes="section")
         yield Static(id="stages")
@@ -101,23 +129,32 @@ class StagesScreen(InstrumentScreen):
         session = self.link.session
         if self.step is None and self.answer is None and session.step_gate.pending is not None:
             pending = session.step_gate.pending
-            self.show(pending_stages(session), f"the step waiting in step mode: step {pending.index + 1}, from its own logits")
+            self.show(
+                pending_stages(session),
+                f"the step waiting in step mode: step {pending.index + 1}, from its own logits",
+            )
             return
         answer = self.answer
         if answer is None:
             refs = answers(session)
             answer = refs[-1] if refs else None
         if answer is None:
-            self.query_one("#source", Static).update("No answer yet: send a prompt (or use step mode, F3), then open this view.")
+            self.query_one("#source", Static).update(
+                "No answer yet: send a prompt (or use step mode, F3), then open this view."
+            )
             return
         step = len(answer.trace) - 1 if self.step is None else self.step
-        self.query_one("#source", Static).update(f"recomputing step {step + 1} of {answer.label} on the inference thread…")
+        self.query_one("#source", Static).update(
+            f"recomputing step {step + 1} of {answer.label} on the inference thread…"
+        )
         self.run_worker(self._recompute(answer, step), exclusive=True)
 
     async def _recompute(self, answer: AnswerRef, step: int) -> None:
         message = answer.message
         if message is None and answer.trace is not self.link.session.trace:
-            self.query_one("#source", Static).update("A kept branch cannot be recomputed: its context is no longer the conversation's.")
+            self.query_one("#source", Static).update(
+                "A kept branch cannot be recomputed: its context is no longer the conversation's."
+            )
             return
         try:
             stages = await self.on_engine(self.link.engine.call(lambda s: stages_at(s, step, message)))
@@ -125,9 +162,12 @@ class StagesScreen(InstrumentScreen):
             self.query_one("#source", Static).update(f"✖ {e}")
             return
         settings = self.link.session.sampling
-        self.show(stages, f"step {step + 1} of {answer.label}, recomputed at the current settings "
-                          f"(T {settings.temperature:g}, top-k {settings.top_k}, top-p {settings.top_p:g}, "
-                          f"min-p {settings.min_p:g}, penalty {settings.repetition_penalty:g})")
+        self.show(
+            stages,
+            f"step {step + 1} of {answer.label}, recomputed at the current settings "
+            f"(T {settings.temperature:g}, top-k {settings.top_k}, top-p {settings.top_p:g}, "
+            f"min-p {settings.min_p:g}, penalty {settings.repetition_penalty:g})",
+        )
 
     def show(self, stages: SamplerStages, source: str) -> None:
         self.stages = stages

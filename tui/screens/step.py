@@ -84,11 +84,20 @@ class StepScreen(ModalScreen[None]):
         self.event, self.waiting = event, True
         self._so_far()
         s, g = event.sampled, event.greedy
-        self.query_one("#state", Static).update(Content.assemble(
-            ("step ", "bold"), f"{event.index + 1}", (" · KV position ", "bold"), f"{event.position}", " · ",
-            ("the sampler drew ", "bold"), f"{visible_piece(s.piece)} ({s.prob:.1%})", " · ",
-            ("greedy would take ", "bold"), f"{visible_piece(g.piece)} ({g.prob:.1%})",
-        ))
+        self.query_one("#state", Static).update(
+            Content.assemble(
+                ("step ", "bold"),
+                f"{event.index + 1}",
+                (" · KV position ", "bold"),
+                f"{event.position}",
+                " · ",
+                ("the sampler drew ", "bold"),
+                f"{visible_piece(s.piece)} ({s.prob:.1%})",
+                " · ",
+                ("greedy would take ", "bold"),
+                f"{visible_piece(g.piece)} ({g.prob:.1%})",
+            )
+        )
         candidates = candidates_of(event)
         cursor = next((i for i, c in enumerate(candidates) if c.id == s.id), 0)
         self.query_one(AlternativesList).set_candidates(candidates, marks_of(event), cursor)
@@ -124,9 +133,13 @@ class StepScreen(ModalScreen[None]):
             return
         self.waiting = False
         piece = self.link.session.namer.piece(draw.id)
-        self.query_one("#state", Static).update(Content.assemble(
-            ("took ", "bold"), visible_piece(piece), (" · the model is computing the next step…", "$text-muted"),
-        ))
+        self.query_one("#state", Static).update(
+            Content.assemble(
+                ("took ", "bold"),
+                visible_piece(piece),
+                (" · the model is computing the next step…", "$text-muted"),
+            )
+        )
 
     def action_take_sampled(self) -> None:
         self._take(None)

@@ -41,23 +41,37 @@ def piece_chips(pieces: tuple[Piece, ...], boundary: int | None = None) -> Conte
         if n == boundary:
             parts += [BOUNDARY, " "]
         shade = SOURCE_STYLES[p.source][n % 2]
-        parts += [(visible_piece(p.text), SPECIAL if p.special else shade), (subscript(p.id), "$text-muted"), " "]
+        parts += [
+            (visible_piece(p.text), SPECIAL if p.special else shade),
+            (subscript(p.id), "$text-muted"),
+            " ",
+        ]
     return Content.assemble(*parts)
 
 
 def legend() -> Content:
     return Content.assemble(
-        (" cached ", SOURCE_STYLES["cached"][0]), " K/V from the cache  ",
-        (" prefilled ", SOURCE_STYLES["prefilled"][0]), " computed this turn  ",
-        (" generated ", SOURCE_STYLES["generated"][0]), " the answer  ",
-        ("<|special|>", SPECIAL), " template tokens  ", BOUNDARY, " where the cache ends",
+        (" cached ", SOURCE_STYLES["cached"][0]),
+        " K/V from the cache  ",
+        (" prefilled ", SOURCE_STYLES["prefilled"][0]),
+        " computed this turn  ",
+        (" generated ", SOURCE_STYLES["generated"][0]),
+        " the answer  ",
+        ("<|special|>", SPECIAL),
+        " template tokens  ",
+        BOUNDARY,
+        " where the cache ends",
     )
 
 
 def template_content(view: TokenizerView, specials: list[str]) -> Content:
     """The rendered template, special tokens highlighted, the cached part dimmed, the boundary marked."""
     cached = view.template_cached if view.template.startswith(view.template_cached) else ""
-    pattern = re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True))) if specials else None
+    pattern = (
+        re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
+        if specials
+        else None
+    )
 
     def styled(text: str, base: str) -> list:
         if pattern is None:
@@ -83,8 +97,14 @@ def span_label(span: Span) -> str:
 
 
 def span_lines(view: TokenizerView) -> list[Content]:
-    lines = [Content.assemble(("message".ljust(22), "bold"), ("tokens".rjust(8), "bold"),
-                              ("characters".rjust(12), "bold"), ("chars/token".rjust(13), "bold"))]
+    lines = [
+        Content.assemble(
+            ("message".ljust(22), "bold"),
+            ("tokens".rjust(8), "bold"),
+            ("characters".rjust(12), "bold"),
+            ("chars/token".rjust(13), "bold"),
+        )
+    ]
     for span in view.spans:
         cost = view.span_cost(span)
         per = f"{cost.chars_per_token:.2f}" if cost.tokens else "–"
@@ -161,20 +181,31 @@ class TokenizerScreen(InstrumentScreen):
             answer = refs[-1] if refs else None
         if answer is None:
             self.query_one("#summary", Static).update(
-                Content.styled("No turn yet: send a prompt to see it as the model does. The cost comparison works now.",
-                               "$text-muted"))
+                Content.styled(
+                    "No turn yet: send a prompt to see it as the model does. The cost comparison works now.",
+                    "$text-muted",
+                )
+            )
             return
         trace = answer.trace
         view = tokenizer_view(session, trace.prompt_ids, trace.reused, [s.id for s in list(trace.steps)])
         self.set_title_line(answer.label)
-        self.query_one("#summary", Static).update(Content.assemble(
-            ("prompt ", "bold"), f"{view.prompt_tokens} tokens: ",
-            (f"{view.reused} cached", SOURCE_STYLES["cached"][0]), " + ",
-            (f"{view.prefilled} prefilled", SOURCE_STYLES["prefilled"][0]), " · ",
-            ("answer ", "bold"), (f"{view.generated} generated", SOURCE_STYLES["generated"][0]),
-            f" · {len(view.pieces)} tokens in all ({answer.label})",
-        ))
-        self.query_one("#pieces", Static).update(piece_chips(view.pieces, view.reused if view.reused else None))
+        self.query_one("#summary", Static).update(
+            Content.assemble(
+                ("prompt ", "bold"),
+                f"{view.prompt_tokens} tokens: ",
+                (f"{view.reused} cached", SOURCE_STYLES["cached"][0]),
+                " + ",
+                (f"{view.prefilled} prefilled", SOURCE_STYLES["prefilled"][0]),
+                " · ",
+                ("answer ", "bold"),
+                (f"{view.generated} generated", SOURCE_STYLES["generated"][0]),
+                f" · {len(view.pieces)} tokens in all ({answer.label})",
+            )
+        )
+        self.query_one("#pieces", Static).update(
+            piece_chips(view.pieces, view.reused if view.reused else None)
+        )
         self.query_one("#spans", Static).update(Content("\n").join(span_lines(view)))
         specials = list(session.tokenizer.all_special_tokens)
         self.query_one("#template", Static).update(template_content(view, specials))

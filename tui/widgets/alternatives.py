@@ -31,7 +31,9 @@ class AlternativesList(Widget):
         self.marks: dict[int, str] = {}
         self.cursor = 0
 
-    def set_candidates(self, candidates: tuple[Candidate, ...], marks: dict[int, str], cursor: int = 0) -> None:
+    def set_candidates(
+        self, candidates: tuple[Candidate, ...], marks: dict[int, str], cursor: int = 0
+    ) -> None:
         """`marks` labels candidates by ID (e.g. 'taken', 'sampled', 'greedy')."""
         self.candidates, self.marks = candidates, marks
         self.cursor = max(0, min(cursor, len(candidates) - 1))
@@ -61,13 +63,20 @@ class AlternativesList(Widget):
             click = f" @click={self.action.format(row)}"
             filled = round(bar_width * c.prob / top)
             mark = self.marks.get(c.id, "")
-            lines.append(Content.assemble(
-                ("›" if here else " ", "bold $accent" + click),
-                (f"{row + 1:>2} ", ("bold $accent" if here else "$text-muted") + click),
-                (visible_piece(c.piece)[:PIECE_WIDTH].ljust(PIECE_WIDTH), ("reverse bold" if here else "") + click), " ",
-                (subscript(c.id).ljust(ID_WIDTH), "$text-muted" + click),
-                (f"{c.prob:7.2%} ", click),
-                ("█" * filled, prob_color(c.prob) + click), " " * (bar_width - filled),
-                (f" {mark}", "bold $text-accent"),
-            ))
+            lines.append(
+                Content.assemble(
+                    ("›" if here else " ", "bold $accent" + click),
+                    (f"{row + 1:>2} ", ("bold $accent" if here else "$text-muted") + click),
+                    (
+                        visible_piece(c.piece)[:PIECE_WIDTH].ljust(PIECE_WIDTH),
+                        ("reverse bold" if here else "") + click,
+                    ),
+                    " ",
+                    (subscript(c.id).ljust(ID_WIDTH), "$text-muted" + click),
+                    (f"{c.prob:7.2%} ", click),
+                    ("█" * filled, prob_color(c.prob) + click),
+                    " " * (bar_width - filled),
+                    (f" {mark}", "bold $text-accent"),
+                )
+            )
         return Content("\n").join(lines)

@@ -153,8 +153,12 @@ class Answer(ChatMessage):
     """
 
     def __init__(
-        self, note: str, text: str = "", prompt: UserMessage | None = None,
-        saved: SavedMessage | None = None, index: int | None = None,
+        self,
+        note: str,
+        text: str = "",
+        prompt: UserMessage | None = None,
+        saved: SavedMessage | None = None,
+        index: int | None = None,
     ) -> None:
         super().__init__(saved, index)
         self._note = note
@@ -314,9 +318,13 @@ class ChatLog(VerticalScroll):
         await self.remove_children(children[children.index(start) :])
         return True
 
-    async def show_history(self, heading: str, messages: Sequence[SavedMessage], focus: int | None = None) -> None:
+    async def show_history(
+        self, heading: str, messages: Sequence[SavedMessage], focus: int | None = None
+    ) -> None:
         """Redraw the log as `messages`; prompts still waiting to be answered stay below them."""
-        keep = {answer for answer in self._waiting} | {a.prompt for a in self._waiting if a.prompt is not None}
+        keep = {answer for answer in self._waiting} | {
+            a.prompt for a in self._waiting if a.prompt is not None
+        }
         if self._unanswered is not None:
             keep.add(self._unanswered)
         self.current = None

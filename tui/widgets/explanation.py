@@ -10,9 +10,13 @@ from engine.instruments.explain import Explanation
 
 def explanation_content(explanation: Explanation) -> Content:
     return Content.assemble(
-        (explanation.title, "bold $text-primary"), "\n",
-        explanation.text, "\n",
-        ("formula  ", "bold"), (explanation.formula, "$text-accent"), "\n",
+        (explanation.title, "bold $text-primary"),
+        "\n",
+        explanation.text,
+        "\n",
+        ("formula  ", "bold"),
+        (explanation.formula, "$text-accent"),
+        "\n",
         ("? closes this", "$text-muted"),
     )
 

@@ -45,7 +45,8 @@ class KVCachePanel(Widget):
         self.turn: PhaseChanged | None = None
         self.fresh = False
         self.resumed = False
-        """A saved conversation was just resumed: the next turn prefills its history, or reuses a saved cache."""
+        """A saved conversation was just resumed: the next turn prefills its history, or reuses a
+        saved cache."""
 
     def set_model(self, info: ModelInfo) -> None:
         """A (re)loaded model starts with an empty cache."""
@@ -86,7 +87,8 @@ class KVCachePanel(Widget):
             Content.assemble(("bytes  ", "bold"), f"{human_bytes(real)} in the tensors"),
             Content.assemble(("per token ", "bold"), formula(self.info)),
             Content.assemble(
-                ("formula ", "bold"), f"{used:,} × {per_token:,} B = {human_bytes(used * per_token)}",
+                ("formula ", "bold"),
+                f"{used:,} × {per_token:,} B = {human_bytes(used * per_token)}",
             ),
             self._turn_line(),
         ]
@@ -94,7 +96,9 @@ class KVCachePanel(Widget):
 
     def _turn_line(self) -> Content:
         if self.resumed and self.cache is not None and self.cache.tokens:
-            return Content.styled(f"resumed from disk: next turn reuses {self.cache.tokens:,} tokens", "$text-success")
+            return Content.styled(
+                f"resumed from disk: next turn reuses {self.cache.tokens:,} tokens", "$text-success"
+            )
         if self.resumed:
             return Content.styled("resumed: the next turn prefills the history", "$text-warning")
         if self.fresh:

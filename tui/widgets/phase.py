@@ -82,13 +82,26 @@ class PhasePanel(Widget):
         last = self.itl[-1] if self.itl else None
         prefill = f"{self.final.prefill_tok_s:,.0f} tok/s" if self.final else "–"
         return Content.assemble(
-            (f" {label} ", style), " ", self._detail(), "\n",
-            (WHY[self.phase], "italic $text-muted"), "\n",
-            ("TTFT ", "bold"), ms(self.ttft_s), "  ",
-            ("ITL ", "bold"), f"last {ms(last)} · median {ms(self.median_itl)}", "\n",
-            ("decode ", "bold"), f"{self.decode_tok_s:.1f} tok/s", "  ",
-            ("prefill ", "bold"), prefill, "\n",
-            (sparkline(self.itl, max(10, self.content_size.width)), "$accent"), "\n",
+            (f" {label} ", style),
+            " ",
+            self._detail(),
+            "\n",
+            (WHY[self.phase], "italic $text-muted"),
+            "\n",
+            ("TTFT ", "bold"),
+            ms(self.ttft_s),
+            "  ",
+            ("ITL ", "bold"),
+            f"last {ms(last)} · median {ms(self.median_itl)}",
+            "\n",
+            ("decode ", "bold"),
+            f"{self.decode_tok_s:.1f} tok/s",
+            "  ",
+            ("prefill ", "bold"),
+            prefill,
+            "\n",
+            (sparkline(self.itl, max(10, self.content_size.width)), "$accent"),
+            "\n",
             (f"ITL of each token, newest right (top = {ms(max(self.itl, default=None))})", "$text-muted"),
         )
 
@@ -105,7 +118,9 @@ class PhasePanel(Widget):
         if self.phase == "decode":
             return Content(f"token {self.tokens}")
         if self.final is not None:
-            return Content.styled(f"last turn: {self.final.generated_tokens} tokens, stop: {self.final.stop}", "$text-muted")
+            return Content.styled(
+                f"last turn: {self.final.generated_tokens} tokens, stop: {self.final.stop}", "$text-muted"
+            )
         return Content("")
 
     @property

@@ -1,4 +1,5 @@
-"""The multi-line prompt: Enter sends, Ctrl+J (or Shift/Alt+Enter where the terminal reports them) inserts a newline.
+"""The multi-line prompt: Enter sends, Ctrl+J (or Shift/Alt+Enter where the terminal reports
+them) inserts a newline.
 
 It also edits an earlier user message: `start_edit` fills it with that message, and the
 next Enter sends it as an edit of that message (Esc cancels the edit).
@@ -59,7 +60,8 @@ class PromptInput(TextArea):
             self.post_message(self.Submitted(text, self.editing))
 
     def start_edit(self, index: int, text: str) -> None:
-        """Fill the prompt with message `index` to edit; what was typed comes back if the edit is cancelled."""
+        """Fill the prompt with message `index` to edit; what was typed comes back if the edit is
+        cancelled."""
         if self.editing is None:
             self._draft = self.text
         self.editing = index

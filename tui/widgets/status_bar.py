@@ -24,7 +24,9 @@ def describe(info: ModelInfo) -> str:
 
 def progress_bar(fraction: float, width: int = BAR_WIDTH) -> Content:
     done = round(max(0.0, min(1.0, fraction)) * width)
-    return Content.assemble(("━" * done, "$accent"), ("━" * (width - done), "$text-muted 30%"), f" {fraction:.0%}")
+    return Content.assemble(
+        ("━" * done, "$accent"), ("━" * (width - done), "$text-muted 30%"), f" {fraction:.0%}"
+    )
 
 
 class StatusBar(Widget):

@@ -24,7 +24,9 @@ EMPTY = "the tokens of the next turn appear here"
 def chip(token_id: int, piece: str, style: str, click: str = "") -> Content:
     """`click`: an action a mouse click on the chip runs (e.g. open the token inspector at this step)."""
     click = f" @click={click}" if click else ""
-    return Content.assemble((visible_piece(piece), style + click), (subscript(token_id), "$text-muted" + click), " ")
+    return Content.assemble(
+        (visible_piece(piece), style + click), (subscript(token_id), "$text-muted" + click), " "
+    )
 
 
 def legend() -> Content:
@@ -96,13 +98,15 @@ class TokenStream(Widget):
     def set_prompt(self, prompt: PromptTokens) -> None:
         self.prompt, self.chips, self.generated = prompt, [], 0
         self.prompt_chips = [
-            chip(i, piece, REUSED if n < prompt.reused else NEW) for n, (i, piece) in enumerate(zip(prompt.ids, prompt.pieces))
+            chip(i, piece, REUSED if n < prompt.reused else NEW)
+            for n, (i, piece) in enumerate(zip(prompt.ids, prompt.pieces))
         ]
         self.refresh()
 
     def add(self, tokens: list[TokenSampled], repaint: bool = True) -> None:
         self.chips.extend(
-            chip(t.id, t.piece, prob_style(math.exp(t.logprob)), f"app.instrument('inspector',{t.index})") for t in tokens
+            chip(t.id, t.piece, prob_style(math.exp(t.logprob)), f"app.instrument('inspector',{t.index})")
+            for t in tokens
         )
         del self.chips[:-KEEP]
         self.generated += len(tokens)
@@ -119,7 +123,10 @@ class TokenStream(Widget):
         p = self.prompt
         width, height = self.content_size.width, self.content_size.height
         prompt = Content.assemble(
-            ("prompt ", "bold"), f"{len(p.ids)} tokens: ", (f"{p.reused} reused", REUSED), " · ",
+            ("prompt ", "bold"),
+            f"{len(p.ids)} tokens: ",
+            (f"{p.reused} reused", REUSED),
+            " · ",
             (f"{len(p.ids) - p.reused} prefilled now", NEW),
         )
         answer = Content.assemble(("answer ", "bold"), f"{self.generated} tokens  ", legend())

@@ -65,9 +65,11 @@ class TokenStrip(Widget):
         for i, t in enumerate(self.tokens):
             style = CURSOR if i == self.cursor else t.style
             click = f" @click={self.action.format(i)}"
-            chips.append(Content.assemble(
-                (visible_piece(t.piece), style + click), (subscript(t.id), "$text-muted" + click), " "
-            ))
+            chips.append(
+                Content.assemble(
+                    (visible_piece(t.piece), style + click), (subscript(t.id), "$text-muted" + click), " "
+                )
+            )
         return chips
 
     def _rows(self, width: int) -> tuple[list[Content], list[list[int]]]:

@@ -52,7 +52,9 @@ class TopKPanel(Widget):
         self.refresh()
 
     def render(self) -> Content:
-        lines = self._lines(self.token) if self.token else [Content.styled("no token sampled yet", "$text-muted")]
+        lines = (
+            self._lines(self.token) if self.token else [Content.styled("no token sampled yet", "$text-muted")]
+        )
         lines += [Content("")] * max(0, self.content_size.height - 1 - len(lines))
         if self.sampling is not None:
             lines.append(Content.styled(sampling_line(self.sampling), "$text-muted"))
@@ -60,26 +62,45 @@ class TopKPanel(Widget):
 
     def _lines(self, token: TokenSampled) -> list[Content]:
         probs = [c.prob for c in token.top_k]
-        lines = [Content.assemble(
-            ("step ", "bold"), f"{token.index + 1} · position {token.position} · ",
-            ("entropy ", "bold"), f"≥ {entropy_bits(probs):.2f} bits",
-        )]
+        lines = [
+            Content.assemble(
+                ("step ", "bold"),
+                f"{token.index + 1} · position {token.position} · ",
+                ("entropy ", "bold"),
+                f"≥ {entropy_bits(probs):.2f} bits",
+            )
+        ]
         width = max(6, self.content_size.width - PIECE_WIDTH - 12)
         top = probs[0] if probs else 1.0
         for rank, c in enumerate(token.top_k, 1):
             chosen = c.id == token.id
             filled = round(width * c.prob / top) if top > 0 else 0
-            lines.append(Content.assemble(
-                ("▶" if chosen else " ", "bold $accent"),
-                (f"{rank:>2} ", "bold $accent" if chosen else "$text-muted"),
-                (visible_piece(c.piece)[:PIECE_WIDTH].ljust(PIECE_WIDTH), "bold reverse" if chosen else ""),
-                " ", ("█" * filled, prob_color(c.prob)), " " * (width - filled), f" {c.prob:6.1%}",
-            ))
+            lines.append(
+                Content.assemble(
+                    ("▶" if chosen else " ", "bold $accent"),
+                    (f"{rank:>2} ", "bold $accent" if chosen else "$text-muted"),
+                    (
+                        visible_piece(c.piece)[:PIECE_WIDTH].ljust(PIECE_WIDTH),
+                        "bold reverse" if chosen else "",
+                    ),
+                    " ",
+                    ("█" * filled, prob_color(c.prob)),
+                    " " * (width - filled),
+                    f" {c.prob:6.1%}",
+                )
+            )
         if token.id not in {c.id for c in token.top_k}:
-            lines.append(Content.styled(
-                f"▶ chosen {visible_piece(token.piece)[:PIECE_WIDTH]} p={math.exp(token.logprob):.2%}, not in the top {len(probs)}",
-                "$text-warning",
-            ))
+            lines.append(
+                Content.styled(
+                    f"▶ chosen {visible_piece(token.piece)[:PIECE_WIDTH]} "
+                    f"p={math.exp(token.logprob):.2%}, not in the top {len(probs)}",
+                    "$text-warning",
+                )
+            )
         else:
-            lines.append(Content.styled(f"these {len(probs)} hold {sum(probs):.0%}; the rest add entropy", "$text-muted"))
+            lines.append(
+                Content.styled(
+                    f"these {len(probs)} hold {sum(probs):.0%}; the rest add entropy", "$text-muted"
+                )
+            )
         return lines

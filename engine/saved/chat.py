@@ -19,8 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterator
 
-from .cache_file import CacheFileError, load_cache, save_cache
-from .events import (
+from engine.events import (
     ContextTrimmed,
     ConversationLoaded,
     Event,
@@ -33,9 +32,10 @@ from .events import (
     TurnFinished,
     TurnStats,
 )
-from .sampling import SamplingSettings
-from .session import ChatSession, Message
-from .store import AnswerRecord, Store, StoredMessage, StoreError
+from engine.sampling import SamplingSettings
+from engine.saved.cache_file import CacheFileError, load_cache, save_cache
+from engine.saved.store import AnswerRecord, Store, StoredMessage, StoreError
+from engine.session import ChatSession, Message
 
 
 def answer_record(info: ModelInfo, sampling: SamplingSettings, stats: TurnStats) -> AnswerRecord:
@@ -94,7 +94,9 @@ class SavedChat:
     def fork(self, step: int, token_id: int, answer: int | None = None) -> Iterator[Event]:
         """ChatSession.fork, saved: the forked answer becomes a new version of that answer."""
         if answer is None:
-            answer = max((i for i, m in enumerate(self.session.messages) if m.role == "assistant"), default=-1)
+            answer = max(
+                (i for i, m in enumerate(self.session.messages) if m.role == "assistant"), default=-1
+            )
 
         def forked() -> Iterator[Event]:
             for event in self.session.fork(step, token_id, answer):
@@ -161,12 +163,16 @@ class SavedChat:
         self.session.messages[:] = [Message(m.role, m.content) for m in path]
         self.message_ids = [m.id for m in path]
 
-    def _loaded_event(self, conversation_id: int, title: str, path: list[StoredMessage]) -> ConversationLoaded:
+    def _loaded_event(
+        self, conversation_id: int, title: str, path: list[StoredMessage]
+    ) -> ConversationLoaded:
         return ConversationLoaded(conversation_id, title, tuple(self._saved(m) for m in path))
 
     def _saved(self, message: StoredMessage) -> SavedMessage:
         versions = [m.id for m in self.store.siblings(message.id)]
-        return SavedMessage(message.id, message.role, message.content, versions.index(message.id) + 1, len(versions))
+        return SavedMessage(
+            message.id, message.role, message.content, versions.index(message.id) + 1, len(versions)
+        )
 
     # -- the KV cache file ------------------------------------------------------------
     def save_cache(self) -> Notice | None:
@@ -208,7 +214,9 @@ class SavedChat:
         # The session may also have trimmed old turns while trying: keep the ids of those it kept.
         del self.message_ids[: len(self.message_ids) - len(self.session.messages)]
 
-    def _save(self, role: str, content: str, parent: int | None, record: AnswerRecord | None = None) -> Iterator[Event]:
+    def _save(
+        self, role: str, content: str, parent: int | None, record: AnswerRecord | None = None
+    ) -> Iterator[Event]:
         if self.store is None:
             return
         try:

@@ -12,15 +12,20 @@ from typing import Optional
 
 import typer
 
+from tui.cli.conversations import conversations_app
+
 # Spelled in tui.config (torch-free) so `llmchat` opens its window without importing torch first.
 from tui.config import DEFAULT_MODEL
-from tui.cli_conversations import conversations_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="See LLM inference happen, live.")
 app.add_typer(conversations_app, name="conversations")
 
-ModelOpt = typer.Option(DEFAULT_MODEL, "--model", "-m", help="smollm2-135m, an HF model directory, a .gguf file or a hub id.")
-PrecisionOpt = typer.Option("fp32", "--precision", "-p", help="fp32, bf16, fp16, int8, nf4, w8a8 or w8 (CPU).")
+ModelOpt = typer.Option(
+    DEFAULT_MODEL, "--model", "-m", help="smollm2-135m, an HF model directory, a .gguf file or a hub id."
+)
+PrecisionOpt = typer.Option(
+    "fp32", "--precision", "-p", help="fp32, bf16, fp16, int8, nf4, w8a8 or w8 (CPU)."
+)
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda.")
 TemperatureOpt = typer.Option(None, "--temperature", "-t", help="0 is greedy.")
 TopKOpt = typer.Option(None, "--top-k", help="Keep the k most probable tokens (0 = all).")
@@ -52,8 +57,12 @@ def fail(message: str) -> None:
 @app.callback(invoke_without_command=True)
 def main(
     ctx: typer.Context,
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="smollm2-135m (default), an HF model directory, a .gguf file or a hub id."),
-    precision: Optional[str] = typer.Option(None, "--precision", "-p", help="fp32 (default), bf16, fp16, int8, nf4, w8a8 or w8 (CPU)."),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", help="smollm2-135m (default), an HF model directory, a .gguf file or a hub id."
+    ),
+    precision: Optional[str] = typer.Option(
+        None, "--precision", "-p", help="fp32 (default), bf16, fp16, int8, nf4, w8a8 or w8 (CPU)."
+    ),
     device: Optional[str] = typer.Option(None, "--device", help="auto (default), cpu or cuda."),
     temperature: Optional[float] = TemperatureOpt,
     top_k: Optional[int] = TopKOpt,
@@ -64,9 +73,19 @@ def main(
     max_new_tokens: Optional[int] = MaxNewOpt,
     system: Optional[str] = SystemOpt,
     context: Optional[int] = ContextOpt,
-    theme: Optional[str] = typer.Option(None, "--theme", help="llmchat-dark (default), llmchat-light, llmchat-high-contrast or a Textual theme; remembered."),
-    resume: Optional[str] = typer.Option(None, "--resume", help="Continue saved conversation ID ('last' for the most recent) once the model has loaded."),
-    no_compile: bool = typer.Option(False, "--no-compile", help="Keep the eager decode step (no torch.compile in the background)."),
+    theme: Optional[str] = typer.Option(
+        None,
+        "--theme",
+        help="llmchat-dark (default), llmchat-light, llmchat-high-contrast or a Textual theme; remembered.",
+    ),
+    resume: Optional[str] = typer.Option(
+        None,
+        "--resume",
+        help="Continue saved conversation ID ('last' for the most recent) once the model has loaded.",
+    ),
+    no_compile: bool = typer.Option(
+        False, "--no-compile", help="Keep the eager decode step (no torch.compile in the background)."
+    ),
 ) -> None:
     """Open the chat app (the default when no command is given).
 
@@ -76,8 +95,13 @@ def main(
     if ctx.invoked_subcommand is not None:
         return
     flags = dict(
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-        repetition_penalty=repetition_penalty, seed=seed, max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
     )
     given = {k: v for k, v in flags.items() if v is not None}
     if given:
@@ -88,14 +112,20 @@ def main(
     from tui.app import run_app
 
     run_app(
-        model=model, precision=precision, device=device, sampling=given, system=system, context=context, theme=theme,
+        model=model,
+        precision=precision,
+        device=device,
+        sampling=given,
+        system=system,
+        context=context,
+        theme=theme,
         resume=resume_id,
     )
 
 
 def resolve_resume(ref: str) -> int:
     """The conversation id `--resume` names ('last' fixed now); exits with the reason if there is none."""
-    from engine.store import Store, StoreError
+    from engine.saved.store import Store, StoreError
 
     try:
         with Store() as store:
@@ -129,18 +159,23 @@ def ask(
     import signal
 
     from engine import models
-    from engine.conversation import SavedChat
     from engine.events import Failed, ModelLoading, ModelReady, Notice, TokenSampled, TurnFinished, to_json
-    from engine.precision import PrecisionError
+    from engine.quant.precision import PrecisionError
+    from engine.saved.chat import SavedChat
+    from engine.saved.store import Store, StoreError
     from engine.session import ChatSession
-    from engine.store import Store, StoreError
 
     if conversation is not None and system is not None:
         fail("--system cannot change a saved conversation; it keeps the system prompt it was started with")
 
     sampling = sampling_from(
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-        repetition_penalty=repetition_penalty, seed=seed, max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
     )
 
     def emit(event) -> None:
@@ -158,7 +193,9 @@ def ask(
             typer.echo(f"llmchat: {event.message}", err=True)
 
     try:
-        loaded = models.load(model, precision, device, progress=lambda s, f: emit(ModelLoading(s, f)) if as_json else None)
+        loaded = models.load(
+            model, precision, device, progress=lambda s, f: emit(ModelLoading(s, f)) if as_json else None
+        )
     except (models.ModelError, PrecisionError) as e:
         fail(str(e))
     emit(ModelReady(loaded.info))
@@ -210,7 +247,12 @@ def ask(
         saved = chat.save_cache()
         if saved is not None:
             emit(saved)
-        emit(Notice(f"saved as conversation {chat.conversation_id}; continue it with --conversation {chat.conversation_id}"))
+        emit(
+            Notice(
+                f"saved as conversation {chat.conversation_id}; "
+                f"continue it with --conversation {chat.conversation_id}"
+            )
+        )
     if interrupted:
         typer.echo("llmchat: interrupted", err=True)
         raise typer.Exit(130)
@@ -223,19 +265,25 @@ def bench(
     model: str = ModelOpt,
     precision: list[str] = typer.Option(["fp32"], "--precision", "-p", help="Repeat for several precisions."),
     device: str = DeviceOpt,
-    prompt_lengths: str = typer.Option("16,128,512", "--prompt-lengths", help="Comma-separated prefill lengths."),
+    prompt_lengths: str = typer.Option(
+        "16,128,512", "--prompt-lengths", help="Comma-separated prefill lengths."
+    ),
     decode_tokens: int = typer.Option(64, "--decode-tokens", help="Tokens decoded per timed run."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per measurement (median reported)."),
     turns: int = typer.Option(3, "--turns", help="Turns in the multi-turn reuse measurement."),
-    long_context: int = typer.Option(0, "--long-context", help="Also compare ITL at this context length with ~100."),
-    random_weights: bool = typer.Option(False, "--random-weights", help="The model's architecture with random weights."),
+    long_context: int = typer.Option(
+        0, "--long-context", help="Also compare ITL at this context length with ~100."
+    ),
+    random_weights: bool = typer.Option(
+        False, "--random-weights", help="The model's architecture with random weights."
+    ),
     no_compile: bool = typer.Option(False, "--no-compile", help="Measure the eager decode step only."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Measure prefill, decode, multi-turn reuse and memory against transformers' generate."""
     from engine import bench as bench_engine
     from engine.models import ModelError
-    from engine.precision import PrecisionError
+    from engine.quant.precision import PrecisionError
 
     config = bench_engine.BenchConfig(
         model=model,
@@ -256,15 +304,17 @@ def bench(
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
-        from tui.bench_table import print_tables
+        from tui.cli.bench_table import print_tables
 
         print_tables(result)
 
 
 def stats_line(stats) -> str:
     return (
-        f"[{stats.prompt_tokens} prompt tokens, {stats.reused_tokens} reused, {stats.prefilled_tokens} prefilled | "
-        f"TTFT {stats.ttft_s * 1000:.0f} ms | ITL p50 {stats.itl_p50_s * 1000:.1f} ms p90 {stats.itl_p90_s * 1000:.1f} ms | "
+        f"[{stats.prompt_tokens} prompt tokens, {stats.reused_tokens} reused, "
+        f"{stats.prefilled_tokens} prefilled | "
+        f"TTFT {stats.ttft_s * 1000:.0f} ms | ITL p50 {stats.itl_p50_s * 1000:.1f} ms "
+        f"p90 {stats.itl_p90_s * 1000:.1f} ms | "
         f"prefill {stats.prefill_tok_s:.0f} tok/s | decode {stats.decode_tok_s:.1f} tok/s | "
         f"{stats.generated_tokens} tokens | stop: {stats.stop}]"
     )

@@ -9,7 +9,7 @@ the same bytes takes (230 us).
 
 It is compiled with the C++ compiler torch.compile needs anyway, once per machine, into
 llmchat's cache directory, by the background job that compiles the decode step
-(engine/compiled.py). Until it is loaded, or where it cannot be built, SDPA does the same sum.
+(engine/fast/compiled.py). Until it is loaded, or where it cannot be built, SDPA does the same sum.
 """
 
 from __future__ import annotations
@@ -92,7 +92,9 @@ def supports(keys: torch.Tensor) -> bool:
     return _loaded.is_set() and keys.device.type == "cpu" and keys.dtype == torch.float32
 
 
-def decode(grouped: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+def decode(
+    grouped: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor
+) -> torch.Tensor:
     """One token's attention: `grouped` [1, kv_heads, group, d] holds its query heads, those
     sharing a K/V head together, over keys/values [1, kv_heads, positions, d] (the cache or
     views of it) at positions 0..position ([1] tensor); returns [1, kv_heads, group, d]."""

@@ -9,7 +9,7 @@ around them (norms, RoPE, casts, the cache write). Measured (BENCHMARKS.md): fp3
 
 Compiling takes ~60 s the first time and ~5-10 s once Inductor's on-disk cache (kept in
 llmchat's cache directory) holds the artifacts. It never blocks: a daemon thread first has a
-separate, lowest-priority process (`python -m engine.compiled SPEC PRECISION`) compile the
+separate, lowest-priority process (`python -m engine.fast.compiled SPEC PRECISION`) compile the
 same step into that cache, then compiles here from it against scratch buffers, and the
 session switches to the compiled step at the first token after `ready`. Compiling in this
 process from scratch held the GIL and the cores for a minute (an answer meanwhile: 1.7-5.7
@@ -18,7 +18,7 @@ reference; a test checks both pick the same tokens.
 
 The step takes each layer's whole cache buffer (capacity marked dynamic, so the cache growing
 does not recompile) and writes the new K/V at the position; attention reads the positions up
-to it, through the decode-attention kernel (engine/attention.py) that the same background job
+to it, through the decode-attention kernel (engine/fast/attention.py) that the same background job
 builds first, or SDPA with the slots past it masked.
 """
 
@@ -36,13 +36,15 @@ from typing import Callable
 import platformdirs
 import torch
 
-from . import attention
-from .events import ModelInfo
-from .fastpath import FastLlama
-from .int8 import Int8Linear
-from .kvcache import KVCache, PreallocatedLayer
+from engine.events import ModelInfo
+from engine.fast import attention
+from engine.fast.fused import FastLlama
+from engine.kvcache import KVCache, PreallocatedLayer
+from engine.quant.int8 import Int8Linear
 
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(platformdirs.user_cache_dir("llmchat"), "inductor"))
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR", os.path.join(platformdirs.user_cache_dir("llmchat"), "inductor")
+)
 
 
 def supports(fast: FastLlama) -> str | None:
@@ -67,7 +69,7 @@ class CompiledDecode:
         self.error: str | None = None
         self.compile_s = 0.0
         self.attention_error: str | None = None
-        """Why the decode-attention kernel (engine/attention.py) is not used, if it is not."""
+        """Why the decode-attention kernel (engine/fast/attention.py) is not used, if it is not."""
         self._listeners: list[Callable[["CompiledDecode"], None]] = []
         self._lock = threading.Lock()
         self._step = torch.compile(FastLlama.step_on_buffers, dynamic=False, fullgraph=True)
@@ -87,7 +89,9 @@ class CompiledDecode:
         try:
             compile_once(self._step, fast, self.cache_dtype)
         except Exception as e:  # no C++ compiler, an unsupported op: eager keeps serving
-            self.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
+            self.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[
+                :200
+            ]
         self.compile_s = time.perf_counter() - started
         with self._lock:
             if self.error is None:
@@ -113,7 +117,9 @@ class CompiledDecode:
         layers = cache.hf.layers
         buffers = [layer.buffers_with_room(1) for layer in layers]
         position = torch.tensor([len(cache)])
-        logits = self._step(fast, torch.tensor([token_id]), position, [k for k, _ in buffers], [v for _, v in buffers])
+        logits = self._step(
+            fast, torch.tensor([token_id]), position, [k for k, _ in buffers], [v for _, v in buffers]
+        )
         for layer in layers:
             layer.advance(1)
         return logits
@@ -122,7 +128,10 @@ class CompiledDecode:
         if self.error:
             return f"compiled decode unavailable ({self.error}); the eager fast path serves"
         kernel = f"; attention by SDPA ({self.attention_error})" if self.attention_error else ""
-        return f"decode now runs the compiled step (torch.compile, ready after {self.compile_s:.0f} s in the background){kernel}"
+        return (
+            f"decode now runs the compiled step (torch.compile, ready after {self.compile_s:.0f} s "
+            f"in the background){kernel}"
+        )
 
 
 def compile_once(step, fast: FastLlama, cache_dtype: torch.dtype) -> None:
@@ -143,7 +152,7 @@ def _fill_cache_in_a_subprocess(spec: str, precision: str) -> bool:
     """Compile in another process at the lowest priority: a first compile there never competes
     with the chat for the GIL (in-process it slowed an answer to ~2-6 tok/s for a minute), and
     leaves artifacts that make the compile here take seconds. Killed if llmchat exits first."""
-    command = [sys.executable, "-m", "engine.compiled", spec, precision]
+    command = [sys.executable, "-m", "engine.fast.compiled", spec, precision]
     try:
         child = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(19)
@@ -199,11 +208,12 @@ def compiled_decode(fast: FastLlama, info: ModelInfo) -> CompiledDecode | None:
 
 
 def main(spec: str, precision: str) -> None:
-    """`python -m engine.compiled SPEC PRECISION`: compile the decode step once, for the cache."""
-    from . import fastpath, models
+    """`python -m engine.fast.compiled SPEC PRECISION`: compile the decode step once, for the cache."""
+    from engine import models
+    from engine.fast import fused
 
     loaded = models.load(spec, precision, "cpu")
-    fast = fastpath.for_model(loaded.model, compiled=True)
+    fast = fused.for_model(loaded.model, compiled=True)
     if supports(fast) is None:
         attention.load()
         step = torch.compile(FastLlama.step_on_buffers, dynamic=False, fullgraph=True)

@@ -13,10 +13,11 @@ from typing import NoReturn, Optional
 
 import typer
 
-from engine.store import ConversationSummary, SearchHit, Store, StoreError
+from engine.saved.store import ConversationSummary, SearchHit, Store, StoreError
 
 conversations_app = typer.Typer(
-    no_args_is_help=True, help="Saved conversations: list, show, export, rename, delete (REF is an id or 'last')."
+    no_args_is_help=True,
+    help="Saved conversations: list, show, export, rename, delete (REF is an id or 'last').",
 )
 
 RefArg = typer.Argument(..., help="A conversation id, or 'last' for the most recent one.")
@@ -93,8 +94,12 @@ def show(ref: str = RefArg) -> None:
 @conversations_app.command()
 def export(
     ref: str = RefArg,
-    format: str = typer.Option("md", "--format", "-f", help="md (the current branch) or json (every branch)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+    format: str = typer.Option(
+        "md", "--format", "-f", help="md (the current branch) or json (every branch)."
+    ),
+    output: Optional[Path] = typer.Option(
+        None, "--output", "-o", help="Write to this file instead of stdout."
+    ),
 ) -> None:
     """Export a conversation as Markdown or JSON."""
     if format not in ("md", "json"):

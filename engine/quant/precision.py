@@ -2,7 +2,7 @@
 
 fp32/bf16/fp16 are plain weight dtypes; int8 and nf4 quantize through bitsandbytes (GPU-first
 kernels); w8a8 quantizes weights and activations to int8 through torch's own fbgemm CPU
-kernels (engine/int8.py), the fastest prefill; w8 quantizes only the weights (engine/w8.py)
+kernels (engine/quant/int8.py), the fastest prefill; w8 quantizes only the weights (engine/quant/w8.py)
 and, with the compiled decode step, is the fastest decode on a CPU.
 """
 
@@ -56,7 +56,9 @@ def precision_for(name: str, device: str) -> Precision:
     if name == "w8a8":
         _require_fbgemm(device)
     if name == "w8" and device != "cpu":
-        raise PrecisionError("w8 is a CPU precision (its speed is the compiled CPU step); on a GPU use int8, nf4, bf16 or fp16")
+        raise PrecisionError(
+            "w8 is a CPU precision (its speed is the compiled CPU step); on a GPU use int8, nf4, bf16 or fp16"
+        )
     compute = {
         "fp32": torch.float32,
         "bf16": torch.bfloat16,
@@ -80,7 +82,10 @@ def cpu_note(name: str) -> str | None:
     if name in ("bf16", "fp16"):
         cache = "the KV cache stays fp32 (attention over a 16-bit cache is slower on a CPU than reading it)"
         if cpu_matmul_native(torch.bfloat16 if name == "bf16" else torch.float16):
-            return f"{name} on this CPU: half the bytes per weight and native {name} matmuls, so decode and prefill are faster; {cache}"
+            return (
+                f"{name} on this CPU: half the bytes per weight and native {name} matmuls, "
+                f"so decode and prefill are faster; {cache}"
+            )
         return (
             f"{name} on this CPU: half the bytes per weight, so decode is faster, but there are no "
             f"native {name} matmul instructions: prefill upcasts each weight to fp32 on the fly "
@@ -122,7 +127,7 @@ def cpu_matmul_native(dtype: torch.dtype) -> bool:
 
 
 def _require_fbgemm(device: str) -> None:
-    from . import int8
+    from engine.quant import int8
 
     if device != "cpu":
         raise PrecisionError("w8a8 runs on torch's fbgemm CPU kernels; on a GPU use int8, nf4, bf16 or fp16")

@@ -24,8 +24,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .kvcache import KVCache
-from .models import LoadedModel
+from engine.kvcache import KVCache
+from engine.models import LoadedModel
 
 FORMAT = "llmchat-kv-cache"
 FORMAT_VERSION = 1
@@ -82,7 +82,9 @@ def _tensors(cache: KVCache) -> dict[str, torch.Tensor]:
     tensors = {}
     for i, layer in enumerate(cache.hf.layers):
         if layer.get_seq_length() != len(cache):
-            raise CacheFileError(f"layer {i} holds {layer.get_seq_length()} positions, the cache {len(cache)} ids")
+            raise CacheFileError(
+                f"layer {i} holds {layer.get_seq_length()} positions, the cache {len(cache)} ids"
+            )
         tensors[f"layers.{i}.keys"] = layer.keys.contiguous()
         tensors[f"layers.{i}.values"] = layer.values.contiguous()
     return tensors
@@ -127,7 +129,9 @@ def _check_metadata(metadata: dict[str, str], loaded: LoadedModel) -> list[int]:
     if metadata.get("format") != FORMAT:
         raise _Mismatch("not an llmchat KV cache file")
     if metadata.get("format_version") != str(FORMAT_VERSION):
-        raise _Mismatch(f"format version {metadata.get('format_version')}, this llmchat reads {FORMAT_VERSION}")
+        raise _Mismatch(
+            f"format version {metadata.get('format_version')}, this llmchat reads {FORMAT_VERSION}"
+        )
     for key, expected in describe(loaded).items():
         if metadata.get(key) != expected:
             raise _Mismatch(f"made with {key} {metadata.get(key)!r}, the loaded model has {expected!r}")

@@ -66,7 +66,9 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _pack(q: torch.Tensor, scale: torch.Tensor):
     with warnings.catch_warnings():  # quantized tensors are deprecated in torch; fbgemm still takes them
         warnings.simplefilter("ignore")
-        qt = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
+        qt = torch._make_per_channel_quantized_tensor(
+            q, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0
+        )
         return torch.ops.quantized.linear_prepack(qt, None)
 
 

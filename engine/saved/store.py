@@ -182,7 +182,10 @@ def _explain(error: sqlite3.Error, path: Path) -> StoreError:
     text = _one_line(error)
     lowered = text.lower()
     if "not a database" in lowered or "malformed" in lowered:
-        reason = "is not a readable llmchat database (corrupt?); it was left untouched, move it away to start afresh"
+        reason = (
+            "is not a readable llmchat database (corrupt?); it was left untouched, "
+            "move it away to start afresh"
+        )
     elif "locked" in lowered or "busy" in lowered:
         reason = "is locked by another process; try again in a moment"
     elif "readonly" in lowered or "unable to open" in lowered:
@@ -217,9 +220,13 @@ class Store:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise StoreError(f"cannot create the data directory {self.directory}: {e.strerror or e}") from None
+            raise StoreError(
+                f"cannot create the data directory {self.directory}: {e.strerror or e}"
+            ) from None
         try:
-            self._db = sqlite3.connect(self.db_path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
+            self._db = sqlite3.connect(
+                self.db_path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+            )
         except sqlite3.Error as e:
             raise _explain(e, self.db_path) from None
         try:
@@ -238,8 +245,9 @@ class Store:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StoreError(
-                f"conversation store {self.db_path} was written by a newer llmchat (format {version}, this one "
-                f"reads up to {SCHEMA_VERSION}); it was left untouched: upgrade llmchat or set {DATA_DIR_ENV}"
+                f"conversation store {self.db_path} was written by a newer llmchat "
+                f"(format {version}, this one reads up to {SCHEMA_VERSION}); "
+                f"it was left untouched: upgrade llmchat or set {DATA_DIR_ENV}"
             )
         if version == 0 and self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
             raise StoreError(f"{self.db_path} is a database llmchat did not write; it was left untouched")
@@ -294,7 +302,11 @@ class Store:
 
     # -- conversations ----------------------------------------------------------------
     def create_conversation(
-        self, model: str | None = None, precision: str | None = None, system_prompt: str | None = None, title: str = ""
+        self,
+        model: str | None = None,
+        precision: str | None = None,
+        system_prompt: str | None = None,
+        title: str = "",
     ) -> Conversation:
         """A new, empty conversation (its title comes from the first user message if not given)."""
         now = time.time()
@@ -318,7 +330,9 @@ class Store:
         """A conversation id from `ref`: an id, or 'last' for the most recently updated one."""
         if str(ref) == "last":
             with self._read() as db:
-                row = db.execute("SELECT id FROM conversations ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
+                row = db.execute(
+                    "SELECT id FROM conversations ORDER BY updated DESC, id DESC LIMIT 1"
+                ).fetchone()
             if row is None:
                 raise StoreError("there are no saved conversations yet")
             return row["id"]
@@ -332,7 +346,8 @@ class Store:
         """Most recently updated first, with the number of turns on each current branch."""
         with self._read() as db:
             rows = db.execute(
-                _PATH_CTE + """
+                _PATH_CTE
+                + """
                 SELECT c.id, c.title, c.updated, c.model, c.precision, count(p.id) AS turns
                 FROM conversations c LEFT JOIN path p ON p.conversation_id = c.id AND p.role = 'user'
                 GROUP BY c.id ORDER BY c.updated DESC, c.id DESC LIMIT ?""",
@@ -359,7 +374,9 @@ class Store:
             self.cache_path(conversation_id).unlink(missing_ok=True)
         except OSError as e:
             reason = e.strerror or e
-            raise StoreError(f"deleted conversation {conversation_id}, but not its cache file: {reason}") from None
+            raise StoreError(
+                f"deleted conversation {conversation_id}, but not its cache file: {reason}"
+            ) from None
 
     def cache_path(self, conversation_id: int) -> Path:
         """Where the conversation's KV cache file lives: next to the database."""
@@ -385,21 +402,25 @@ class Store:
         now = time.time()
         values = _record_values(record)
         with self._write() as db:
-            conversation = db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+            conversation = db.execute(
+                "SELECT * FROM conversations WHERE id = ?", (conversation_id,)
+            ).fetchone()
             if conversation is None:
                 raise StoreError(f"no conversation {conversation_id}")
             parent = conversation["leaf_id"] if parent_id == "leaf" else parent_id
             self._check_parent(db, conversation_id, parent)
             message_id = db.execute(
-                f"INSERT INTO messages (conversation_id, parent_id, role, content, created, {', '.join(_RECORD_FIELDS)}"
-                f") VALUES (?, ?, ?, ?, ?, {', '.join('?' * len(_RECORD_FIELDS))})",
+                "INSERT INTO messages (conversation_id, parent_id, role, content, created, "
+                f"{', '.join(_RECORD_FIELDS)}) "
+                f"VALUES (?, ?, ?, ?, ?, {', '.join('?' * len(_RECORD_FIELDS))})",
                 (conversation_id, parent, role, content, now, *values),
             ).lastrowid
             title = conversation["title"] or (_title_from(content) if role == "user" else "")
             model = record.model if record else conversation["model"]
             precision = record.precision if record else conversation["precision"]
             db.execute(
-                "UPDATE conversations SET leaf_id = ?, updated = ?, title = ?, model = ?, precision = ? WHERE id = ?",
+                "UPDATE conversations SET leaf_id = ?, updated = ?, title = ?, model = ?, precision = ? "
+                "WHERE id = ?",
                 (message_id, now, title, model, precision, conversation_id),
             )
         return self.message(message_id)
@@ -464,7 +485,8 @@ class Store:
         target = self.message(message_id)
         with self._read() as db:
             rows = db.execute(
-                "SELECT * FROM messages WHERE conversation_id = ? AND parent_id IS ? AND role = ? ORDER BY id",
+                "SELECT * FROM messages WHERE conversation_id = ? AND parent_id IS ? AND role = ? "
+                "ORDER BY id",
                 (target.conversation_id, target.parent_id, target.role),
             ).fetchall()
         return [_message(row) for row in rows]
@@ -502,7 +524,8 @@ class Store:
         return [SearchHit(**dict(row)) for row in rows]
 
     def export_json(self, conversation_id: int) -> dict[str, Any]:
-        """Everything, every branch included: the conversation, its messages with parents, the current path."""
+        """Everything, every branch included: the conversation, its messages with parents,
+        the current path."""
         conversation = self.conversation(conversation_id)
         return {
             "format": EXPORT_FORMAT,
@@ -555,7 +578,13 @@ def _message(row: sqlite3.Row) -> StoredMessage:
         values["sampling"] = json.loads(values["sampling"] or "{}")
         record = AnswerRecord(**values)
     return StoredMessage(
-        row["id"], row["conversation_id"], row["parent_id"], row["role"], row["content"], row["created"], record
+        row["id"],
+        row["conversation_id"],
+        row["parent_id"],
+        row["role"],
+        row["content"],
+        row["created"],
+        record,
     )
 
 

@@ -5,13 +5,13 @@
 A batch-1 decode step reads every weight once, so one byte per weight instead of four is the
 whole game. No torch kernel multiplies float32 activations by int8 weights quickly on a CPU
 (`_weight_int8pack_mm`: 11.5 tok/s on the AVX2 machine, BENCHMARKS.md), but the compiled
-decode step's matvec (engine/fastpath.py) widens Q inside the loop Inductor generates, which
+decode step's matvec (engine/fast/fused.py) widens Q inside the loop Inductor generates, which
 makes w8 the fastest decode here. Eager, each call widens the whole matrix first: fine for a
 prefill chunk, slow for a single token, so until the compiled step is ready (or with
 --no-compile) w8 decodes slower than fp32.
 
 Only the weights are rounded, so the top-k stays close to fp32's (w8a8 rounds the activations
-too, and that is where its drift comes from: engine/int8.py).
+too, and that is where its drift comes from: engine/quant/int8.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import pages
-from .int8 import quantize_rows
-
+from engine.fast import pages
+from engine.quant.int8 import quantize_rows
 
 WIDEN_ROWS = 4096
 """Rows widened to float at once by the eager forward."""
@@ -70,7 +69,7 @@ class W8Linear(nn.Module):
 
 def quantize_linears(model: nn.Module) -> None:
     """Replace every nn.Linear of `model` (the LM head too) with a W8Linear, handing back each
-    float matrix's pages of the mapped weight file as soon as it is quantized (engine/pages.py)."""
+    float matrix's pages of the mapped weight file as soon as it is quantized (engine/fast/pages.py)."""
     mappings = pages.weight_file_mappings()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

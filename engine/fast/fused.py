@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import attention, pages
-from .int8 import Int8Linear
-from .kvcache import KVCache
-from .precision import cpu_matmul_native
-from .w8 import W8Linear
+from engine.fast import attention, pages
+from engine.kvcache import KVCache
+from engine.quant.int8 import Int8Linear
+from engine.quant.precision import cpu_matmul_native
+from engine.quant.w8 import W8Linear
 
 UPCAST_ABOVE = 4
 """Feeds of more tokens than this run in float32 on a CPU (see module docstring)."""
@@ -73,7 +73,7 @@ class _Layer:
 class _Fuser:
     """Stacks [out, in] weights into one matrix (stored [in, out] if `transposed`) and points
     each module at its slice of it, so the HF forward still works and nothing is stored twice.
-    w8a8 and w8 modules fuse their int8 rows the same way (engine/int8.py, engine/w8.py).
+    w8a8 and w8 modules fuse their int8 rows the same way (engine/quant/int8.py, engine/quant/w8.py).
 
     Each source is copied straight into its place in the fused matrix and its pages of the
     weight file are handed back at once, so the file and the copies are never resident together.
@@ -155,7 +155,9 @@ class FastLlama:
             inner.embed_tokens.weight = model.lm_head.weight
         self.embed = inner.embed_tokens.weight  # [vocab, hidden], possibly a transposed view
         self.layers = [_Layer(block, fuse) for block in inner.layers]
-        matrices = [self.lm_head] + [w for l in self.layers for w in (l.wqkv, l.wo, l.wgu, l.wdown)]
+        matrices = [self.lm_head] + [
+            w for layer in self.layers for w in (layer.wqkv, layer.wo, layer.wgu, layer.wdown)
+        ]
         _own_remaining_weights(model, [m for m in matrices if isinstance(m, torch.Tensor)])
         rotary = inner.rotary_emb
         self.inv_freq = rotary.inv_freq.float()
@@ -170,7 +172,10 @@ class FastLlama:
         # Norm weights are tiny: keep them in the activations' dtype for the fused rms_norm.
         self.norm = self.norm.detach().to(self.act_dtype, copy=True)
         for layer in self.layers:
-            layer.ln1, layer.ln2 = layer.ln1.to(self.act_dtype, copy=True), layer.ln2.to(self.act_dtype, copy=True)
+            layer.ln1, layer.ln2 = (
+                layer.ln1.to(self.act_dtype, copy=True),
+                layer.ln2.to(self.act_dtype, copy=True),
+            )
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, upcast: bool) -> torch.Tensor:
         """x @ W.T for a weight stored [out, in] (or x @ W for one stored [in, out])."""
@@ -214,14 +219,16 @@ class FastLlama:
             return self._matvec(x.to(weight.dtype), weight).to(x.dtype)
         return (x[:, None, :] * weight[None]).sum(-1)
 
-    def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask, position) -> torch.Tensor:
+    def _attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask, position
+    ) -> torch.Tensor:
         """softmax(q K.T / sqrt(d) + mask) V for q [1, heads, n, d] over the cached K/V, whose
         last valid position is `position` ([1] tensor).
 
         For one new token, the query heads that share a K/V head (grouped-query attention) go
         in as that head's queries, so each cached K/V is read once rather than once per query
         head (SDPA over 4,096 positions: 491 us per layer instead of 579); once built, the
-        decode kernel of engine/attention.py does it at close to the memory bandwidth."""
+        decode kernel of engine/fast/attention.py does it at close to the memory bandwidth."""
         if q.shape[2] > 1:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         _, heads, _, d = q.shape
@@ -275,8 +282,10 @@ class FastLlama:
             h = self._block(layer, h, cos, sin, linear, functools.partial(attend, cache_layer))
         return self._logits(h, linear)
 
-    def step_on_buffers(self, token: torch.Tensor, position: torch.Tensor, keys: list, values: list) -> torch.Tensor:
-        """One decode step written for torch.compile (engine/compiled.py): token and position
+    def step_on_buffers(
+        self, token: torch.Tensor, position: torch.Tensor, keys: list, values: list
+    ) -> torch.Tensor:
+        """One decode step written for torch.compile (engine/fast/compiled.py): token and position
         are [1] tensors, keys/values each layer's whole cache buffer [1, kv_heads, capacity, d].
         The new K/V go in at `position`; attention masks the slots past it."""
         h = self.embed[token].to(self.act_dtype)  # [1, hidden]

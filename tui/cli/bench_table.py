@@ -1,0 +1,128 @@
+"""Rich tables for `llmchat bench` (the engine returns plain data)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.0f}M"
+
+
+def print_tables(result: dict) -> None:
+    console = Console()
+    title = f"{result['model']} on {result['device']}" + (
+        " (random weights)" if result["random_weights"] else ""
+    )
+    console.print(
+        f"[bold]{title}[/]  memory bandwidth {result['bandwidth_gb_s']} GB/s, "
+        f"{result['torch_threads']} threads"
+    )
+
+    decode = Table(title="Decode tok/s: our instrumented loop vs transformers generate (same run)")
+    for column in (
+        "prec",
+        "ours",
+        "eager",
+        "generate",
+        "ratio",
+        "vs fp32 gen",
+        "ITL p50 ms",
+        "ITL p90 ms",
+        "bound",
+        "of bound",
+        "weights",
+        "peak RSS",
+    ):
+        decode.add_column(column, justify="right")
+    for r in result["results"]:
+        decode.add_row(
+            r["precision"],
+            f"{r['decode']['tok_s']:.1f}",
+            f"{r['decode_eager']['tok_s']:.1f}" if r["compiled"].get("compiled") else "-",
+            f"{r['generate']['tok_s']:.1f}",
+            f"{r['decode_vs_generate']:.2f}x",
+            f"{r['decode_vs_fp32_generate']:.2f}x" if r["decode_vs_fp32_generate"] else "-",
+            f"{r['decode']['itl_ms_p50']:.1f}",
+            f"{r['decode']['itl_ms_p90']:.1f}",
+            f"{r['bandwidth_bound_tok_s']:.0f}",
+            f"{r['fraction_of_bound']:.0%}",
+            _mb(r["weight_bytes"]),
+            _mb(r["peak_memory_bytes"]),
+        )
+    console.print(decode)
+    for r in result["results"]:
+        if r["compiled"]:
+            console.print(f"  {r['precision']}: {r['compiled']['note']}")
+
+    prefill = Table(title="Prefill (fresh cache)")
+    for column in ("precision", "prompt tokens", "TTFT ms", "prefill tok/s"):
+        prefill.add_column(column, justify="right")
+    for r in result["results"]:
+        for row in r["prefill"]:
+            prefill.add_row(
+                r["precision"],
+                str(row["prompt_tokens"]),
+                f"{row['ttft_ms']:.1f}",
+                f"{row['prefill_tok_s']:.0f}",
+            )
+    console.print(prefill)
+
+    turns = Table(title="Multi-turn: last turn's TTFT, cache reused vs fresh prefill")
+    for column in ("precision", "turn", "prompt", "reused", "TTFT reused ms", "TTFT fresh ms", "speed-up"):
+        turns.add_column(column, justify="right")
+    for r in result["results"]:
+        m = r["multi_turn"]
+        turns.add_row(
+            r["precision"],
+            str(m["turn"]),
+            str(m["prompt_tokens"]),
+            str(m["reused_tokens"]),
+            f"{m['ttft_ms_reused']:.1f}",
+            f"{m['ttft_ms_fresh']:.1f}",
+            f"{m['speedup']:.1f}x",
+        )
+    console.print(turns)
+
+    if any(r["quality"] for r in result["results"]):
+        quality = Table(
+            title="What each precision does to the next-token distribution, against fp32 (teacher-forced)"
+        )
+        for column in ("precision", "steps", "top-1 agreement", "mean KL nats", "max KL nats"):
+            quality.add_column(column, justify="right")
+        for r in result["results"]:
+            q = r["quality"]
+            if q:
+                quality.add_row(
+                    r["precision"],
+                    str(q["steps"]),
+                    f"{q['top1_agreement']:.1%}",
+                    f"{q['mean_kl_nats']:.4f}",
+                    f"{q['max_kl_nats']:.3f}",
+                )
+        console.print(quality)
+
+    if any(r["long_context"] for r in result["results"]):
+        long = Table(title="ITL against context length: measured vs predicted by bytes read per token")
+        for column in (
+            "precision",
+            "ITL short ms",
+            "ITL long ms",
+            "context",
+            "measured ratio",
+            "predicted ratio",
+        ):
+            long.add_column(column, justify="right")
+        for r in result["results"]:
+            c = r["long_context"]
+            if c:
+                long.add_row(
+                    r["precision"],
+                    f"{c['itl_ms_short']:.1f}",
+                    f"{c['itl_ms_long']:.1f}",
+                    f"{c['context_short']}→{c['context_long']}",
+                    f"{c['measured_ratio']:.2f}",
+                    f"{c['predicted_ratio']:.2f}",
+                )
+        console.print(long)
