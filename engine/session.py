@@ -17,7 +17,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Generator, Iterator
 
 import torch
 
@@ -199,7 +199,7 @@ class ChatSession:
         stop_at_eos: bool = True,
         first: int = 0,
         detok: StreamingDetokenizer | None = None,
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, tuple[str, TurnStats]]:
         """Reuse the cache for `ids`, prefill the rest, decode; returns (text, stats).
 
         `stop_at_eos=False` decodes exactly max_new_tokens (the benchmark compares equal lengths).
@@ -221,7 +221,7 @@ class ChatSession:
         yield self.cache_event()
         return text, self._stats(ids, reused, latencies, prefill_s, stop)
 
-    def _prefill(self, new_ids: list[int]) -> Iterator[Event]:
+    def _prefill(self, new_ids: list[int]) -> Generator[Event, None, torch.Tensor | None]:
         """Feed the new prompt tokens in chunks; return the last position's logits (None if cancelled)."""
         logits = None
         for start in range(0, len(new_ids), PREFILL_CHUNK):
@@ -262,64 +262,49 @@ class ChatSession:
         stop_at_eos: bool,
         first: int = 0,
         detok: StreamingDetokenizer | None = None,
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, tuple[str, list[float], StopReason]]:
         """Sample, emit, and feed tokens until a stop; returns (text, latencies, stop reason)."""
         sampler = Sampler(self.sampling, self.device, self.show_top_k)
         context_ids = list(prompt_ids)  # what the repetition penalty looks at
         detok = detok if detok is not None else StreamingDetokenizer(self.tokenizer)
-        steps = self.trace.steps if self.trace is not None else []
-        pieces: list[str] = []
-        latencies: list[float] = []
-        last = started
+        out = _AnswerStream(self, detok, started)
         index = first
         while True:
-            sampler.settings = self.sampling
-            seen = self._seen(context_ids, sampler.settings)
-            draw = sampler.sample(logits, seen)
-            if self.step_gate.enabled:
-                draw, waited = yield from self._step(index, draw, logits, seen)
-                last += waited  # time spent waiting for the student is not latency
+            draw = yield from self._draw(sampler, logits, context_ids, index, out)
             finished = stop_at_eos and draw.id in self.stop_ids
-            text = "" if finished else detok.add(draw.id)
             stop = self._stop_reason(finished, index + 1)
-            if stop:  # the last token carries any bytes still held back, so the stream is whole
-                text += detok.flush()
-            now = time.perf_counter()
-            latencies.append(now - last)
-            last = now
-            pieces.append(text)
-            event = TokenSampled(
-                index=index,
-                id=draw.id,
-                piece=self.namer.piece(draw.id),
-                text=text,
-                logprob=draw.logprob,
-                top_k=self._candidates(draw),
-                latency_s=latencies[-1],
-                position=len(self.cache),
-                entropy=draw.entropy,
-                rank=draw.rank,
-            )
-            steps.append(event)
-            yield event
+            yield out.token(index, draw, finished, stop)
             if index == first:
                 yield PhaseChanged("decode")
             index += 1
             if stop is None and self.cancel.is_set():  # Esc while this token was shown
                 stop = "cancelled"  # held-back bytes of a split character are dropped, as never shown
             if stop:
-                break
+                return out.text(), out.latencies, stop
             logits = self._forward([draw.id])
             context_ids.append(draw.id)
             yield self.cache_event()
-        return "".join(pieces), latencies, stop
 
-    def _candidates(self, draw: Draw) -> tuple[Candidate, ...]:
+    def _draw(
+        self, sampler: Sampler, logits: torch.Tensor, context_ids: list[int], index: int, out: _AnswerStream
+    ) -> Generator[Event, None, Draw]:
+        """The next token: sampled with the current settings, or chosen by the student in step mode."""
+        sampler.settings = self.sampling
+        seen = self._seen(context_ids, sampler.settings)
+        draw = sampler.sample(logits, seen)
+        if self.step_gate.enabled:
+            draw, waited = yield from self._step(index, draw, logits, seen)
+            out.waited(waited)
+        return draw
+
+    def candidates(self, draw: Draw) -> tuple[Candidate, ...]:
         return tuple(
             Candidate(i, self.namer.piece(i), p) for i, p in zip(draw.top_ids, draw.top_probs) if p > 0
         )
 
-    def _step(self, index: int, draw: Draw, logits: torch.Tensor, seen: torch.Tensor) -> Iterator[Event]:
+    def _step(
+        self, index: int, draw: Draw, logits: torch.Tensor, seen: torch.Tensor
+    ) -> Generator[Event, None, tuple[Draw, float]]:
         """Step mode: show the draw and wait for the caller's choice; returns (draw taken, seconds waited)."""
         waiting = time.perf_counter()
         self.step_gate.offer(PendingStep(index, draw, logits, seen, self.sampling))
@@ -329,7 +314,7 @@ class ChatSession:
             position=len(self.cache),
             sampled=Candidate(draw.id, self.namer.piece(draw.id), math.exp(draw.logprob)),
             greedy=Candidate(greedy, self.namer.piece(greedy), draw.top_probs[0] if draw.top_probs else 1.0),
-            top_k=self._candidates(draw),
+            top_k=self.candidates(draw),
         )
         chosen = self.step_gate.wait(self.cancel)
         return chosen, time.perf_counter() - waiting
@@ -434,3 +419,45 @@ def _percentile(values: list[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class _AnswerStream:
+    """What the decode loop emits per token: the text so far, the latencies, the token events
+    (also kept in the answer's trace for the inspector)."""
+
+    def __init__(self, session: ChatSession, detok: StreamingDetokenizer, started: float):
+        self.session, self.detok = session, detok
+        self.steps = session.trace.steps if session.trace is not None else []
+        self.pieces: list[str] = []
+        self.latencies: list[float] = []
+        self.last = started
+
+    def waited(self, seconds: float) -> None:
+        self.last += seconds  # time spent waiting for the student is not latency
+
+    def token(self, index: int, draw: Draw, finished: bool, stop: StopReason | None) -> TokenSampled:
+        text = "" if finished else self.detok.add(draw.id)
+        if stop:  # the last token carries any bytes still held back, so the stream is whole
+            text += self.detok.flush()
+        now = time.perf_counter()
+        self.latencies.append(now - self.last)
+        self.last = now
+        self.pieces.append(text)
+        session = self.session
+        event = TokenSampled(
+            index=index,
+            id=draw.id,
+            piece=session.namer.piece(draw.id),
+            text=text,
+            logprob=draw.logprob,
+            top_k=session.candidates(draw),
+            latency_s=self.latencies[-1],
+            position=len(session.cache),
+            entropy=draw.entropy,
+            rank=draw.rank,
+        )
+        self.steps.append(event)
+        return event
+
+    def text(self) -> str:
+        return "".join(self.pieces)

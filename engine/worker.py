@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from engine import models
+from engine.errors import one_line
 from engine.events import Event, Failed, ModelLoading, ModelReady, Notice, PhaseChanged
 from engine.quant.precision import PrecisionError, cpu_note
 from engine.sampling import SamplingSettings
@@ -121,7 +122,6 @@ class InferenceWorker:
         self.context = context
         self.session: ChatSession | None = None
         self.commands: queue.Queue[Command] = queue.Queue()
-        self.busy = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llmchat-inference", daemon=True)
         self._thread.start()
 
@@ -186,26 +186,19 @@ class InferenceWorker:
         self.commands.put(_Stop())
         self._thread.join(timeout)
 
-    @property
-    def pending(self) -> int:
-        return self.commands.qsize()
-
     # -- the thread -----------------------------------------------------------------
     def _run(self) -> None:
         while True:
             command = self.commands.get()
             if isinstance(command, _Stop):
                 return
-            self.busy.set()
             try:
                 for event in self._execute(command):
                     self.emit(event)
             except Exception as e:  # keep the thread alive whatever happens
                 traceback.print_exc()
-                self.emit(Failed(f"{type(e).__name__}: {e}".splitlines()[0]))
+                self.emit(Failed(one_line(e, named=True)))
                 self.emit(PhaseChanged("idle"))
-            finally:
-                self.busy.clear()
 
     def _execute(self, command: Command) -> Iterator[Event]:
         if isinstance(command, Load):

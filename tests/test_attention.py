@@ -31,5 +31,5 @@ def test_kernel_attends_as_sdpa_does(kernel, heads, kv_heads, position):
 
 
 def test_kernel_is_used_only_for_a_float32_cache_on_the_cpu(kernel):
-    assert kernel.supports(torch.zeros(1, 3, 8, 64))
-    assert not kernel.supports(torch.zeros(1, 3, 8, 64, dtype=torch.bfloat16))
+    assert kernel.can_attend(torch.zeros(1, 3, 8, 64))
+    assert not kernel.can_attend(torch.zeros(1, 3, 8, 64, dtype=torch.bfloat16))

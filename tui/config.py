@@ -14,9 +14,9 @@ from typing import Any
 
 import platformdirs
 
+from engine import DEFAULT_MODEL
+
 CONFIG_ENV = "LLMCHAT_CONFIG_DIR"
-DEFAULT_MODEL = "smollm2-135m"
-"""Same as engine.models.DEFAULT_MODEL, spelled here so the app opens without importing torch."""
 DEFAULT_THEME = "llmchat-dark"
 
 

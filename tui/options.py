@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from engine import DEFAULT_MODEL
 from tui.config import Config
 
 
 @dataclass(frozen=True)
 class AppOptions:
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     precision: str = "fp32"
     device: str = "auto"
     sampling: Mapping[str, Any] = field(default_factory=dict)

@@ -1,11 +1,10 @@
 """One new token's attention over the KV cache, by a small C++ kernel built in the background.
 
 At long contexts a decode step's attention reads the whole cache. torch's CPU attention (SDPA;
-also written as matmuls, compiled, or as FlexAttention) reads it at ~11-14 GB/s on the 2-core
-machines, where a plain sum reads ~30: at 4,096 positions 491 us per layer against 191 us of
-bytes (BENCHMARKS.md). `decode_attention.cpp` reads K and V once, in blocks spread over the
-cores, and merges the blocks' softmaxes (flash-decoding): 251 us, about what a plain sum of
-the same bytes takes (230 us).
+also written as matmuls, compiled, or as FlexAttention) reads it at well under half the speed
+of a plain sum over the same bytes. `decode_attention.cpp` reads K and V once, in blocks spread
+over the cores, and merges the blocks' softmaxes (flash-decoding): about as fast as that plain
+sum (the measurements: BENCHMARKS.md, "ITL against context length").
 
 It is compiled with the C++ compiler torch.compile needs anyway, once per machine, into
 llmchat's cache directory, by the background job that compiles the decode step
@@ -24,9 +23,10 @@ from pathlib import Path
 import platformdirs
 import torch
 
+from engine.errors import one_line
+
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
-"""-ffast-math lets the compiler vectorize exp and the reductions (397 -> 262 us per layer;
-blocks of 512 keys instead of 256: 251)."""
+"""-ffast-math lets the compiler vectorize exp and the reductions (BENCHMARKS.md)."""
 
 _lock = threading.Lock()
 _error: list[str] = []
@@ -74,8 +74,7 @@ def load() -> str | None:
                     is_python_module=False,
                 )
         except Exception as e:  # no compiler or ninja: SDPA serves
-            text = str(e).strip()
-            _error.append(f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:200])
+            _error.append(one_line(e, 200, named=True))
             return _error[0]
         torch.library.register_fake("llmchat::decode_attention")(_shape)
         _loaded.set()
@@ -87,7 +86,7 @@ def _shape(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: 
     return q.new_empty(q.shape)
 
 
-def supports(keys: torch.Tensor) -> bool:
+def can_attend(keys: torch.Tensor) -> bool:
     """Whether the kernel can attend over `keys` now (loaded; a float32 cache on the CPU)."""
     return _loaded.is_set() and keys.device.type == "cpu" and keys.dtype == torch.float32
 

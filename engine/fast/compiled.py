@@ -1,20 +1,18 @@
 """The decode step compiled by torch.compile, built in the background while eager serves.
 
 A batch-1 decode step is matrix-vector products: each weight is read once per token. aten's
-batch-1 matmul reads float32 weights at ~12 GB/s on the 2-core machines; written as a
+batch-1 matmul reads float32 weights well below the memory bandwidth on a CPU; written as a
 multiply-and-sum (`FastLlama._matvec`), Inductor generates one loop per matrix that streams
-its rows at close to the memory bandwidth and fuses the ~25 small operations per layer
-around them (norms, RoPE, casts, the cache write). Measured (BENCHMARKS.md): fp32 decode
-45-58 tok/s compiled vs ~18 eager; fp16/bf16 ~69; w8 (int8 weights) ~95.
+its rows at close to the bandwidth and fuses the ~25 small operations per layer around them
+(norms, RoPE, casts, the cache write). How much faster, per precision: BENCHMARKS.md.
 
-Compiling takes ~60 s the first time and ~5-10 s once Inductor's on-disk cache (kept in
-llmchat's cache directory) holds the artifacts. It never blocks: a daemon thread first has a
+Compiling takes about a minute the first time and seconds once Inductor's on-disk cache (kept
+in llmchat's cache directory) holds the artifacts. It never blocks: a daemon thread first has a
 separate, lowest-priority process (`python -m engine.fast.compiled SPEC PRECISION`) compile the
 same step into that cache, then compiles here from it against scratch buffers, and the
 session switches to the compiled step at the first token after `ready`. Compiling in this
-process from scratch held the GIL and the cores for a minute (an answer meanwhile: 1.7-5.7
-tok/s); with the separate process it ran at 21.9 tok/s. The eager fast path stays the
-reference; a test checks both pick the same tokens.
+process from scratch would hold the GIL and the cores for a minute while an answer streams.
+The eager fast path stays the reference; a test checks both pick the same tokens.
 
 The step takes each layer's whole cache buffer (capacity marked dynamic, so the cache growing
 does not recompile) and writes the new K/V at the position; attention reads the positions up
@@ -36,6 +34,7 @@ from typing import Callable
 import platformdirs
 import torch
 
+from engine.errors import one_line
 from engine.events import ModelInfo
 from engine.fast import attention
 from engine.fast.fused import FastLlama
@@ -89,9 +88,7 @@ class CompiledDecode:
         try:
             compile_once(self._step, fast, self.cache_dtype)
         except Exception as e:  # no C++ compiler, an unsupported op: eager keeps serving
-            self.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[
-                :200
-            ]
+            self.error = one_line(e, 200, named=True)
         self.compile_s = time.perf_counter() - started
         with self._lock:
             if self.error is None:
@@ -150,7 +147,7 @@ _children: list[subprocess.Popen] = []
 
 def _fill_cache_in_a_subprocess(spec: str, precision: str) -> bool:
     """Compile in another process at the lowest priority: a first compile there never competes
-    with the chat for the GIL (in-process it slowed an answer to ~2-6 tok/s for a minute), and
+    with the chat for the GIL (in-process it slows an answer several-fold for a minute), and
     leaves artifacts that make the compile here take seconds. Killed if llmchat exits first."""
     command = [sys.executable, "-m", "engine.fast.compiled", spec, precision]
     try:

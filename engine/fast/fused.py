@@ -208,8 +208,8 @@ class FastLlama:
 
     def _matvec(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x [1, in] @ W.T, written as multiply-and-sum for torch.compile: Inductor turns it into
-        one loop that streams W's [out, in] rows once, ~3x faster than aten's batch-1 matmul
-        for float32 here (16-bit weights are widened inside the loop). A fast path built for
+        one loop that streams W's [out, in] rows once, several times faster than aten's batch-1
+        matmul for float32 (BENCHMARKS.md; 16-bit weights are widened inside the loop). A fast path built for
         eager use keeps float32 as [in, out], which aten multiplies faster than this loop."""
         if isinstance(weight, W8Linear):
             return weight.matvec(x)
@@ -227,13 +227,13 @@ class FastLlama:
 
         For one new token, the query heads that share a K/V head (grouped-query attention) go
         in as that head's queries, so each cached K/V is read once rather than once per query
-        head (SDPA over 4,096 positions: 491 us per layer instead of 579); once built, the
+        head (BENCHMARKS.md); once built, the
         decode kernel of engine/fast/attention.py does it at close to the memory bandwidth."""
         if q.shape[2] > 1:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         _, heads, _, d = q.shape
         grouped = q.reshape(1, self.kv_heads, heads // self.kv_heads, d)
-        if attention.supports(keys):
+        if attention.can_attend(keys):
             out = attention.decode(grouped, keys, values, position)
         else:
             out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)

@@ -31,9 +31,8 @@ class Precision:
     """Quantized through bitsandbytes at load time."""
     cache_dtype: torch.dtype
     """The KV cache's dtype. On a CPU, attention over a 16-bit cache is several times slower than
-    over fp32, with or without native bf16 instructions (SDPA over 2,048 positions: AVX2 bf16
-    1.6 ms vs fp32 0.2 ms; AVX-512 BF16 1.13 ms vs 0.17 ms), so 16-bit models keep an fp32
-    cache there: twice the bytes, a fraction of the time."""
+    over fp32, with or without native bf16 instructions (BENCHMARKS.md), so 16-bit models keep
+    an fp32 cache there: twice the bytes, a fraction of the time."""
 
 
 def resolve_device(device: str) -> str:

@@ -4,7 +4,7 @@
 
 A batch-1 decode step reads every weight once, so one byte per weight instead of four is the
 whole game. No torch kernel multiplies float32 activations by int8 weights quickly on a CPU
-(`_weight_int8pack_mm`: 11.5 tok/s on the AVX2 machine, BENCHMARKS.md), but the compiled
+(`_weight_int8pack_mm` is slower than widening: BENCHMARKS.md), but the compiled
 decode step's matvec (engine/fast/fused.py) widens Q inside the loop Inductor generates, which
 makes w8 the fastest decode here. Eager, each call widens the whole matrix first: fine for a
 prefill chunk, slow for a single token, so until the compiled step is ready (or with

@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from engine.errors import one_line
 from engine.kvcache import KVCache
 from engine.models import LoadedModel
 
@@ -75,7 +76,7 @@ def save_cache(cache: KVCache, loaded: LoadedModel, path: Path) -> int:
     except (OSError, RuntimeError) as e:
         with contextlib.suppress(OSError):
             staging.unlink(missing_ok=True)
-        raise CacheFileError(f"cannot save the KV cache to {path}: {_one_line(e)}") from None
+        raise CacheFileError(f"cannot save the KV cache to {path}: {one_line(e, 200)}") from None
 
 
 def _tensors(cache: KVCache) -> dict[str, torch.Tensor]:
@@ -115,7 +116,7 @@ def load_cache(path: Path, loaded: LoadedModel) -> tuple[KVCache | None, str]:
     except _Mismatch as e:
         return None, f"saved KV cache ignored ({e}): the history will be prefilled"
     except Exception as e:  # safetensors raises several types for a damaged file
-        return None, f"saved KV cache ignored (unreadable: {_one_line(e)}): the history will be prefilled"
+        return None, f"saved KV cache ignored (unreadable: {one_line(e, 200)}): the history will be prefilled"
     cache = _fill(tensors, ids, loaded)
     return cache, f"KV cache loaded from disk: {len(ids)} tokens, no prefill needed"
 
@@ -170,8 +171,3 @@ def _fill(tensors: dict[str, torch.Tensor], ids: list[int], loaded: LoadedModel)
         layer.update(tensors[f"layers.{i}.keys"].to(device), tensors[f"layers.{i}.values"].to(device))
     cache.appended(ids)
     return cache
-
-
-def _one_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return (lines[0] if lines else type(error).__name__)[:200]

@@ -25,6 +25,8 @@ from typing import Any, Iterator
 
 import platformdirs
 
+from engine.errors import one_line
+
 DATA_DIR_ENV = "LLMCHAT_DATA_DIR"
 """Environment variable that moves the data directory (tests point it at a tmp dir)."""
 
@@ -172,14 +174,9 @@ def data_dir(override: str | os.PathLike | None = None) -> Path:
     return Path(platformdirs.user_data_dir("llmchat"))
 
 
-def _one_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
-
-
 def _explain(error: sqlite3.Error, path: Path) -> StoreError:
     """A one-line StoreError that says what is wrong and that nothing was changed."""
-    text = _one_line(error)
+    text = one_line(error)
     lowered = text.lower()
     if "not a database" in lowered or "malformed" in lowered:
         reason = (

@@ -12,10 +12,8 @@ from typing import Optional
 
 import typer
 
+from engine import DEFAULT_MODEL
 from tui.cli.conversations import conversations_app
-
-# Spelled in tui.config (torch-free) so `llmchat` opens its window without importing torch first.
-from tui.config import DEFAULT_MODEL
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="See LLM inference happen, live.")
 app.add_typer(conversations_app, name="conversations")
