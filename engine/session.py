@@ -56,6 +56,9 @@ class Message:
     content: str
     trace: AnswerTrace | None = field(default=None, compare=False, repr=False)
     """For an answer generated in this session: its steps, for the token inspector."""
+    saved_id: int | None = field(default=None, compare=False)
+    """Its id in the conversation store, once saved: trimming, forks and refusals drop it with
+    the message, so the ids of a conversation never fall out of step with its messages."""
 
 
 class ChatSession:
@@ -124,9 +127,9 @@ class ChatSession:
         return ids
 
     # -- conversation ------------------------------------------------------------
-    def send(self, text: str) -> Iterator[Event]:
-        """Add a user message and answer it."""
-        self.messages.append(Message("user", text))
+    def send(self, text: str, saved_id: int | None = None) -> Iterator[Event]:
+        """Add a user message (already saved as `saved_id`, if saving) and answer it."""
+        self.messages.append(Message("user", text, saved_id=saved_id))
         yield from self.answer()
 
     def regenerate(self) -> Iterator[Event]:
@@ -138,13 +141,20 @@ class ChatSession:
             return
         yield from self.answer()
 
-    def edit(self, index: int, text: str) -> Iterator[Event]:
+    def edit(self, index: int, text: str, saved_id: int | None = None) -> Iterator[Event]:
         """Replace user message `index`, forget what followed it, and answer again."""
-        if not (0 <= index < len(self.messages)) or self.messages[index].role != "user":
+        if not self.is_user_message(index):
             yield Failed(f"message {index} is not a user message")
             return
         del self.messages[index:]
-        yield from self.send(text)
+        yield from self.send(text, saved_id)
+
+    def is_user_message(self, index: int) -> bool:
+        return 0 <= index < len(self.messages) and self.messages[index].role == "user"
+
+    def last_answer_index(self) -> int:
+        """The index of the newest answer in `messages`, -1 if there is none."""
+        return max((i for i, m in enumerate(self.messages) if m.role == "assistant"), default=-1)
 
     def reset(self, system_prompt: str | None = None) -> None:
         self.messages.clear()
@@ -377,7 +387,7 @@ class ChatSession:
     def _forkable(self, answer: int | None, step: int) -> tuple[int, AnswerTrace]:
         """The message index and trace of the answer to fork; ValueError says why not."""
         if answer is None:
-            answer = max((i for i, m in enumerate(self.messages) if m.role == "assistant"), default=-1)
+            answer = self.last_answer_index()
         if not 0 <= answer < len(self.messages) or self.messages[answer].role != "assistant":
             raise ValueError(f"message {answer} is not an answer")
         trace = self.messages[answer].trace

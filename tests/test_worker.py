@@ -156,7 +156,7 @@ def test_invalid_sampling_change_is_refused_and_nothing_changes(worker):
 def test_an_unexpected_error_keeps_the_thread_alive(worker, recorder, tiny_model_dir, monkeypatch):
     load_tiny(worker, recorder, tiny_model_dir)
 
-    def boom(text):
+    def boom(text, saved_id=None):
         raise RuntimeError("boom\nsecond line")
         yield  # a generator, like the real send
 

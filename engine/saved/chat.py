@@ -2,9 +2,10 @@
 
 `SavedChat` wraps a session with the same calls (`send`, `regenerate`, `edit`) and commits
 each finished message to a Store before the event that finishes it goes out, so the UI
-never shows as finished what is not on disk. It keeps `message_ids` parallel to
-`session.messages`: the store ids of the current branch. An edit or a regeneration starts
-a sibling branch; the old one stays, and `step_version` moves between them.
+never shows as finished what is not on disk. Each of `session.messages` carries its store id
+(`Message.saved_id`), so the ids stay in step with the messages whatever the session drops.
+An edit or a regeneration starts a sibling branch; the old one stays, and `step_version`
+moves between them.
 
 Resuming restores the messages and, when the saved KV cache file was made by this very
 model and precision, the cache too: the next turn then reuses the whole history instead
@@ -17,14 +18,12 @@ with a notice and the chat goes on.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from typing import Generator, Iterator
 
 from engine.events import (
-    ContextTrimmed,
     ConversationLoaded,
     Event,
     Failed,
-    Forked,
     MessageSaved,
     ModelInfo,
     Notice,
@@ -65,52 +64,39 @@ class SavedChat:
         """None when saving is off (no store, or it failed)."""
         self.conversation_id: int | None = None
         """Created with the first message."""
-        self.message_ids: list[int] = []
-        """Store ids of `session.messages`, index for index."""
+
+    @property
+    def message_ids(self) -> list[int | None]:
+        """Store ids of `session.messages`, index for index (None where not saved)."""
+        return [m.saved_id for m in self.session.messages]
 
     # -- the conversation calls (same as ChatSession's) ------------------------------
     def send(self, text: str) -> Iterator[Event]:
         """Save the user message, answer it, save the answer."""
-        yield from self._save("user", text, self._leaf())
-        yield from self._answered(self.session.send(text))
+        messages = self.session.messages
+        asked = yield from self._save("user", text, self._leaf(), index=len(messages))
+        yield from self._answered(self.session.send(text, asked), asked)
 
     def regenerate(self) -> Iterator[Event]:
         """Answer the last user message again; the old answer stays as another version."""
-        kept = len(self.session.messages)
-        while kept and self.session.messages[kept - 1].role == "assistant":
-            kept -= 1
-        del self.message_ids[kept:]
         yield from self._answered(self.session.regenerate())
 
     def edit(self, index: int, text: str) -> Iterator[Event]:
         """Replace user message `index` with a new version and answer it; the old branch stays."""
-        messages = self.session.messages
-        if 0 <= index < len(messages) and messages[index].role == "user":
-            parent = self.message_ids[index - 1] if index > 0 and self.store is not None else None
-            del self.message_ids[index:]
-            yield from self._save("user", text, parent)
-        yield from self._answered(self.session.edit(index, text))
+        asked = None
+        if self.session.is_user_message(index):
+            parent = self.session.messages[index - 1].saved_id if index > 0 else None
+            asked = yield from self._save("user", text, parent, index=index)
+        yield from self._answered(self.session.edit(index, text, asked), asked)
 
     def fork(self, step: int, token_id: int, answer: int | None = None) -> Iterator[Event]:
         """ChatSession.fork, saved: the forked answer becomes a new version of that answer."""
-        if answer is None:
-            answer = max(
-                (i for i, m in enumerate(self.session.messages) if m.role == "assistant"), default=-1
-            )
-
-        def forked() -> Iterator[Event]:
-            for event in self.session.fork(step, token_id, answer):
-                if isinstance(event, Forked):  # the session dropped the answer and what followed
-                    del self.message_ids[answer:]
-                yield event
-
-        yield from self._answered(forked())
+        yield from self._answered(self.session.fork(step, token_id, answer))
 
     def new(self, system_prompt: str | None = None) -> None:
         """Start a fresh conversation (created in the store with its first message)."""
         self.session.reset(system_prompt)
         self.conversation_id = None
-        self.message_ids = []
 
     # -- resume and branches ------------------------------------------------------------
     def resume(self, ref: int | str, use_cache: bool = True) -> Iterator[Event]:
@@ -141,12 +127,14 @@ class SavedChat:
 
     def step_version(self, index: int, step: int) -> Iterator[Event]:
         """Show the previous (-1) or next (+1) version of message `index` and the branch below it."""
-        if self.store is None or not 0 <= index < len(self.message_ids):
+        messages = self.session.messages
+        shown = messages[index].saved_id if 0 <= index < len(messages) else None
+        if self.store is None or shown is None:
             yield Failed(f"message {index} has no saved versions")
             return
         try:
-            versions = self.store.siblings(self.message_ids[index])
-            position = [m.id for m in versions].index(self.message_ids[index]) + step
+            versions = self.store.siblings(shown)
+            position = [m.id for m in versions].index(shown) + step
             if not 0 <= position < len(versions):
                 return
             path = self.store.switch_branch(versions[position].id)
@@ -160,8 +148,7 @@ class SavedChat:
 
     def _show(self, path: list[StoredMessage]) -> None:
         """Make `path` the session's messages; the cache stays (the next turn reuses the common prefix)."""
-        self.session.messages[:] = [Message(m.role, m.content) for m in path]
-        self.message_ids = [m.id for m in path]
+        self.session.messages[:] = [Message(m.role, m.content, saved_id=m.id) for m in path]
 
     def _loaded_event(
         self, conversation_id: int, title: str, path: list[StoredMessage]
@@ -188,37 +175,48 @@ class SavedChat:
 
     # -- saving ---------------------------------------------------------------------------
     def _leaf(self) -> int | None:
-        return self.message_ids[-1] if self.message_ids else None
+        messages = self.session.messages
+        return messages[-1].saved_id if messages else None
 
-    def _answered(self, events: Iterator[Event]) -> Iterator[Event]:
-        """Pass the session's events through, saving the answer before its TurnFinished goes out."""
+    def _answered(self, events: Iterator[Event], asked: int | None = None) -> Iterator[Event]:
+        """Pass the session's events through, saving the answer before its TurnFinished goes out.
+
+        `asked` is the user message saved for this turn: if the session refuses it, it goes."""
         for event in events:
-            if isinstance(event, ContextTrimmed):
-                del self.message_ids[: event.dropped_messages]
-            elif isinstance(event, Failed):
-                self._take_back_refused()
+            if isinstance(event, Failed):
+                self._take_back_refused(asked)
             elif isinstance(event, TurnFinished):
-                record = answer_record(self.session.info, self.session.sampling, event.stats)
-                yield from self._save("assistant", event.text, self._leaf(), record)
+                yield from self._save_answer(event)
             yield event
 
-    def _take_back_refused(self) -> None:
+    def _save_answer(self, finished: TurnFinished) -> Iterator[Event]:
+        """Save the answer the session just appended, and give it its id."""
+        messages = self.session.messages
+        record = answer_record(self.session.info, self.session.sampling, finished.stats)
+        parent = messages[-2].saved_id if len(messages) > 1 else None
+        saved_id = yield from self._save("assistant", finished.text, parent, record, len(messages) - 1)
+        messages[-1] = dataclasses.replace(messages[-1], saved_id=saved_id)
+
+    def _take_back_refused(self, asked: int | None) -> None:
         """The session dropped a prompt it could not fit: drop it from the store too."""
-        if self.store is None or len(self.message_ids) <= len(self.session.messages):
+        if self.store is None or asked is None or asked in self.message_ids:
             return
-        refused = self.message_ids.pop()
         try:
-            self.store.delete_message(refused)
+            self.store.delete_message(asked)
         except StoreError:
             pass  # a stray unanswered message is harmless; the next save reports a broken store
-        # The session may also have trimmed old turns while trying: keep the ids of those it kept.
-        del self.message_ids[: len(self.message_ids) - len(self.session.messages)]
 
     def _save(
-        self, role: str, content: str, parent: int | None, record: AnswerRecord | None = None
-    ) -> Iterator[Event]:
+        self,
+        role: str,
+        content: str,
+        parent: int | None,
+        record: AnswerRecord | None = None,
+        index: int = 0,
+    ) -> Generator[Event, None, int | None]:
+        """Save one message as message `index` of the conversation; its id (None if not saved)."""
         if self.store is None:
-            return
+            return None
         try:
             if self.conversation_id is None:
                 info = self.session.info
@@ -229,6 +227,6 @@ class SavedChat:
         except StoreError as e:
             self.store = None
             yield Notice(f"saving is off for the rest of this conversation: {e}")
-            return
-        self.message_ids.append(saved.id)
-        yield MessageSaved(self.conversation_id, len(self.message_ids) - 1, saved)
+            return None
+        yield MessageSaved(self.conversation_id, index, saved)
+        return saved.id
