@@ -126,6 +126,8 @@ class Forked:
     new: int
     """Positions fed again before decoding goes on (1 when the cache held the whole prefix)."""
     original_text: str
+    start_text: str = ""
+    """What the new answer starts with: the kept steps' text and the chosen token's."""
 
 
 @dataclass(frozen=True)

@@ -371,7 +371,7 @@ class ChatSession:
         prefix = "".join(detok.add(i) for i in old.ids[:step])
         finished = token_id in self.stop_ids
         forced = dataclasses.replace(forced, text="" if finished else detok.add(token_id))
-        yield Forked(step, token_id, reused, len(ids) - reused, original)
+        yield Forked(step, token_id, reused, len(ids) - reused, original, prefix + forced.text)
         yield forced
         if finished:  # the alternative ends the answer: nothing to compute
             self.trace = AnswerTrace(tuple(ids), reused)
