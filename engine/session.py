@@ -17,7 +17,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Generator, Iterator
+from typing import TYPE_CHECKING, Generator, Iterator
 
 import torch
 
@@ -45,6 +45,9 @@ from engine.instruments.trace import AnswerTrace, forced_step
 from engine.kvcache import KVCache
 from engine.models import LoadedModel
 from engine.sampling import Draw, Sampler, SamplingSettings
+
+if TYPE_CHECKING:
+    from engine.instruments.attention import AttentionProbe
 
 PREFILL_CHUNK = 512
 """Prompt tokens per forward pass in prefill: bounds memory and lets progress and Esc through."""
@@ -88,6 +91,8 @@ class ChatSession:
         """Step mode: when enabled, each drawn token waits for the caller's choice."""
         self.trace: AnswerTrace | None = None
         """The steps of the answer in progress, or of the last one."""
+        self.attention_probe: AttentionProbe | None = None
+        """The attention view's hooks, made on first use (engine/instruments/attention.py `probe_of`)."""
         self._context_limit = context
         self.use_model(loaded)
 

@@ -13,7 +13,7 @@ import threading
 import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
@@ -25,6 +25,8 @@ from engine.sampling import SamplingSettings
 from engine.saved.chat import SavedChat
 from engine.saved.store import Store
 from engine.session import ChatSession
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -157,11 +159,23 @@ class InferenceWorker:
         """Continue an answer from step `step` with `token_id` instead; the old answer stays a branch."""
         self.commands.put(Fork(step, token_id, answer))
 
-    def call(self, fn: Callable[[ChatSession], Any]) -> Future:
+    def call(self, fn: Callable[[ChatSession], T]) -> Future[T]:
         """Queue `fn(session)` for the inference thread; the future holds its result or error."""
-        future: Future = Future()
+        future: Future[T] = Future()
         self.commands.put(Call(fn, future))
         return future
+
+    def call_at_gate(self, fn: Callable[[ChatSession], T]) -> T:
+        """Run `fn(session)` now, on the caller's thread, while a step waits at the step gate.
+
+        The inference thread is then blocked between two forward passes (a queued `call`
+        would wait for the answer to end), so the model is the caller's until it answers the
+        step. RuntimeError when no step waits.
+        """
+        session = self.session
+        if session is None or session.step_gate.pending is None:
+            raise RuntimeError("no step is waiting at the gate")
+        return fn(session)
 
     def cancel(self) -> None:
         """Stop the answer in progress after the current token; the partial answer stays."""

@@ -440,7 +440,7 @@ def test_attention_view_uses_eager_attention_only_while_open(tiny_model_dir, tmp
                 timeout=30,
             )
             view = app.screen.view
-            expected = await on_engine(app, lambda s: app.instruments.probe.view(0, 0))
+            expected = await on_engine(app, lambda s: s.attention_probe.view(0, 0))
             assert view.weights == expected.weights and len(view.ids) == len(session.cache)
             shown = screen_text(app)
             for span in expected.spans:
@@ -460,7 +460,7 @@ def test_attention_view_uses_eager_attention_only_while_open(tiny_model_dir, tmp
             )
             await pilot.press("escape")
             await wait_for(pilot, lambda: session.model.config._attn_implementation == "sdpa", timeout=30)
-            assert session.fast is fast and not app.instruments.probe.enabled
+            assert session.fast is fast and not session.attention_probe.enabled
 
     run(scenario)
 

@@ -7,19 +7,27 @@ and imports them on a background thread.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, TypeVar
 
 from engine.events import Event
+from engine.instruments.view import SessionView
 
 if TYPE_CHECKING:
     from engine.sampling import SamplingSettings
     from engine.saved.store import Store
+    from engine.session import ChatSession
 
 Emit = Callable[[Event], None]
+T = TypeVar("T")
 
 
 class Engine(Protocol):
     """The part of `engine.worker.InferenceWorker` the app uses; tests inject a fake."""
+
+    @property
+    def session(self) -> SessionView | None:
+        """What the UI thread may read of the running session; None until a model has loaded."""
 
     def load(self, spec: str, precision: str = "fp32", device: str = "auto") -> None: ...
     def send(self, text: str) -> None: ...
@@ -31,6 +39,14 @@ class Engine(Protocol):
     def cancel(self) -> None: ...
     def set_sampling(self, settings: "SamplingSettings") -> None: ...
     def shutdown(self, timeout: float = 5.0) -> None: ...
+
+    # -- the instruments -----------------------------------------------------------
+    def fork(self, step: int, token_id: int, answer: int | None = None) -> None: ...
+    def call(self, fn: Callable[[ChatSession], T]) -> Future[T]:
+        """Queue `fn(session)` for the inference thread: the way the app runs the model."""
+
+    def call_at_gate(self, fn: Callable[[ChatSession], T]) -> T:
+        """Run `fn(session)` now, while a step waits at the step gate (the inference thread is blocked)."""
 
 
 EngineFactory = Callable[[Emit, "SamplingSettings", "str | None", "int | None"], Engine]

@@ -16,7 +16,7 @@ from engine.detok import PieceNamer
 from engine.kvcache import common_prefix
 
 if TYPE_CHECKING:
-    from engine.session import ChatSession
+    from engine.instruments.view import SessionView
 
 Source = Literal["cached", "prefilled", "generated", "text"]
 
@@ -122,7 +122,7 @@ def decode(tokenizer, ids: Sequence[int]) -> str:
 
 
 def tokenizer_view(
-    session: ChatSession, prompt_ids: Sequence[int], reused: int, answer_ids: Sequence[int] = ()
+    session: SessionView, prompt_ids: Sequence[int], reused: int, answer_ids: Sequence[int] = ()
 ) -> TokenizerView:
     """The view of one turn, from its `PromptTokens` event (ids, reused) and the answer's ids."""
     ids = [*prompt_ids, *answer_ids]
@@ -138,12 +138,12 @@ def tokenizer_view(
     )
 
 
-def _template_ids(session: ChatSession, chat: list[dict]) -> list[int]:
+def _template_ids(session: SessionView, chat: list[dict]) -> list[int]:
     text = session.tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
     return session.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def message_spans(session: ChatSession, ids: Sequence[int]) -> tuple[Span, ...]:
+def message_spans(session: SessionView, ids: Sequence[int]) -> tuple[Span, ...]:
     """Cut `ids` (a templated conversation, maybe with an answer) into one span per message.
 
     The boundary after each message is the common prefix of `ids` with the template of the

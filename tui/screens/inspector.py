@@ -18,7 +18,7 @@ from textual.widgets import Static
 from engine.events import Candidate, Event, Forked, TurnFinished
 from engine.instruments.trace import TokenRecord
 from tui.fmt import prob_style, visible_piece
-from tui.instruments import AnswerRef, answers
+from tui.instruments import AnswerRef, Instruments, answers
 from tui.screens.instrument import InstrumentScreen
 from tui.widgets.alternatives import AlternativesList
 from tui.widgets.token_strip import StripToken, TokenStrip
@@ -93,8 +93,8 @@ class InspectorScreen(InstrumentScreen):
     ]
     BODY_FOCUS = False
 
-    def __init__(self, link, step: int | None = None, answer: AnswerRef | None = None) -> None:
-        super().__init__(link)
+    def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        super().__init__(link, step, answer)
         self.refs = answers(link.session)
         self.ref: AnswerRef | None = answer or (self.refs[-1] if self.refs else None)
         self.steps = list(self.ref.trace.steps) if self.ref else []

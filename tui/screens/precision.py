@@ -1,13 +1,14 @@
 """Precision compare: the last turn at the loaded precision and at a second one, side by side.
 
-The second precision is loaded on the inference thread, the turn runs teacher-forced
-(`compare_turn`), and the second model is dropped again; the chat's model stays as it was.
+The second precision is loaded on the inference thread, the turn runs teacher-forced, and
+the second model is dropped again (`compare_turn_at` in engine/instruments/precision_compare.py);
+the chat's model stays as it was.
 """
 
 from __future__ import annotations
 
-import gc
 import threading
+from typing import TYPE_CHECKING
 
 from textual import on
 from textual.app import ComposeResult
@@ -16,29 +17,15 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import Button, Input, Label, Select, Static
 
-from engine import models
-from engine.instruments.precision_compare import PrecisionComparison, compare_turn
+from engine.instruments.precision_compare import PrecisionComparison, compare_turn_at
 from engine.quant.precision import PRECISIONS
 from tui.fmt import human_bytes, ms, subscript, visible_piece
 from tui.screens.instrument import InstrumentScreen
 
+if TYPE_CHECKING:
+    from tui.instruments import AnswerRef, Instruments
+
 DEFAULT_TOKENS = 32
-
-
-def run_compare(precision: str, max_new_tokens: int, cancel: threading.Event):
-    """For `engine.call`: load the session's model at `precision`, compare the last turn, free it."""
-
-    def run(session) -> PrecisionComparison:
-        if cancel.is_set():
-            raise RuntimeError("cancelled")
-        other = models.load(session.info.spec, precision, session.info.device)
-        try:
-            return compare_turn(session, other, max_new_tokens, cancel)
-        finally:
-            del other
-            gc.collect()
-
-    return run
 
 
 def side_by_side(result: PrecisionComparison) -> list[Content]:
@@ -120,8 +107,8 @@ class PrecisionScreen(InstrumentScreen):
     """
     BINDINGS = [Binding("r", "run", "Run")]
 
-    def __init__(self, link) -> None:
-        super().__init__(link)
+    def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        super().__init__(link, step, answer)
         self.result: PrecisionComparison | None = None
         self.cancel = threading.Event()
         """Set when the screen closes: a comparison still running stops at its next step."""
@@ -185,7 +172,9 @@ class PrecisionScreen(InstrumentScreen):
 
     async def _run(self, precision: str, tokens: int) -> None:
         try:
-            result = await self.on_engine(self.link.engine.call(run_compare(precision, tokens, self.cancel)))
+            result = await self.on_engine(
+                self.link.engine.call(lambda s: compare_turn_at(s, precision, tokens, self.cancel))
+            )
         except Exception as e:  # a precision this machine cannot load, or no turn yet
             self._status(f"✖ {e}")
             return

@@ -14,7 +14,7 @@ from textual.widgets import Static
 from engine.events import Event, TurnFinished
 from engine.instruments.stages import SamplerStages, Stage, pending_stages, stages_at
 from tui.fmt import prob_style, visible_piece
-from tui.instruments import AnswerRef, answers
+from tui.instruments import AnswerRef, Instruments, answers
 from tui.screens.instrument import InstrumentScreen
 
 SHORT = {
@@ -107,8 +107,8 @@ def stage_lines(stages: SamplerStages) -> list[Content]:
 class StagesScreen(InstrumentScreen):
     INSTRUMENT = "stages"
 
-    def __init__(self, link, step: int | None = None, answer: AnswerRef | None = None) -> None:
-        super().__init__(link)
+    def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        super().__init__(link, step, answer)
         self.step = step
         self.answer = answer
         self.stages: SamplerStages | None = None

@@ -19,7 +19,7 @@ from textual.widgets import Input, Static
 from engine.events import Event, Forked, TurnFinished
 from engine.instruments.tokview import Piece, Span, TextCost, TokenizerView, text_cost, tokenizer_view
 from tui.fmt import subscript, visible_piece
-from tui.instruments import AnswerRef, answers
+from tui.instruments import AnswerRef, Instruments, answers
 from tui.screens.instrument import InstrumentScreen
 
 SOURCE_STYLES = {
@@ -143,8 +143,8 @@ class TokenizerScreen(InstrumentScreen):
     TokenizerScreen #template { background: $boost; padding: 0 1; }
     """
 
-    def __init__(self, link, answer: AnswerRef | None = None) -> None:
-        super().__init__(link)
+    def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        super().__init__(link, step, answer)
         self.answer = answer
 
     def compose_body(self) -> ComposeResult:
