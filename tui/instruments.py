@@ -327,7 +327,6 @@ class Instruments:
         drops the old box, as for an edit; its arrows step back to the original). Otherwise
         the old box stays above, marked as the kept branch.
         """
-        from engine.detok import StreamingDetokenizer
         from tui.widgets.chat_log import Answer, ChatLog
 
         pending, self._fork = self._fork, None
@@ -354,7 +353,4 @@ class Instruments:
         )
         answer = await chat.expect_answer(f"⑂ forked: {event.reused} positions reused, {event.new} fed…")
         if pending is not None:
-            # The kept text plus the chosen token, decoded the way the engine decodes it.
-            detok = StreamingDetokenizer(session.tokenizer)
-            ids = [*pending.trace.ids[: event.step], event.token_id]
-            await answer.write("".join(detok.add(i) for i in ids if i not in session.stop_ids))
+            await answer.write(event.start_text)  # the kept text and the chosen token's
