@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sqlite3
 import threading
 import time
@@ -159,8 +160,13 @@ class SearchHit:
     title: str
     message_id: int
     role: str
-    snippet: str
-    """The matching text with the match wrapped in [ and ]."""
+    parts: tuple[tuple[str, bool], ...]
+    """The matching text in pieces, each with whether it is a match (brackets in a message stay text)."""
+
+    @property
+    def snippet(self) -> str:
+        """The matching text with each match wrapped in [ and ], for plain output."""
+        return "".join(f"[{text}]" if matched else text for text, matched in self.parts)
 
 
 def data_dir(override: str | os.PathLike | None = None) -> Path:
@@ -198,6 +204,16 @@ def _explain(error: sqlite3.Error, path: Path) -> StoreError:
 def _title_from(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def snippet_parts(snippet: str, start: str, end: str) -> tuple[tuple[str, bool], ...]:
+    """Split an FTS snippet whose matches sit between `start` and `end` into (text, is_match) pieces."""
+    first, *marked = snippet.split(start)
+    parts = [(first, False)]
+    for piece in marked:
+        match, _, rest = piece.partition(end)
+        parts += [(match, True), (rest, False)]
+    return tuple(part for part in parts if part[0])
 
 
 def fts_query(text: str) -> str:
@@ -512,16 +528,28 @@ class Store:
         query = fts_query(text)
         if not query:
             return []
+        # Match markers no message can forge (a fresh nonce each search): "[docs]" in a message stays text.
+        nonce = secrets.token_hex(8)
+        start, end = f"\ue000{nonce}", f"\ue001{nonce}"
         with self._read() as db:
             rows = db.execute(
                 """SELECT m.conversation_id, c.title, m.id AS message_id, m.role,
-                          snippet(messages_fts, 0, '[', ']', '…', 12) AS snippet
+                          snippet(messages_fts, 0, ?, ?, '…', 12) AS snippet
                    FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid
                    JOIN conversations c ON c.id = m.conversation_id
                    WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?""",
-                (query, limit),
+                (start, end, query, limit),
             ).fetchall()
-        return [SearchHit(**dict(row)) for row in rows]
+        return [
+            SearchHit(
+                row["conversation_id"],
+                row["title"],
+                row["message_id"],
+                row["role"],
+                snippet_parts(row["snippet"], start, end),
+            )
+            for row in rows
+        ]
 
     def export_json(self, conversation_id: int) -> dict[str, Any]:
         """Everything, every branch included: the conversation, its messages with parents,
