@@ -18,6 +18,7 @@ import secrets
 import sqlite3
 import threading
 import time
+import unicodedata
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -35,6 +36,9 @@ SCHEMA_VERSION = 1
 
 EXPORT_FORMAT = "llmchat-conversation"
 TITLE_CHARS = 60
+"""A title made from the first message is cut to this many characters."""
+TITLE_MAX = 200
+"""The longest title a rename may give (a title is shown on one line of a list)."""
 
 _SCHEMA_V1 = """
 CREATE TABLE conversations (
@@ -206,6 +210,18 @@ def _title_from(text: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
 
 
+def check_title(title: str) -> str:
+    """`title` without surrounding spaces, or a StoreError if it is not one line of at most TITLE_MAX."""
+    title = title.strip()
+    if any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in title):
+        raise StoreError(
+            "a title must be one line of text, without control characters (newline, tab, escape)"
+        )
+    if len(title) > TITLE_MAX:
+        raise StoreError(f"a title must be at most {TITLE_MAX} characters; this one has {len(title)}")
+    return title
+
+
 def snippet_parts(snippet: str, start: str, end: str) -> tuple[tuple[str, bool], ...]:
     """Split an FTS snippet whose matches sit between `start` and `end` into (text, is_match) pieces."""
     first, *marked = snippet.split(start)
@@ -325,6 +341,7 @@ class Store:
         title: str = "",
     ) -> Conversation:
         """A new, empty conversation (its title comes from the first user message if not given)."""
+        title = check_title(title)
         now = time.time()
         with self._write() as db:
             cursor = db.execute(
@@ -372,10 +389,12 @@ class Store:
         return [ConversationSummary(**dict(row)) for row in rows]
 
     def rename(self, conversation_id: int, title: str) -> None:
+        """A new title: one line of at most TITLE_MAX characters (StoreError says what is wrong)."""
+        title = check_title(title)
         with self._write() as db:
             changed = db.execute(
                 "UPDATE conversations SET title = ?, updated = ? WHERE id = ?",
-                (title.strip(), time.time(), conversation_id),
+                (title, time.time(), conversation_id),
             ).rowcount
         if not changed:
             raise StoreError(f"no conversation {conversation_id}")

@@ -69,6 +69,8 @@ def list_conversations(
     search: Optional[str] = typer.Option(None, "--search", "-s", help="Full-text search over every message."),
 ) -> None:
     """List saved conversations (id, last update, turns, model, title), or search them."""
+    if limit < 1:
+        _fail(f"--limit must be at least 1, got {limit}")
     store = open_store()
     try:
         if search is not None:
@@ -106,6 +108,7 @@ def export(
     output: Optional[Path] = typer.Option(
         None, "--output", "-o", help="Write to this file instead of stdout."
     ),
+    force: bool = typer.Option(False, "--force", help="Overwrite the --output file if it exists."),
 ) -> None:
     """Export a conversation as Markdown or JSON (byte-exact, unless printed on a terminal)."""
     if format not in ("md", "json"):
@@ -123,7 +126,10 @@ def export(
         sys.stdout.write((visible_controls(text) if sys.stdout.isatty() else text) + "\n")
         return
     try:
-        output.write_text(text + "\n", encoding="utf-8")
+        with open(output, "w" if force else "x", encoding="utf-8") as f:  # "x": never overwrite unasked
+            f.write(text + "\n")
+    except FileExistsError:
+        _fail(f"{output} exists; pass --force to overwrite it")
     except OSError as e:
         _fail(f"cannot write {output}: {e.strerror or e}")
     typer.echo(f"llmchat: conversation {conversation_id} exported to {output}", err=True)
