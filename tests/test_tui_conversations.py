@@ -158,7 +158,7 @@ def test_search_finds_words_in_any_message(data_dir, tmp_path):
 
 
 def test_search_highlights_the_match_and_also_finds_titles():
-    content = highlight("user: What is the [capital] of\n France?")
+    content = highlight((("user: What is the ", False), ("capital", True), (" of\n France?", False)))
     assert content.plain == "user: What is the capital of France?"
     assert [content.plain[s.start : s.end] for s in content.spans] == ["capital"]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.events import ConversationLoaded, Event, MessageSaved
+from tui.fmt import visible_controls
 from tui.widgets.chat_log import ChatLog, UserMessage
 from tui.widgets.kv_cache import KVCachePanel
 from tui.widgets.prompt_input import PromptInput
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 def heading(event: ConversationLoaded) -> str:
     turns = sum(1 for m in event.messages if m.role == "user")
-    title = event.title or "(untitled)"
+    title = visible_controls(event.title, one_line=True) or "(untitled)"
     return f"Conversation {event.conversation_id} · {title} · {turns} turn{'s' if turns != 1 else ''}"
 
 

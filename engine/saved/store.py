@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sqlite3
 import threading
 import time
+import unicodedata
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -36,6 +38,9 @@ SCHEMA_VERSION = 1
 
 EXPORT_FORMAT = "llmchat-conversation"
 TITLE_CHARS = 60
+"""A title made from the first message is cut to this many characters."""
+TITLE_MAX = 200
+"""The longest title a rename may give (a title is shown on one line of a list)."""
 
 _SCHEMA_V1 = """
 CREATE TABLE conversations (
@@ -161,8 +166,13 @@ class SearchHit:
     title: str
     message_id: int
     role: str
-    snippet: str
-    """The matching text with the match wrapped in [ and ]."""
+    parts: tuple[tuple[str, bool], ...]
+    """The matching text in pieces, each with whether it is a match (brackets in a message stay text)."""
+
+    @property
+    def snippet(self) -> str:
+        """The matching text with each match wrapped in [ and ], for plain output."""
+        return "".join(f"[{text}]" if matched else text for text, matched in self.parts)
 
 
 def data_dir(override: str | os.PathLike | None = None) -> Path:
@@ -195,6 +205,28 @@ def _explain(error: sqlite3.Error, path: Path) -> StoreError:
 def _title_from(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def check_title(title: str) -> str:
+    """`title` without surrounding spaces, or a StoreError if it is not one line of at most TITLE_MAX."""
+    title = title.strip()
+    if any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in title):
+        raise StoreError(
+            "a title must be one line of text, without control characters (newline, tab, escape)"
+        )
+    if len(title) > TITLE_MAX:
+        raise StoreError(f"a title must be at most {TITLE_MAX} characters; this one has {len(title)}")
+    return title
+
+
+def snippet_parts(snippet: str, start: str, end: str) -> tuple[tuple[str, bool], ...]:
+    """Split an FTS snippet whose matches sit between `start` and `end` into (text, is_match) pieces."""
+    first, *marked = snippet.split(start)
+    parts = [(first, False)]
+    for piece in marked:
+        match, _, rest = piece.partition(end)
+        parts += [(match, True), (rest, False)]
+    return tuple(part for part in parts if part[0])
 
 
 def fts_query(text: str) -> str:
@@ -306,6 +338,7 @@ class Store:
         title: str = "",
     ) -> Conversation:
         """A new, empty conversation (its title comes from the first user message if not given)."""
+        title = check_title(title)
         now = time.time()
         with self._write() as db:
             cursor = db.execute(
@@ -353,10 +386,12 @@ class Store:
         return [ConversationSummary(**dict(row)) for row in rows]
 
     def rename(self, conversation_id: int, title: str) -> None:
+        """A new title: one line of at most TITLE_MAX characters (StoreError says what is wrong)."""
+        title = check_title(title)
         with self._write() as db:
             changed = db.execute(
                 "UPDATE conversations SET title = ?, updated = ? WHERE id = ?",
-                (title.strip(), time.time(), conversation_id),
+                (title, time.time(), conversation_id),
             ).rowcount
         if not changed:
             raise StoreError(f"no conversation {conversation_id}")
@@ -509,16 +544,28 @@ class Store:
         query = fts_query(text)
         if not query:
             return []
+        # Match markers no message can forge (a fresh nonce each search): "[docs]" in a message stays text.
+        nonce = secrets.token_hex(8)
+        start, end = f"\ue000{nonce}", f"\ue001{nonce}"
         with self._read() as db:
             rows = db.execute(
                 """SELECT m.conversation_id, c.title, m.id AS message_id, m.role,
-                          snippet(messages_fts, 0, '[', ']', '…', 12) AS snippet
+                          snippet(messages_fts, 0, ?, ?, '…', 12) AS snippet
                    FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid
                    JOIN conversations c ON c.id = m.conversation_id
                    WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?""",
-                (query, limit),
+                (start, end, query, limit),
             ).fetchall()
-        return [SearchHit(**dict(row)) for row in rows]
+        return [
+            SearchHit(
+                row["conversation_id"],
+                row["title"],
+                row["message_id"],
+                row["role"],
+                snippet_parts(row["snippet"], start, end),
+            )
+            for row in rows
+        ]
 
     def export_json(self, conversation_id: int) -> dict[str, Any]:
         """Everything, every branch included: the conversation, its messages with parents,

@@ -14,6 +14,7 @@ import typer
 
 from engine import DEFAULT_MODEL
 from tui.cli.conversations import conversations_app
+from tui.fmt import visible_controls
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="See LLM inference happen, live.")
 app.add_typer(conversations_app, name="conversations")
@@ -176,16 +177,20 @@ def ask(
         max_new_tokens=max_new_tokens,
     )
 
+    on_terminal = sys.stdout.isatty()
+
+    def out(text: str) -> None:
+        """Byte-exact into a file or a pipe; on a terminal the model's control characters are shown."""
+        sys.stdout.write(visible_controls(text) if on_terminal else text)
+        sys.stdout.flush()
+
     def emit(event) -> None:
         if as_json:
-            sys.stdout.write(json.dumps(to_json(event), ensure_ascii=False) + "\n")
-            sys.stdout.flush()
+            out(json.dumps(to_json(event), ensure_ascii=False) + "\n")
         elif isinstance(event, TokenSampled) and event.text:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
+            out(event.text)
         elif isinstance(event, TurnFinished):
-            sys.stdout.write("\n")
-            sys.stdout.flush()
+            out("\n")
             typer.echo(stats_line(event.stats), err=True)
         elif isinstance(event, Notice):
             typer.echo(f"llmchat: {event.message}", err=True)

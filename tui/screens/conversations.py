@@ -8,11 +8,11 @@ here change the widgets. The screen returns the id of the conversation to resume
 from __future__ import annotations
 
 import json
-import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Sequence
 
 from rich.text import Text
 from textual import on, work
@@ -25,6 +25,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import get_current_worker
 
 from engine.saved.store import ConversationSummary, Store, StoreError
+from tui.fmt import visible_controls
 from tui.screens.dialogs import ConfirmDialog, TextDialog
 
 EXPORTS = {"md": "Markdown", "json": "JSON"}
@@ -39,8 +40,14 @@ class Row:
     updated: float | None = None
     turns: int | None = None
     model: str | None = None
-    match: str | None = None
-    """The matching words wrapped in [ and ] (search results only)."""
+    match_parts: tuple[tuple[str, bool], ...] = ()
+    """What matched (search results only): the role and the snippet in pieces, each with whether it
+    is a match, or 'title'."""
+
+    @property
+    def match(self) -> str:
+        """What matched as plain text, the matches wrapped in [ and ]."""
+        return "".join(f"[{text}]" if matched else text for text, matched in self.match_parts)
 
 
 def summary_row(summary: ConversationSummary) -> Row:
@@ -52,20 +59,26 @@ def search_rows(store: Store, query: str) -> list[Row]:
     """Conversations whose messages match (best first, one row each), then those matching by title only."""
     rows: dict[int, Row] = {}
     for hit in store.search(query, limit=200):
-        rows.setdefault(
-            hit.conversation_id, Row(hit.conversation_id, hit.title, match=f"{hit.role}: {hit.snippet}")
-        )
+        match = ((f"{hit.role}: ", False), *hit.parts)
+        rows.setdefault(hit.conversation_id, Row(hit.conversation_id, hit.title, match_parts=match))
     words = query.lower().split()
     for summary in store.list_conversations():
         if summary.id not in rows and words and all(w in summary.title.lower() for w in words):
-            rows[summary.id] = Row(summary.id, summary.title, match="title")
+            rows[summary.id] = Row(summary.id, summary.title, match_parts=(("title", False),))
     return list(rows.values())
 
 
-def highlight(snippet: str) -> Text:
-    """A search snippet with its [matches] highlighted, on one line (a Rich Text: the table measures it)."""
-    parts = re.split(r"\[([^\]]*)\]", " ".join(snippet.split()))
-    return Text.assemble(*((part, "bold reverse") if i % 2 else part for i, part in enumerate(parts)))
+def cell(text: str) -> Text:
+    """Saved text for a cell: one line, control characters shown (a Text, not markup: '[' stays text)."""
+    return Text(visible_controls(text, one_line=True))
+
+
+def highlight(parts: Sequence[tuple[str, bool]]) -> Text:
+    """A search snippet on one line with its matches highlighted (a Rich Text: the table measures it)."""
+    pieces = [(visible_controls(text, one_line=True), matched) for text, matched in parts]
+    content = Text.assemble(*((text, "bold reverse") if matched else text for text, matched in pieces))
+    content.rstrip()
+    return content
 
 
 def date(timestamp: float | None) -> str:
@@ -245,11 +258,11 @@ class ConversationsScreen(ModalScreen[int | None]):
         self.rows = {row.id: row for row in message.rows}
         for row in message.rows:
             mark = "●" if row.id == self.open_id else ""
-            title = Text(row.title or "(untitled)")  # Text, not str: a title is not markup
+            title = cell(row.title or "(untitled)")
             if searching:
-                cells = (mark, str(row.id), title, highlight(row.match or ""))
+                cells = (mark, str(row.id), title, highlight(row.match_parts))
             else:
-                cells = (mark, str(row.id), title, date(row.updated), str(row.turns), Text(row.model or "?"))
+                cells = (mark, str(row.id), title, date(row.updated), str(row.turns), cell(row.model or "?"))
             table.add_row(*cells, key=str(row.id))
         if selected in self.rows:
             table.move_cursor(row=table.get_row_index(str(selected)))
@@ -270,9 +283,9 @@ class ConversationsScreen(ModalScreen[int | None]):
     def on_conversations_screen_done(self, message: Done) -> None:
         self._say(message.text, message.error)
         if message.error:
-            self.notify(message.text, severity="error")
+            self.notify(message.text, severity="error", markup=False)
         elif not message.refresh_list:
-            self.notify(message.text, title="Exported", timeout=8)
+            self.notify(message.text, title="Exported", timeout=8, markup=False)
         if message.refresh_list:
             self._keep_status = True
             self._fetch(self.query_one("#search", Input).value)
@@ -329,11 +342,13 @@ class ConversationsScreen(ModalScreen[int | None]):
         if row is None:
             return
 
+        shown = visible_controls(row.title, one_line=True)
+
         def renamed(title: str | None) -> None:
-            if title is not None and title.strip() and title.strip() != row.title:
+            if title is not None and title.strip() and title.strip() != shown:
                 self._rename(row.id, title)
 
-        self.app.push_screen(TextDialog(f"New title for conversation {row.id}:", row.title), renamed)
+        self.app.push_screen(TextDialog(f"New title for conversation {row.id}:", shown), renamed)
 
     def action_delete(self) -> None:
         row = self._chosen()
@@ -353,8 +368,9 @@ class ConversationsScreen(ModalScreen[int | None]):
             else:
                 self._say("Nothing was deleted.")
 
+        title = visible_controls(row.title, one_line=True) or "(untitled)"
         question = (
-            f"Delete conversation {row.id}, “{row.title or '(untitled)'}”, with every branch and its saved "
+            f"Delete conversation {row.id}, “{title}”, with every branch and its saved "
             "KV cache? This cannot be undone."
         )
         self.app.push_screen(ConfirmDialog(question, yes="Delete"), confirmed)

@@ -21,6 +21,7 @@ from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from engine.events import SavedMessage
+from tui.fmt import visible_controls
 
 
 def version_label(version: int, versions: int) -> Content:
@@ -130,7 +131,7 @@ class UserMessage(ChatMessage):
         self.text = text
 
     def compose(self):
-        yield Static(self.text, markup=False)
+        yield Static(visible_controls(self.text), markup=False)
         yield self.versions_label()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -168,7 +169,7 @@ class Answer(ChatMessage):
         """The user message this answers, when it was asked here (an edit or a typed prompt)."""
 
     def compose(self):
-        yield Markdown(self.text)
+        yield Markdown(visible_controls(self.text))
         yield self.versions_label()
         meta = Static(self._note, classes="meta", markup=False)
         meta.display = bool(self._note)
@@ -185,7 +186,7 @@ class Answer(ChatMessage):
         if self._stream is None:  # made at the first text, so stop() never meets a task that has not run
             self._stream = Markdown.get_stream(self.query_one(Markdown))
         self.text += text
-        await self._stream.write(text)
+        await self._stream.write(visible_controls(text))
 
     async def finish(self, note: str) -> None:
         """Stop the stream (it writes any fragment still pending) and show the stats."""
@@ -224,7 +225,7 @@ class ChatLog(VerticalScroll):
         return message
 
     def add_note(self, text: str, error: bool = False) -> None:
-        self.mount(Static(text, classes="error" if error else "note", markup=False))
+        self.mount(Static(visible_controls(text), classes="error" if error else "note", markup=False))
 
     async def expect_answer(self, note: str) -> Answer:
         """An answer box waiting for its turn (the engine answers prompts in order)."""
