@@ -209,7 +209,7 @@ def compile_decode(loaded: LoadedModel) -> dict:
             "compiled": False,
             "note": compiled_module.supports(session.fast) if session.fast else "no fast path",
         }
-    session.compiled.ready.wait(900)
+    session.compiled.wait(900)  # ready, failed or stopped: `ready` alone never comes on a failure
     return {
         "compiled": session.compiled.ready.is_set(),
         "compile_s": round(session.compiled.compile_s, 1),

@@ -284,6 +284,10 @@ class InferenceWorker:
             )
             self.chat = SavedChat(self.session, self.store)
         else:
+            if self.session.compiled is not None:
+                # A compile for the old model would only compete for the cores and memory
+                # (a child process of ~0.9 GB each): fp32 -> bf16 -> w8 -> fp32 left four running.
+                self.session.compiled.stop()
             notice = self.chat.save_cache()  # the cache belongs to the old model: keep it on disk first
             if notice is not None:
                 yield notice
