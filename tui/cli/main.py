@@ -285,18 +285,26 @@ def bench(
     from engine.models import ModelError
     from engine.quant.precision import PrecisionError
 
-    config = bench_engine.BenchConfig(
-        model=model,
-        precisions=tuple(precision),
-        device=device,
-        prompt_lengths=tuple(int(x) for x in prompt_lengths.split(",") if x.strip()),
-        decode_tokens=decode_tokens,
-        repeats=repeats,
-        turns=turns,
-        long_context=long_context,
-        random_weights=random_weights,
-        compile=not no_compile,
-    )
+    try:
+        lengths = tuple(int(x) for x in prompt_lengths.split(",") if x.strip())
+    except ValueError:
+        fail(f"--prompt-lengths must be comma-separated whole numbers, got {prompt_lengths!r}")
+    try:
+        config = bench_engine.BenchConfig(
+            model=model,
+            precisions=tuple(precision),
+            device=device,
+            prompt_lengths=lengths,
+            decode_tokens=decode_tokens,
+            repeats=repeats,
+            turns=turns,
+            long_context=long_context,
+            random_weights=random_weights,
+            compile=not no_compile,
+        )
+    except ValueError as e:  # "repeats must be ...": the field, named as its flag
+        field, _, rest = str(e).partition(" ")
+        fail(f"--{field.replace('_', '-')} {rest}")
     try:
         result = bench_engine.run(config, report=lambda line: typer.echo(line, err=True))
     except (ModelError, PrecisionError) as e:
