@@ -45,6 +45,7 @@ from engine.instruments.trace import AnswerTrace, forced_step
 from engine.kvcache import KVCache
 from engine.models import LoadedModel
 from engine.sampling import Draw, Sampler, SamplingSettings
+from engine.text import utf8_problem
 
 PREFILL_CHUNK = 512
 """Prompt tokens per forward pass in prefill: bounds memory and lets progress and Esc through."""
@@ -85,6 +86,8 @@ class ChatSession:
         """Step mode: when enabled, each drawn token waits for the caller's choice."""
         self.trace: AnswerTrace | None = None
         """The steps of the answer in progress, or of the last one."""
+        if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+            raise ValueError(f"context must be a positive number of tokens, got {context!r}")
         self._context_limit = context
         self.use_model(loaded)
 
@@ -125,7 +128,12 @@ class ChatSession:
 
     # -- conversation ------------------------------------------------------------
     def send(self, text: str) -> Iterator[Event]:
-        """Add a user message and answer it."""
+        """Add a user message and answer it; text no tokenizer can take is refused (Failed)."""
+        system = self.system_prompt or ""
+        problem = utf8_problem(text, "the message") or utf8_problem(system, "the system prompt")
+        if problem:
+            yield Failed(problem)
+            return
         self.messages.append(Message("user", text))
         yield from self.answer()
 

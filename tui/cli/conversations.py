@@ -14,6 +14,7 @@ from typing import NoReturn, Optional
 import typer
 
 from engine.saved.store import ConversationSummary, SearchHit, Store, StoreError
+from engine.text import utf8_problem
 
 conversations_app = typer.Typer(
     no_args_is_help=True,
@@ -43,6 +44,13 @@ def _resolve(store: Store, ref: str) -> int:
         _fail(str(e))
 
 
+def _check_text(text: str | None, what: str) -> None:
+    """A one-line error and exit 1 for text the store cannot take (bytes from argv that are not UTF-8)."""
+    problem = utf8_problem(text, what) if text is not None else None
+    if problem:
+        _fail(problem)
+
+
 def _date(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
 
@@ -63,6 +71,7 @@ def list_conversations(
     search: Optional[str] = typer.Option(None, "--search", "-s", help="Full-text search over every message."),
 ) -> None:
     """List saved conversations (id, last update, turns, model, title), or search them."""
+    _check_text(search, "--search")
     store = open_store()
     try:
         if search is not None:
@@ -126,6 +135,7 @@ def export(
 @conversations_app.command()
 def rename(ref: str = RefArg, title: str = typer.Argument(..., help="The new title.")) -> None:
     """Give a conversation a new title."""
+    _check_text(title, "the title")
     store = open_store()
     try:
         store.rename(_resolve(store, ref), title)
