@@ -184,15 +184,25 @@ class ChatSession:
         trimmed = ContextTrimmed(dropped, before, len(ids), self.context) if dropped else None
         return ids, trimmed
 
+    def _too_long(self) -> str:
+        """Why the last message cannot fit even alone: the message, or the system prompt."""
+        window = f"the context window is {self.context}"
+        if self.system_prompt:
+            system = len(self.template([]))
+            if system + 1 > self.context:
+                return f"the system prompt is {system} tokens; {window}: shorten the system prompt"
+        size = len(self.template(self.messages[-1:]))
+        with_system = " with the system prompt" if self.system_prompt else ""
+        return f"the message is {size} tokens{with_system}; {window}: shorten it"
+
     # -- one turn ----------------------------------------------------------------
     def answer(self) -> Iterator[Event]:
         """Prefill what the cache lacks, then decode an answer to the last user message."""
         self.cancel.clear()
         ids, trimmed = self._fit()
         if ids is None:
-            size = len(self.template(self.messages[-1:]))
+            yield Failed(self._too_long())
             self.messages.pop()
-            yield Failed(f"the message is {size} tokens; the context window is {self.context}: shorten it")
             return
         if trimmed:
             yield trimmed

@@ -70,9 +70,8 @@ class SavedChat:
 
     # -- the conversation calls (same as ChatSession's) ------------------------------
     def send(self, text: str) -> Iterator[Event]:
-        """Save the user message, answer it, save the answer."""
-        yield from self._save("user", text, self._leaf())
-        yield from self._answered(self.session.send(text))
+        """Save the user message once the session takes it, answer it, save the answer."""
+        yield from self._answered(self.session.send(text), prompt=(text, self._leaf()))
 
     def regenerate(self) -> Iterator[Event]:
         """Answer the last user message again; the old answer stays as another version."""
@@ -85,11 +84,12 @@ class SavedChat:
     def edit(self, index: int, text: str) -> Iterator[Event]:
         """Replace user message `index` with a new version and answer it; the old branch stays."""
         messages = self.session.messages
+        prompt = None
         if 0 <= index < len(messages) and messages[index].role == "user":
             parent = self.message_ids[index - 1] if index > 0 and self.store is not None else None
             del self.message_ids[index:]
-            yield from self._save("user", text, parent)
-        yield from self._answered(self.session.edit(index, text))
+            prompt = (text, parent)
+        yield from self._answered(self.session.edit(index, text), prompt)
 
     def fork(self, step: int, token_id: int, answer: int | None = None) -> Iterator[Event]:
         """ChatSession.fork, saved: the forked answer becomes a new version of that answer."""
@@ -190,29 +190,25 @@ class SavedChat:
     def _leaf(self) -> int | None:
         return self.message_ids[-1] if self.message_ids else None
 
-    def _answered(self, events: Iterator[Event]) -> Iterator[Event]:
-        """Pass the session's events through, saving the answer before its TurnFinished goes out."""
+    def _answered(
+        self, events: Iterator[Event], prompt: tuple[str, int | None] | None = None
+    ) -> Iterator[Event]:
+        """Pass the session's events through, saving the answer before its TurnFinished goes out.
+
+        `prompt` (its text and parent id) is saved with the session's first event that is not a
+        refusal: a prompt it cannot take (too long, not UTF-8) leaves no message, conversation
+        or title behind.
+        """
         for event in events:
+            if prompt is not None and not isinstance(event, Failed):
+                yield from self._save("user", *prompt)
+                prompt = None
             if isinstance(event, ContextTrimmed):
                 del self.message_ids[: event.dropped_messages]
-            elif isinstance(event, Failed):
-                self._take_back_refused()
             elif isinstance(event, TurnFinished):
                 record = answer_record(self.session.info, self.session.sampling, event.stats)
                 yield from self._save("assistant", event.text, self._leaf(), record)
             yield event
-
-    def _take_back_refused(self) -> None:
-        """The session dropped a prompt it could not fit: drop it from the store too."""
-        if self.store is None or len(self.message_ids) <= len(self.session.messages):
-            return
-        refused = self.message_ids.pop()
-        try:
-            self.store.delete_message(refused)
-        except StoreError:
-            pass  # a stray unanswered message is harmless; the next save reports a broken store
-        # The session may also have trimmed old turns while trying: keep the ids of those it kept.
-        del self.message_ids[: len(self.message_ids) - len(self.session.messages)]
 
     def _save(
         self, role: str, content: str, parent: int | None, record: AnswerRecord | None = None
