@@ -147,8 +147,9 @@ class ChatApp(App[None]):
     def on_engine_started(self, message: EngineStarted) -> None:
         self.engine, self.sampling = message.engine, message.sampling
         self.part(TopKPanel).set_sampling(message.sampling)
-        if message.problem:
-            self._error(message.problem)
+        if message.problem:  # flags were checked before the app opened: these come from config.json
+            path = self.options.config_path or config.config_path()
+            self._error(f"sampling settings in {path}: {message.problem}")
         self.engine.load(self.options.model, self.precision, self.options.device)
         self.history.engine_started()  # a --resume goes after the load in the engine's queue
 
