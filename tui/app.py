@@ -223,8 +223,7 @@ class ChatApp(App[None]):
         if message.editing is not None:
             await self.history.submit_edit(message.editing, message.text)
             return
-        self.part(PromptInput).clear()
-        chat = self.part(ChatLog)
+        chat = self.part(ChatLog)  # the prompt box emptied itself when it sent the text
         await chat.add_user(message.text)
         await chat.expect_answer(self.turns.submit(message.text))
         self._pump()
