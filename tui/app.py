@@ -410,6 +410,14 @@ def run_app(**flags) -> None:
     """Entry point for `llmchat` with no subcommand: flags override the config file."""
     from tui.options import options_from
 
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # Textual would wait for keys that never come
+        print(
+            "llmchat: the chat app needs a terminal (stdin and stdout are not one); "
+            "for answers without one use `llmchat ask PROMPT`",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
     loaded, problem = config.load_config()
     app = make_app(options_from(loaded, **flags))
     if problem:
