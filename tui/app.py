@@ -147,8 +147,9 @@ class ChatApp(App[None]):
     def on_engine_started(self, message: EngineStarted) -> None:
         self.engine, self.sampling = message.engine, message.sampling
         self.part(TopKPanel).set_sampling(message.sampling)
-        if message.problem:
-            self._error(message.problem)
+        if message.problem:  # flags were checked before the app opened: these come from config.json
+            path = self.options.config_path or config.config_path()
+            self._error(f"sampling settings in {path}: {message.problem}")
         self.engine.load(self.options.model, self.precision, self.options.device)
         self.history.engine_started()  # a --resume goes after the load in the engine's queue
 
@@ -222,8 +223,7 @@ class ChatApp(App[None]):
         if message.editing is not None:
             await self.history.submit_edit(message.editing, message.text)
             return
-        self.part(PromptInput).clear()
-        chat = self.part(ChatLog)
+        chat = self.part(ChatLog)  # the prompt box emptied itself when it sent the text
         await chat.add_user(message.text)
         await chat.expect_answer(self.turns.submit(message.text))
         self._pump()
@@ -409,6 +409,14 @@ def make_app(options: AppOptions | None = None, engine_factory: EngineFactory = 
 def run_app(**flags) -> None:
     """Entry point for `llmchat` with no subcommand: flags override the config file."""
     from tui.options import options_from
+
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # Textual would wait for keys that never come
+        print(
+            "llmchat: the chat app needs a terminal (stdin and stdout are not one); "
+            "for answers without one use `llmchat ask PROMPT`",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
 
     loaded, problem = config.load_config()
     app = make_app(options_from(loaded, **flags))

@@ -43,8 +43,24 @@ def config_path() -> Path:
     return Path(folder) / "config.json"
 
 
+SAMPLING_TYPES = {
+    "temperature": "number",
+    "top_k": "whole",
+    "top_p": "number",
+    "min_p": "number",
+    "repetition_penalty": "number",
+    "seed": "whole or null",
+    "max_new_tokens": "whole",
+}
+"""The kind of value each sampling default takes (the engine checks the ranges)."""
+
+
 def load_config(path: Path | None = None) -> tuple[Config, str | None]:
-    """The config (defaults where the file is absent) and a problem to show, if any."""
+    """The config (defaults where the file is absent) and a problem to show, if any.
+
+    A key whose value has the wrong type is left out (its default is used) and named in the
+    problem with the file; the other keys are kept.
+    """
     path = path or config_path()
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -55,11 +71,62 @@ def load_config(path: Path | None = None) -> tuple[Config, str | None]:
     if not isinstance(raw, dict):
         return Config(), f"ignoring {path}: expected a JSON object"
     known = {f.name for f in fields(Config)}
-    unknown = sorted(set(raw) - known)
-    config = Config(**{k: v for k, v in raw.items() if k in known})
-    if not isinstance(config.sampling, dict):
-        config.sampling = {}
-    return config, (f"{path}: unknown keys {', '.join(unknown)}" if unknown else None)
+    problems = [f"unknown keys {', '.join(sorted(set(raw) - known))}"] if set(raw) - known else []
+    values = {}
+    for key in sorted(known & set(raw)):
+        value, wrong = _checked(key, raw[key])
+        problems += wrong
+        if value is not _IGNORED:
+            values[key] = value
+    return Config(**values), (f"{path}: ignored {'; '.join(problems)}" if problems else None)
+
+
+_IGNORED = object()
+
+
+def _checked(key: str, value: Any) -> tuple[Any, list[str]]:
+    """The value to use for config key `key` (_IGNORED: the default) and what is wrong in it."""
+    from engine.text import utf8_problem  # torch-free
+
+    if key == "sampling":
+        if not isinstance(value, dict):
+            return _IGNORED, [f"sampling must be an object, got {_shown(value)}"]
+        wrong = {name: _sampling_problem(name, item) for name, item in value.items()}
+        kept = {name: item for name, item in value.items() if wrong[name] is None}
+        return kept, [problem for problem in wrong.values() if problem]
+    if key == "context":
+        if value is None or (_is_whole(value) and value >= 1):
+            return value, []
+        return _IGNORED, [f"context must be a positive whole number of tokens or null, got {_shown(value)}"]
+    nullable = key == "system"
+    if not (isinstance(value, str) or (nullable and value is None)):
+        return _IGNORED, [f"{key} must be a string{' or null' if nullable else ''}, got {_shown(value)}"]
+    problem = utf8_problem(value, key) if value is not None else None
+    return (_IGNORED, [problem]) if problem else (value, [])
+
+
+def _sampling_problem(name: str, value: Any) -> str | None:
+    kind = SAMPLING_TYPES.get(name)
+    if kind is None:
+        return f"sampling.{name} is not a sampling setting ({', '.join(SAMPLING_TYPES)})"
+    if kind == "number" and not _is_number(value):
+        return f"sampling.{name} must be a number, got {_shown(value)}"
+    if kind.startswith("whole") and not (_is_whole(value) or (kind.endswith("null") and value is None)):
+        return f"sampling.{name} must be a {kind.replace('whole', 'whole number')}, got {_shown(value)}"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> str:
+    """A value as it is spelled in the JSON file."""
+    return json.dumps(value, ensure_ascii=True)
 
 
 def save_theme(theme: str, path: Path | None = None) -> None:

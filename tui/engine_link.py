@@ -82,10 +82,19 @@ def open_store(emit: Emit) -> "Store | None":
 
 
 def resolve_sampling(values: Mapping[str, Any]) -> tuple["SamplingSettings", str | None]:
-    """Settings from config and flags; on a bad value, the defaults and the reason."""
+    """Settings from config and flags; a bad value is dropped alone (its default used) and named."""
+    import dataclasses
+
     from engine.sampling import SamplingSettings
 
-    try:
-        return SamplingSettings(**values), None
-    except (ValueError, TypeError) as e:
-        return SamplingSettings(), f"sampling settings: {e}; using the defaults"
+    defaults = settings = SamplingSettings()
+    problems = []
+    for name, value in values.items():
+        if name not in SamplingSettings.names():
+            problems.append(f"{name} is not a sampling setting")
+            continue
+        try:
+            settings = dataclasses.replace(settings, **{name: value})
+        except (ValueError, TypeError) as e:
+            problems.append(f"{e}: using the default {getattr(defaults, name)}")
+    return settings, "; ".join(problems) or None

@@ -21,6 +21,7 @@ import dataclasses
 from typing import Generator, Iterator
 
 from engine.events import (
+    ContextTrimmed,
     ConversationLoaded,
     Event,
     Failed,
@@ -72,10 +73,8 @@ class SavedChat:
 
     # -- the conversation calls (same as ChatSession's) ------------------------------
     def send(self, text: str) -> Iterator[Event]:
-        """Save the user message, answer it, save the answer."""
-        messages = self.session.messages
-        asked = yield from self._save("user", text, self._leaf(), index=len(messages))
-        yield from self._answered(self.session.send(text, asked), asked)
+        """Save the user message once the session takes it, answer it, save the answer."""
+        yield from self._answered(self.session.send(text), asking=True, parent=self._leaf())
 
     def regenerate(self) -> Iterator[Event]:
         """Answer the last user message again; the old answer stays as another version."""
@@ -83,11 +82,9 @@ class SavedChat:
 
     def edit(self, index: int, text: str) -> Iterator[Event]:
         """Replace user message `index` with a new version and answer it; the old branch stays."""
-        asked = None
-        if self.session.is_user_message(index):
-            parent = self.session.messages[index - 1].saved_id if index > 0 else None
-            asked = yield from self._save("user", text, parent, index=index)
-        yield from self._answered(self.session.edit(index, text, asked), asked)
+        asking = self.session.is_user_message(index)
+        parent = self.session.messages[index - 1].saved_id if asking and index > 0 else None
+        yield from self._answered(self.session.edit(index, text), asking, parent)
 
     def fork(self, step: int, token_id: int, answer: int | None = None) -> Iterator[Event]:
         """ChatSession.fork, saved: the forked answer becomes a new version of that answer."""
@@ -178,16 +175,28 @@ class SavedChat:
         messages = self.session.messages
         return messages[-1].saved_id if messages else None
 
-    def _answered(self, events: Iterator[Event], asked: int | None = None) -> Iterator[Event]:
+    def _answered(
+        self, events: Iterator[Event], asking: bool = False, parent: int | None = None
+    ) -> Iterator[Event]:
         """Pass the session's events through, saving the answer before its TurnFinished goes out.
 
-        `asked` is the user message saved for this turn: if the session refuses it, it goes."""
+        `asking`: the turn's user message (the session's last) is saved, under `parent`, once the
+        session has taken it: a prompt it cannot take (too long, not UTF-8) leaves no message,
+        conversation or title behind.
+        """
         for event in events:
-            if isinstance(event, Failed):
-                self._take_back_refused(asked)
-            elif isinstance(event, TurnFinished):
+            if asking and not isinstance(event, (Failed, ContextTrimmed)):
+                yield from self._save_prompt(parent)
+                asking = False
+            if isinstance(event, TurnFinished):
                 yield from self._save_answer(event)
             yield event
+
+    def _save_prompt(self, parent: int | None) -> Iterator[Event]:
+        """Save the user message the session just took, and give it its id."""
+        messages = self.session.messages
+        saved_id = yield from self._save("user", messages[-1].content, parent, index=len(messages) - 1)
+        messages[-1] = dataclasses.replace(messages[-1], saved_id=saved_id)
 
     def _save_answer(self, finished: TurnFinished) -> Iterator[Event]:
         """Save the answer the session just appended, and give it its id."""
@@ -196,15 +205,6 @@ class SavedChat:
         parent = messages[-2].saved_id if len(messages) > 1 else None
         saved_id = yield from self._save("assistant", finished.text, parent, record, len(messages) - 1)
         messages[-1] = dataclasses.replace(messages[-1], saved_id=saved_id)
-
-    def _take_back_refused(self, asked: int | None) -> None:
-        """The session dropped a prompt it could not fit: drop it from the store too."""
-        if self.store is None or asked is None or asked in self.message_ids:
-            return
-        try:
-            self.store.delete_message(asked)
-        except StoreError:
-            pass  # a stray unanswered message is harmless; the next save reports a broken store
 
     def _save(
         self,

@@ -370,6 +370,8 @@ class Store:
             conversation_id = int(ref)
         except ValueError:
             raise StoreError(f"{ref!r} is not a conversation id; use a number or 'last'") from None
+        if not 0 < conversation_id < 2**63:  # SQLite's ids; a bigger number cannot even be looked up
+            raise StoreError(f"no conversation {conversation_id}")
         return self.conversation(conversation_id).id
 
     def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:

@@ -17,6 +17,7 @@ from typing import NoReturn, Optional
 import typer
 
 from engine.saved.store import ConversationSummary, SearchHit, Store, StoreError
+from engine.text import utf8_problem
 from tui.fmt import visible_controls
 
 conversations_app = typer.Typer(
@@ -47,6 +48,13 @@ def _resolve(store: Store, ref: str) -> int:
         _fail(str(e))
 
 
+def _check_text(text: str | None, what: str) -> None:
+    """A one-line error and exit 1 for text the store cannot take (bytes from argv that are not UTF-8)."""
+    problem = utf8_problem(text, what) if text is not None else None
+    if problem:
+        _fail(problem)
+
+
 def _date(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
 
@@ -71,6 +79,7 @@ def list_conversations(
     """List saved conversations (id, last update, turns, model, title), or search them."""
     if limit < 1:
         _fail(f"--limit must be at least 1, got {limit}")
+    _check_text(search, "--search")
     store = open_store()
     try:
         if search is not None:
@@ -138,6 +147,7 @@ def export(
 @conversations_app.command()
 def rename(ref: str = RefArg, title: str = typer.Argument(..., help="The new title.")) -> None:
     """Give a conversation a new title."""
+    _check_text(title, "the title")
     store = open_store()
     try:
         store.rename(_resolve(store, ref), title)

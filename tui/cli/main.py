@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 
@@ -48,9 +48,25 @@ def sampling_from(**flags):
         fail(str(e))
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     typer.echo(f"llmchat: {message}", err=True)
     raise typer.Exit(2)
+
+
+def check_context(context: int | None) -> None:
+    """Exit with the reason if `--context` is given and not a positive number of tokens."""
+    if context is not None and context < 1:
+        fail(f"--context must be a positive number of tokens, got {context}")
+
+
+def text_problem(system: str | None, prompts: list[str] = ()) -> str | None:
+    """Why the system prompt or a prompt cannot be sent (not UTF-8: bytes from argv), or None."""
+    from engine.text import utf8_problem
+
+    named = [(system, "--system")] if system is not None else []
+    single = len(prompts) == 1
+    named += [(p, "the prompt" if single else f"prompt {i}") for i, p in enumerate(prompts, 1)]
+    return next((problem for text, what in named if (problem := utf8_problem(text, what))), None)
 
 
 @app.callback(invoke_without_command=True)
@@ -105,6 +121,10 @@ def main(
     given = {k: v for k, v in flags.items() if v is not None}
     if given:
         sampling_from(**given)  # fail fast on a bad flag (this imports torch, so only when flags are given)
+    check_context(context)
+    problem = text_problem(system)
+    if problem:
+        fail(problem)
     resume_id = resolve_resume(resume) if resume is not None else None
     if no_compile:
         os.environ["LLMCHAT_COMPILE"] = "0"
@@ -120,6 +140,16 @@ def main(
         theme=theme,
         resume=resume_id,
     )
+
+
+def refuse(message: str, as_json: bool) -> NoReturn:
+    """`fail`, after an `error` event when the output is JSON Lines (so a reader sees why it ended)."""
+    if as_json:
+        from engine.events import Failed, to_json
+
+        sys.stdout.write(json.dumps(to_json(Failed(message))) + "\n")
+        sys.stdout.flush()
+    fail(message)
 
 
 def resolve_resume(ref: str) -> int:
@@ -155,6 +185,13 @@ def ask(
     no_save: bool = typer.Option(False, "--no-save", help="Do not save the turns of this run."),
 ) -> None:
     """Answer PROMPTS headless: the answer on stdout, a stats line per turn on stderr; every turn is saved."""
+    if conversation is not None and system is not None:
+        fail("--system cannot change a saved conversation; it keeps the system prompt it was started with")
+    check_context(context)
+    problem = text_problem(system, prompts)
+    if problem:  # before a model loads or anything is saved
+        refuse(problem, as_json)
+
     import signal
 
     from engine import models
@@ -163,9 +200,6 @@ def ask(
     from engine.saved.chat import SavedChat
     from engine.saved.store import Store, StoreError
     from engine.session import ChatSession
-
-    if conversation is not None and system is not None:
-        fail("--system cannot change a saved conversation; it keeps the system prompt it was started with")
 
     sampling = sampling_from(
         temperature=temperature,
@@ -200,7 +234,7 @@ def ask(
             model, precision, device, progress=lambda s, f: emit(ModelLoading(s, f)) if as_json else None
         )
     except (models.ModelError, PrecisionError) as e:
-        fail(str(e))
+        refuse(str(e), as_json)
     emit(ModelReady(loaded.info))
     session = ChatSession(loaded, sampling, system, context)
     store = None
@@ -288,18 +322,26 @@ def bench(
     from engine.models import ModelError
     from engine.quant.precision import PrecisionError
 
-    config = bench_engine.BenchConfig(
-        model=model,
-        precisions=tuple(precision),
-        device=device,
-        prompt_lengths=tuple(int(x) for x in prompt_lengths.split(",") if x.strip()),
-        decode_tokens=decode_tokens,
-        repeats=repeats,
-        turns=turns,
-        long_context=long_context,
-        random_weights=random_weights,
-        compile=not no_compile,
-    )
+    try:
+        lengths = tuple(int(x) for x in prompt_lengths.split(",") if x.strip())
+    except ValueError:
+        fail(f"--prompt-lengths must be comma-separated whole numbers, got {prompt_lengths!r}")
+    try:
+        config = bench_engine.BenchConfig(
+            model=model,
+            precisions=tuple(precision),
+            device=device,
+            prompt_lengths=lengths,
+            decode_tokens=decode_tokens,
+            repeats=repeats,
+            turns=turns,
+            long_context=long_context,
+            random_weights=random_weights,
+            compile=not no_compile,
+        )
+    except ValueError as e:  # "repeats must be ...": the field, named as its flag
+        field, _, rest = str(e).partition(" ")
+        fail(f"--{field.replace('_', '-')} {rest}")
     try:
         result = bench_engine.run(config, report=lambda line: typer.echo(line, err=True))
     except (ModelError, PrecisionError) as e:
