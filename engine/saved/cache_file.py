@@ -2,11 +2,12 @@
 
 The file holds each layer's K and V for the positions in use, plus string metadata: the
 token ids those positions hold, the model (spec, name and a fingerprint of its weights),
-the precision, the dtype and the shapes. A load checks every one of them against the
-model in memory and hands back a cache only when all match; anything else (another model
-or precision, a damaged or truncated file) is ignored with a notice, never trusted. A
-cache is a pure function of its token ids and the model, so a matching file is as good as
-prefilling those ids again.
+the precision, the dtype, the shapes, and a sha256 checksum over all of that and every
+tensor byte. A load checks every one of them against the model in memory and hands back a
+cache only when all match; anything else (another model or precision, a damaged or
+truncated file, values changed after saving, a file without a checksum) is ignored with a
+notice, never trusted. A cache is a pure function of its token ids and the model, so a
+matching file is as good as prefilling those ids again.
 
 The file is written to a temporary name and renamed over the old one, so a crash leaves
 either the old file or the new one, never half of one.
@@ -19,12 +20,13 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine.kvcache import KVCache
+from engine.kvcache import KVCache, common_prefix
 from engine.models import LoadedModel
 
 FORMAT = "llmchat-kv-cache"
@@ -58,12 +60,25 @@ def describe(loaded: LoadedModel) -> dict[str, str]:
     }
 
 
+def checksum(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str:
+    """sha256 over the metadata (all but this field) and each tensor's name, dtype, shape and bytes."""
+    digest = hashlib.sha256()
+    fields = {key: value for key, value in metadata.items() if key != "checksum"}
+    digest.update(json.dumps(fields, sort_keys=True).encode())
+    for name in sorted(tensors):
+        tensor = tensors[name].contiguous()
+        digest.update(f"\n{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.view(torch.uint8).numpy())  # the raw bytes, whatever the dtype; no copy
+    return "sha256:" + digest.hexdigest()
+
+
 def save_cache(cache: KVCache, loaded: LoadedModel, path: Path) -> int:
     """Write the cache's used positions and ids to `path` atomically; returns the file size in bytes."""
     if len(cache) == 0:
         raise CacheFileError("the KV cache is empty; nothing to save")
     tensors = _tensors(cache)
     metadata = {**describe(loaded), "tokens": str(len(cache)), "token_ids": json.dumps(cache.ids)}
+    metadata["checksum"] = checksum(tensors, metadata)
     path = Path(path)
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -85,8 +100,8 @@ def _tensors(cache: KVCache) -> dict[str, torch.Tensor]:
             raise CacheFileError(
                 f"layer {i} holds {layer.get_seq_length()} positions, the cache {len(cache)} ids"
             )
-        tensors[f"layers.{i}.keys"] = layer.keys.contiguous()
-        tensors[f"layers.{i}.values"] = layer.values.contiguous()
+        tensors[f"layers.{i}.keys"] = layer.keys.contiguous().cpu()  # hashed here, then written
+        tensors[f"layers.{i}.values"] = layer.values.contiguous().cpu()
     return tensors
 
 
@@ -98,10 +113,15 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def load_cache(path: Path, loaded: LoadedModel) -> tuple[KVCache | None, str]:
+def load_cache(
+    path: Path, loaded: LoadedModel, history: Sequence[int] | None = None, needed: int | None = None
+) -> tuple[KVCache | None, str]:
     """A KVCache from `path` if it was made by this very model, precision and dtype; else (None, why).
 
-    The second value is a one-line notice for the user either way.
+    `history` is the templated conversation the cache is for (default: the file's own ids): the
+    cache keeps only its longest common prefix with it. `needed` is how many of those tokens it
+    must hold for the next turn to prefill nothing of the history (default: all of them). The
+    second value is a one-line notice for the user either way, saying how many tokens are reused.
     """
     path = Path(path)
     if not path.is_file():
@@ -112,12 +132,25 @@ def load_cache(path: Path, loaded: LoadedModel) -> tuple[KVCache | None, str]:
             ids = _check_metadata(metadata, loaded)
             tensors = {name: f.get_tensor(name) for name in f.keys()}
         _check_tensors(tensors, ids, loaded)
+        _check_checksum(tensors, metadata)
     except _Mismatch as e:
         return None, f"saved KV cache ignored ({e}): the history will be prefilled"
     except Exception as e:  # safetensors raises several types for a damaged file
         return None, f"saved KV cache ignored (unreadable: {_one_line(e)}): the history will be prefilled"
+    history = ids if history is None else list(history)
+    needed = len(history) if needed is None else needed
+    reused = common_prefix(ids, history)
+    if reused == 0:
+        why = "none of its tokens match this conversation"
+        return None, f"saved KV cache ignored ({why}): the history will be prefilled"
     cache = _fill(tensors, ids, loaded)
-    return cache, f"KV cache loaded from disk: {len(ids)} tokens, no prefill needed"
+    cache.crop(reused)
+    if reused >= needed:
+        return cache, f"KV cache loaded from disk: {reused} tokens, no prefill needed"
+    return cache, (
+        f"KV cache loaded from disk: {reused} of its {len(ids)} tokens match this conversation; "
+        f"the rest of the history ({needed - reused} tokens) will be prefilled"
+    )
 
 
 class _Mismatch(ValueError):
@@ -160,6 +193,15 @@ def _check_tensors(tensors: dict[str, torch.Tensor], ids: list[int], loaded: Loa
             raise _Mismatch(f"{name} is {tensor.dtype}, this model's cache holds {info.cache_dtype}")
         if not torch.isfinite(tensor).all():
             raise _Mismatch(f"{name} holds NaN or infinite values")
+
+
+def _check_checksum(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Any change to the file since it was saved (a zeroed tensor, swapped layers, other ids) shows here."""
+    stored = metadata.get("checksum")
+    if stored is None:
+        raise _Mismatch("it has no checksum (written by an older llmchat), so it cannot be verified")
+    if checksum(tensors, metadata) != stored:
+        raise _Mismatch("its checksum does not match its contents: it was changed or damaged after saving")
 
 
 def _fill(tensors: dict[str, torch.Tensor], ids: list[int], loaded: LoadedModel) -> KVCache:

@@ -7,8 +7,9 @@ never shows as finished what is not on disk. It keeps `message_ids` parallel to
 a sibling branch; the old one stays, and `step_version` moves between them.
 
 Resuming restores the messages and, when the saved KV cache file was made by this very
-model and precision, the cache too: the next turn then reuses the whole history instead
-of prefilling it. Without a usable file the next turn prefills the history once.
+model and precision and is intact, the cache too, as far as it matches the conversation:
+the next turn then reuses that much of the history instead of prefilling it, and the notice
+says how much. Without a usable file the next turn prefills the history once.
 
 If the store fails mid-conversation (disk full, a lock held too long) saving turns off
 with a notice and the chat goes on.
@@ -32,6 +33,7 @@ from engine.events import (
     TurnFinished,
     TurnStats,
 )
+from engine.kvcache import common_prefix
 from engine.sampling import SamplingSettings
 from engine.saved.cache_file import CacheFileError, load_cache, save_cache
 from engine.saved.store import AnswerRecord, Store, StoredMessage, StoreError
@@ -133,11 +135,27 @@ class SavedChat:
         self._show(path)
         yield loaded
         if use_cache:
-            cache, notice = load_cache(self.store.cache_path(conversation.id), self.session.loaded)
+            history, needed = self._history()
+            path = self.store.cache_path(conversation.id)
+            cache, notice = load_cache(path, self.session.loaded, history, needed)
             if cache is not None:
                 self.session.cache = cache
             yield Notice(notice)
         yield self.session.cache_event()
+
+    def _history(self) -> tuple[list[int], int]:
+        """The conversation templated, and how many of its tokens a cache must hold so that the next
+        turn prefills nothing of the history: all up to the end of the last message, less the last
+        token of an answer (sampled and shown, but never fed to the model)."""
+        messages = self.session.messages
+        ids = self.session.template(messages)
+        if not messages:
+            return ids, 0
+        last = messages[-1]
+        # Where the last message's text ends: the first token that differs once it is extended.
+        extended = self.session.template([*messages[:-1], Message(last.role, last.content + "\x00")])
+        end = common_prefix(ids, extended)
+        return ids, end - 1 if last.role == "assistant" else end
 
     def step_version(self, index: int, step: int) -> Iterator[Event]:
         """Show the previous (-1) or next (+1) version of message `index` and the branch below it."""
