@@ -238,12 +238,15 @@ class SavedChat:
         if self.store is None:
             return
         try:
-            if self.conversation_id is None:
+            if self.conversation_id is None:  # created with its first message, or not at all
                 info = self.session.info
-                self.conversation_id = self.store.create_conversation(
-                    info.spec, info.precision, self.session.system_prompt
-                ).id
-            saved = self._saved(self.store.add_message(self.conversation_id, role, content, parent, record))
+                stored = self.store.start_conversation(
+                    role, content, info.spec, info.precision, self.session.system_prompt, record
+                )
+                self.conversation_id = stored.conversation_id
+            else:
+                stored = self.store.add_message(self.conversation_id, role, content, parent, record)
+            saved = self._saved(stored)
         except StoreError as e:
             self.store = None
             yield Notice(f"saving is off for the rest of this conversation: {e}")
