@@ -10,15 +10,19 @@ notice, never trusted. A cache is a pure function of its token ids and the model
 matching file is as good as prefilling those ids again.
 
 The file is written to a temporary name and renamed over the old one, so a crash leaves
-either the old file or the new one, never half of one.
+either the old file or the new one, never half of one; the temporary file of a writer that
+was killed is removed by the next save or load in that directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -83,14 +87,63 @@ def save_cache(cache: KVCache, loaded: LoadedModel, path: Path) -> int:
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(path.parent)
         save_file(tensors, str(staging), metadata=metadata)
         _fsync(staging)
         os.replace(staging, path)
         return path.stat().st_size
-    except (OSError, RuntimeError) as e:
+    except Exception as e:  # safetensors raises its own SafetensorError for I/O errors too
         with contextlib.suppress(OSError):
             staging.unlink(missing_ok=True)
-        raise CacheFileError(f"cannot save the KV cache to {path}: {_one_line(e)}") from None
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        raise CacheFileError(f"cannot save the KV cache to {path}: {_why(e, size)}") from None
+
+
+def _why(error: BaseException, size: int) -> str:
+    """One line; a full disk (which safetensors reports as text) said plainly."""
+    text = _one_line(error)
+    needed = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.0f} kB"
+    if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in text:
+        return f"the disk is full ({needed} needed)"
+    if getattr(error, "errno", None) == errno.EDQUOT or "Disk quota exceeded" in text:
+        return f"the disk quota is used up ({needed} needed)"
+    return text
+
+
+_TEMP_NAME = re.compile(r"^\..+\.safetensors\.(\d+)\.tmp$")
+"""What save_cache names the file it is writing: `.<name>.<writer pid>.tmp`."""
+
+STALE_AFTER_S = 30.0
+"""A temporary file untouched this long whose writer is gone is litter (a writer seen from another
+PID namespace may look gone, but a live one keeps its file fresh: it is renamed right after writing)."""
+
+
+def remove_stale_temp_files(directory: Path) -> list[Path]:
+    """Delete the temporary files of cache writers that are gone (killed mid-save); returns them."""
+    removed = []
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            match = _TEMP_NAME.match(entry.name)
+            if match is None or _running(int(match.group(1))):
+                continue
+            with contextlib.suppress(OSError):
+                if now - entry.stat().st_mtime >= STALE_AFTER_S:
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but is not ours (EPERM), or the check is not possible: keep its file
+        return True
+    return True
 
 
 def _tensors(cache: KVCache) -> dict[str, torch.Tensor]:
@@ -124,6 +177,7 @@ def load_cache(
     second value is a one-line notice for the user either way, saying how many tokens are reused.
     """
     path = Path(path)
+    remove_stale_temp_files(path.parent)
     if not path.is_file():
         return None, "no saved KV cache: the history will be prefilled"
     try:

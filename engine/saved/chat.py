@@ -200,8 +200,8 @@ class SavedChat:
         path = self.store.cache_path(self.conversation_id)
         try:
             size = save_cache(self.session.cache, self.session.loaded, path)
-        except CacheFileError as e:
-            return Notice(str(e))
+        except CacheFileError as e:  # the turns are in the store; only the fast resume is lost
+            return Notice(f"{e}; the conversation itself is saved")
         return Notice(f"KV cache saved: {len(self.session.cache)} tokens, {size / 1e6:.1f} MB")
 
     # -- saving ---------------------------------------------------------------------------
