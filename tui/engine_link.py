@@ -75,10 +75,15 @@ def open_store(emit: Emit) -> "Store | None":
     from engine.saved.store import Store, StoreError
 
     try:
-        return Store()
+        store = Store()
     except StoreError as e:
         emit(Notice(f"conversations are not being saved: {e}"))
         return None
+    if store.damaged:  # never written again; `llmchat conversations` can still read it
+        emit(Notice(f"conversations are not being saved: {store.damaged}"))
+        store.close()
+        return None
+    return store
 
 
 def resolve_sampling(values: Mapping[str, Any]) -> tuple["SamplingSettings", str | None]:

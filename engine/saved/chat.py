@@ -8,8 +8,9 @@ An edit or a regeneration starts a sibling branch; the old one stays, and `step_
 moves between them.
 
 Resuming restores the messages and, when the saved KV cache file was made by this very
-model and precision, the cache too: the next turn then reuses the whole history instead
-of prefilling it. Without a usable file the next turn prefills the history once.
+model and precision and is intact, the cache too, as far as it matches the conversation:
+the next turn then reuses that much of the history instead of prefilling it, and the notice
+says how much. Without a usable file the next turn prefills the history once.
 
 If the store fails mid-conversation (disk full, a lock held too long) saving turns off
 with a notice and the chat goes on.
@@ -32,6 +33,7 @@ from engine.events import (
     TurnFinished,
     TurnStats,
 )
+from engine.kvcache import common_prefix
 from engine.sampling import SamplingSettings
 from engine.saved.cache_file import CacheFileError, load_cache, save_cache
 from engine.saved.store import AnswerRecord, Store, StoredMessage, StoreError
@@ -116,11 +118,27 @@ class SavedChat:
         self._show(path)
         yield loaded
         if use_cache:
-            cache, notice = load_cache(self.store.cache_path(conversation.id), self.session.loaded)
+            history, needed = self._history()
+            path = self.store.cache_path(conversation.id)
+            cache, notice = load_cache(path, self.session.loaded, history, needed)
             if cache is not None:
                 self.session.cache = cache
             yield Notice(notice)
         yield self.session.cache_event()
+
+    def _history(self) -> tuple[list[int], int]:
+        """The conversation templated, and how many of its tokens a cache must hold so that the next
+        turn prefills nothing of the history: all up to the end of the last message, less the last
+        token of an answer (sampled and shown, but never fed to the model)."""
+        messages = self.session.messages
+        ids = self.session.template(messages)
+        if not messages:
+            return ids, 0
+        last = messages[-1]
+        # Where the last message's text ends: the first token that differs once it is extended.
+        extended = self.session.template([*messages[:-1], Message(last.role, last.content + "\x00")])
+        end = common_prefix(ids, extended)
+        return ids, end - 1 if last.role == "assistant" else end
 
     def step_version(self, index: int, step: int) -> Iterator[Event]:
         """Show the previous (-1) or next (+1) version of message `index` and the branch below it."""
@@ -166,8 +184,8 @@ class SavedChat:
         path = self.store.cache_path(self.conversation_id)
         try:
             size = save_cache(self.session.cache, self.session.loaded, path)
-        except CacheFileError as e:
-            return Notice(str(e))
+        except CacheFileError as e:  # the turns are in the store; only the fast resume is lost
+            return Notice(f"{e}; the conversation itself is saved")
         return Notice(f"KV cache saved: {len(self.session.cache)} tokens, {size / 1e6:.1f} MB")
 
     # -- saving ---------------------------------------------------------------------------
@@ -218,12 +236,15 @@ class SavedChat:
         if self.store is None:
             return None
         try:
-            if self.conversation_id is None:
+            if self.conversation_id is None:  # created with its first message, or not at all
                 info = self.session.info
-                self.conversation_id = self.store.create_conversation(
-                    info.spec, info.precision, self.session.system_prompt
-                ).id
-            saved = self._saved(self.store.add_message(self.conversation_id, role, content, parent, record))
+                stored = self.store.start_conversation(
+                    role, content, info.spec, info.precision, self.session.system_prompt, record
+                )
+                self.conversation_id = stored.conversation_id
+            else:
+                stored = self.store.add_message(self.conversation_id, role, content, parent, record)
+            saved = self._saved(stored)
         except StoreError as e:
             self.store = None
             yield Notice(f"saving is off for the rest of this conversation: {e}")

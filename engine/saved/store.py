@@ -7,11 +7,17 @@ conversation's `leaf_id` says which branch is current. A file this version canno
 corrupt one, one written by a newer llmchat, a foreign database) raises StoreError and is
 never modified: callers show the one-line message and carry on without a store.
 
+A file that opens but is damaged (SQLite's quick check fails on opening, or any statement
+later reports corruption) is never written again: `damaged` says why, every write raises
+StoreError, and reading goes on as far as the file allows. A new conversation and its first
+message are one transaction, so a write refused halfway leaves nothing behind.
+
 Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -184,15 +190,39 @@ def data_dir(override: str | os.PathLike | None = None) -> Path:
     return Path(platformdirs.user_data_dir("llmchat"))
 
 
+_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 11, 13, 26
+_DAMAGE_WORDS = ("malformed", "not a database", "corrupt", "vtable constructor failed", "invalid fts5")
+
+
+def _is_damage(error: sqlite3.Error) -> bool:
+    """Does the error say the file itself is damaged (rather than busy, full or unwritable)?"""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return True
+    return any(word in str(error).lower() for word in _DAMAGE_WORDS)
+
+
+def _damaged(path: Path, reason: str) -> str:
+    return (
+        f"conversation store {path} is damaged ({reason}); it was left untouched and nothing more "
+        "is saved to it: move it away to start afresh"
+    )
+
+
 def _explain(error: sqlite3.Error, path: Path) -> StoreError:
     """A one-line StoreError that says what is wrong and that nothing was changed."""
     text = one_line(error)
     lowered = text.lower()
+    code = getattr(error, "sqlite_errorcode", None)
     if "not a database" in lowered or "malformed" in lowered:
         reason = (
             "is not a readable llmchat database (corrupt?); it was left untouched, "
             "move it away to start afresh"
         )
+    elif _is_damage(error):
+        return StoreError(_damaged(path, text))
+    elif (code is not None and code & 0xFF == _SQLITE_FULL) or "disk is full" in lowered:
+        reason = "cannot be written: the disk is full (what was saved before is intact); free some space"
     elif "locked" in lowered or "busy" in lowered:
         reason = "is locked by another process; try again in a moment"
     elif "readonly" in lowered or "unable to open" in lowered:
@@ -245,6 +275,8 @@ class Store:
     def __init__(self, directory: str | os.PathLike | None = None, timeout_s: float = 5.0):
         self.directory = data_dir(directory)
         self.db_path = self.directory / DB_NAME
+        self.damaged: str | None = None
+        """Why the file cannot be trusted, once that is known; from then on every write is refused."""
         self._lock = threading.RLock()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -280,6 +312,11 @@ class Store:
             )
         if version == 0 and self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
             raise StoreError(f"{self.db_path} is a database llmchat did not write; it was left untouched")
+        problem = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+        if problem != "ok":
+            found = [line for line in problem.splitlines() if not line.startswith("*** in database")]
+            self._refuse_writes(_damaged(self.db_path, f"quick check: {(found or [problem])[0]}"))
+            return  # not even the journal mode: not one byte of the file changes
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = FULL")
         self._db.execute("PRAGMA foreign_keys = ON")
@@ -294,6 +331,19 @@ class Store:
                 for statement in _statements(script):
                     db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _refuse_writes(self, reason: str) -> None:
+        """From now on nothing is written to the file: our writes raise, and SQLite's own guard is on."""
+        self.damaged = self.damaged or reason
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA query_only = ON")
+
+    def _failed(self, error: sqlite3.Error) -> StoreError:
+        """The StoreError for a failed statement; damage found by it also stops every later write."""
+        explained = _explain(error, self.db_path)
+        if _is_damage(error):
+            self._refuse_writes(str(explained))
+        return explained
 
     def close(self) -> None:
         with self._lock:
@@ -310,16 +360,21 @@ class Store:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, committed (durably) before the block's caller goes on."""
         with self._lock:
+            if self.damaged:
+                raise StoreError(self.damaged)
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     yield self._db
                     self._db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    # SQLite may have rolled back already (a full disk does): keep the first error.
+                    if self._db.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            self._db.execute("ROLLBACK")
                     raise
             except sqlite3.Error as e:
-                raise _explain(e, self.db_path) from None
+                raise self._failed(e) from None
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -327,7 +382,7 @@ class Store:
             try:
                 yield self._db
             except sqlite3.Error as e:
-                raise _explain(e, self.db_path) from None
+                raise self._failed(e) from None
 
     # -- conversations ----------------------------------------------------------------
     def create_conversation(
@@ -339,15 +394,25 @@ class Store:
     ) -> Conversation:
         """A new, empty conversation (its title comes from the first user message if not given)."""
         title = check_title(title)
-        now = time.time()
         with self._write() as db:
-            cursor = db.execute(
-                "INSERT INTO conversations (title, created, updated, model, precision, system_prompt)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (title, now, now, model, precision, system_prompt),
-            )
-            conversation_id = cursor.lastrowid
+            conversation_id = _insert_conversation(db, model, precision, system_prompt, title)
         return self.conversation(conversation_id)
+
+    def start_conversation(
+        self,
+        role: str,
+        content: str,
+        model: str | None = None,
+        precision: str | None = None,
+        system_prompt: str | None = None,
+        record: AnswerRecord | None = None,
+    ) -> StoredMessage:
+        """A new conversation with its first message, in one transaction: a failure leaves neither."""
+        _check_role(role)
+        with self._write() as db:
+            conversation_id = _insert_conversation(db, model, precision, system_prompt, "")
+            message_id = self._append(db, conversation_id, role, content, None, record)
+        return self.message(message_id)
 
     def conversation(self, conversation_id: int) -> Conversation:
         with self._read() as db:
@@ -431,33 +496,42 @@ class Store:
         extend the branch one after the other); pass an id, or None for a new first message,
         to start a sibling branch (an edit or a regeneration).
         """
-        if role not in ("user", "assistant"):
-            raise StoreError(f"role must be user or assistant, got {role!r}")
-        now = time.time()
-        values = _record_values(record)
+        _check_role(role)
         with self._write() as db:
-            conversation = db.execute(
-                "SELECT * FROM conversations WHERE id = ?", (conversation_id,)
-            ).fetchone()
-            if conversation is None:
-                raise StoreError(f"no conversation {conversation_id}")
-            parent = conversation["leaf_id"] if parent_id == "leaf" else parent_id
-            self._check_parent(db, conversation_id, parent)
-            message_id = db.execute(
-                "INSERT INTO messages (conversation_id, parent_id, role, content, created, "
-                f"{', '.join(_RECORD_FIELDS)}) "
-                f"VALUES (?, ?, ?, ?, ?, {', '.join('?' * len(_RECORD_FIELDS))})",
-                (conversation_id, parent, role, content, now, *values),
-            ).lastrowid
-            title = conversation["title"] or (_title_from(content) if role == "user" else "")
-            model = record.model if record else conversation["model"]
-            precision = record.precision if record else conversation["precision"]
-            db.execute(
-                "UPDATE conversations SET leaf_id = ?, updated = ?, title = ?, model = ?, precision = ? "
-                "WHERE id = ?",
-                (message_id, now, title, model, precision, conversation_id),
-            )
+            message_id = self._append(db, conversation_id, role, content, parent_id, record)
         return self.message(message_id)
+
+    def _append(
+        self,
+        db: sqlite3.Connection,
+        conversation_id: int,
+        role: str,
+        content: str,
+        parent_id: int | None | str,
+        record: AnswerRecord | None,
+    ) -> int:
+        """Insert a message inside the caller's transaction and make it the leaf; its id."""
+        now = time.time()
+        conversation = db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        if conversation is None:
+            raise StoreError(f"no conversation {conversation_id}")
+        parent = conversation["leaf_id"] if parent_id == "leaf" else parent_id
+        self._check_parent(db, conversation_id, parent)
+        message_id = db.execute(
+            "INSERT INTO messages (conversation_id, parent_id, role, content, created, "
+            f"{', '.join(_RECORD_FIELDS)}) "
+            f"VALUES (?, ?, ?, ?, ?, {', '.join('?' * len(_RECORD_FIELDS))})",
+            (conversation_id, parent, role, content, now, *_record_values(record)),
+        ).lastrowid
+        title = conversation["title"] or (_title_from(content) if role == "user" else "")
+        model = record.model if record else conversation["model"]
+        precision = record.precision if record else conversation["precision"]
+        db.execute(
+            "UPDATE conversations SET leaf_id = ?, updated = ?, title = ?, model = ?, precision = ? "
+            "WHERE id = ?",
+            (message_id, now, title, model, precision, conversation_id),
+        )
+        return message_id
 
     @staticmethod
     def _check_parent(db: sqlite3.Connection, conversation_id: int, parent_id: int | None) -> None:
@@ -607,6 +681,22 @@ def describe_record(record: AnswerRecord) -> str:
 
 def _date(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
+
+
+def _check_role(role: str) -> None:
+    if role not in ("user", "assistant"):
+        raise StoreError(f"role must be user or assistant, got {role!r}")
+
+
+def _insert_conversation(
+    db: sqlite3.Connection, model: str | None, precision: str | None, system_prompt: str | None, title: str
+) -> int:
+    now = time.time()
+    return db.execute(
+        "INSERT INTO conversations (title, created, updated, model, precision, system_prompt)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (title, now, now, model, precision, system_prompt),
+    ).lastrowid
 
 
 def _record_values(record: AnswerRecord | None) -> tuple:

@@ -245,13 +245,19 @@ def ask(
             if conversation is not None:
                 fail(str(e))
             emit(Notice(f"not saving this conversation: {e}"))
+    read_only = store is not None and store.damaged is not None
+    if read_only:  # a damaged store is only read (to resume from), never written
+        emit(Notice(f"not saving this conversation: {store.damaged}"))
+        if conversation is None:
+            store.close()
+            store = None
     chat = SavedChat(session, store)
     if conversation is not None:
         for event in chat.resume(conversation):
             emit(event)
             if isinstance(event, Failed):
                 fail(event.message)
-        if no_save:
+        if no_save or read_only:
             chat.store = None
 
     interrupted = []
