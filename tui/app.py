@@ -105,14 +105,7 @@ class ChatApp(App[None]):
     def on_mount(self) -> None:
         for theme in load_themes():
             self.register_theme(theme)
-        if self.options.theme not in self.available_themes:
-            self.notify(
-                f"unknown theme {self.options.theme!r}; using {config.DEFAULT_THEME}", severity="warning"
-            )
-        self.theme = (
-            self.options.theme if self.options.theme in self.available_themes else config.DEFAULT_THEME
-        )
-        self.theme_changed_signal.subscribe(self, self._save_theme)
+        self._start_theme()
         prompt = self.part(PromptInput)
         prompt.cursor_blink = self.options.cursor_blink
         prompt.focus()
@@ -120,11 +113,34 @@ class ChatApp(App[None]):
         # Importing torch takes seconds: do it off the UI thread so the app is usable at once.
         threading.Thread(target=self._start_engine, name="llmchat-engine-start", daemon=True).start()
 
-    def _save_theme(self, theme: Theme) -> None:
+    def _start_theme(self) -> None:
+        """Open with the flag's or the config file's theme; an unknown one is reported, never saved over."""
+        wanted = self.options.theme
+        if wanted in self.available_themes:
+            self.theme = wanted
+            self._save_theme(wanted, quiet=True)  # `--theme` is remembered; the file's own theme is a no-op
+        else:
+            self.notify(
+                f"unknown theme {wanted!r}; using {config.DEFAULT_THEME} (the config file is left as it is)",
+                severity="warning",
+            )
+            self.theme = config.DEFAULT_THEME
+        # Subscribed after the start theme's own change is published (call_next runs in order):
+        # only the user's later choices are saved from here on.
+        self.call_next(self.theme_changed_signal.subscribe, self, self._theme_chosen)
+
+    def _theme_chosen(self, theme: Theme) -> None:
+        self._save_theme(theme.name)
+
+    def _save_theme(self, name: str, quiet: bool = False) -> None:
+        """Write the theme into the config file; `quiet` at start, where load_config reported a bad file."""
         try:
-            config.save_theme(theme.name, self.options.config_path)
+            config.save_theme(name, self.options.config_path)
+        except config.ConfigError as e:
+            if not quiet:
+                self.notify(str(e), severity="warning")
         except OSError as e:
-            self.notify(f"could not save the theme: {e}", severity="warning")
+            self.notify(f"the theme was not saved: {e}", severity="warning")
 
     # -- engine events -------------------------------------------------------------
     def _start_engine(self) -> None:
