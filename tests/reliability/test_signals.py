@@ -18,84 +18,25 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from engine.saved.store import Store
-from tests.tiny import build_tiny_model
+from tests.reliability.endless import ROOT, Drain, build_endless_model, private_env, read_until_token
+from tests.reliability.endless import ask_command as ask_with
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "How does inference work?"
 
 
 @pytest.fixture(scope="module")
 def endless_model_dir(tmp_path_factory) -> Path:
-    """The tiny random Llama, changed so that greedy decoding never picks its end-of-turn token."""
-    from safetensors.torch import load_file, save_file
-
-    directory = build_tiny_model(tmp_path_factory.mktemp("endless-llama"))
-    weights_path = directory / "model.safetensors"
-    weights = load_file(weights_path)
-    head = weights["lm_head.weight"]
-    eos = json.loads((directory / "config.json").read_text())["eos_token_id"]
-    # Its logit is then the mean of two others', never above both (ties have measure zero).
-    head[eos] = (head[0] + head[1]) / 2
-    save_file(weights, weights_path, metadata={"format": "pt"})
-    config = json.loads((directory / "config.json").read_text())
-    config["max_position_embeddings"] = 1_000_000  # no context stop either
-    (directory / "config.json").write_text(json.dumps(config))
-    return directory
-
-
-def private_env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        PYTHONPATH=str(ROOT),
-        LLMCHAT_DATA_DIR=str(tmp_path / "data"),
-        LLMCHAT_CONFIG_DIR=str(tmp_path / "config"),
-        XDG_CONFIG_HOME=str(tmp_path / "xdg-config"),
-        LLMCHAT_COMPILE="0",
-    )
-    for name in ("COLUMNS", "LINES"):  # set under pytest; the app would take them over the terminal's size
-        env.pop(name, None)
-    return env
+    return build_endless_model(tmp_path_factory.mktemp("endless-llama"))
 
 
 def ask_command(model_dir: Path, *flags: str) -> list[str]:
-    return [
-        sys.executable, "-m", "tui.cli", "ask", PROMPT, "--model", str(model_dir), "--device", "cpu",
-        "--temperature", "0", "--max-new-tokens", "1000000", *flags,
-    ]  # fmt: skip
-
-
-def read_until_token(lines) -> list[str]:
-    """Read JSON Lines until a `token` event with text (the answer is streaming); return what was read."""
-    seen = []
-    for line in lines:
-        seen.append(line)
-        event = json.loads(line) if line.lstrip().startswith("{") else {}
-        if event.get("event") == "token" and event["text"]:
-            return seen
-    raise AssertionError("the answer never streamed:\n" + "".join(seen))
-
-
-class Drain(threading.Thread):
-    """Keeps reading a stream (a full pipe would block the writer); `join()` returns all it read."""
-
-    def __init__(self, stream) -> None:
-        super().__init__(daemon=True)
-        self.stream, self.lines = stream, []
-        self.start()
-
-    def run(self) -> None:
-        self.lines.extend(self.stream)
-
-    def join(self, timeout: float | None = 60) -> list[str]:
-        super().join(timeout)
-        return self.lines
+    return ask_with(model_dir, PROMPT, *flags)
 
 
 def saved_turn(tmp_path: Path) -> list:

@@ -234,10 +234,12 @@ def ask(
                             write(sys.stderr, f"llmchat: {event.message}\n")
                     if stops.code is not None:
                         session.cancel.set()  # the answer stops after this token; its part so far is saved
+                if chat.refused:  # another llmchat is writing to the conversation: follow-ups make no sense
+                    break
         except KeyboardInterrupt:
             write(sys.stderr, "\nllmchat: interrupted\n")
             raise typer.Exit(130)
-        if chat.store is not None and chat.conversation_id is not None:
+        if chat.store is not None and chat.conversation_id is not None and not chat.refused:
             saved = chat.save_cache()
             if saved is not None:
                 emit(saved)
