@@ -62,14 +62,15 @@ def leave_terminal_if_gone() -> bool:
 
 
 def _hung_up(stream) -> bool:
+    import errno
     import termios
 
     try:
         termios.tcgetattr(stream.fileno())
-    except termios.error:
-        return True  # a hung-up terminal answers EIO
-    except (OSError, ValueError):
-        return False  # not a terminal at all
+    except termios.error as e:
+        return e.args[0] == errno.EIO  # what a hung-up terminal answers (not a terminal at all: ENOTTY)
+    except (AttributeError, OSError, ValueError):  # no stream, or a closed one
+        return False
     return False
 
 

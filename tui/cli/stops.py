@@ -2,8 +2,9 @@
 
 Ctrl+C (SIGINT), SIGTERM and a closed terminal (SIGHUP) stop the answer after the current
 token: its part so far is saved, and the process exits with 128 + the signal (130, 143,
-129). A second Ctrl+C quits at once; a repeated SIGTERM or SIGHUP changes nothing (the save
-takes milliseconds, and a closing terminal may send SIGHUP twice).
+129). Ctrl+C while the answer is already stopping quits at once; a repeated SIGTERM or
+SIGHUP changes nothing (the save takes milliseconds, and a closing terminal may send SIGHUP
+twice).
 
 A closed output stops the answer the same way: stdout whose reader has gone (`llmchat ask
 ... | head -c 20`: EPIPE) exits 141, what a shell reports for a process ended by SIGPIPE; a
@@ -57,8 +58,8 @@ class Stops:
             signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and self.code == 128 + signum:
-            raise KeyboardInterrupt  # a second Ctrl+C: quit at once
+        if signum == signal.SIGINT and self.code is not None:
+            raise KeyboardInterrupt  # Ctrl+C while already stopping: quit at once
         self.stop(128 + signum, _SIGNAL_REASONS.get(signum, f"stopped by {signal.Signals(signum).name}"))
 
     def stop(self, code: int, reason: str) -> None:
