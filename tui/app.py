@@ -6,10 +6,12 @@ come back as messages (see `tui.messages`). Handlers here are the only place wid
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
-from typing import Iterable, TypeVar
+from functools import partial
+from typing import Callable, Iterable, TypeVar
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -29,6 +31,7 @@ from tui.instruments import INSTRUMENT_BINDINGS, Instruments
 from tui.messages import Doorbell, EngineEvent, EngineStarted, Inbox, Pacer, gathered
 from tui.options import AppOptions
 from tui.router import Router, turn_summary
+from tui.stop_signals import catch_stop_signals, end_later
 from tui.turns import Turns
 from tui.widgets.chat_log import ChatLog, ChatMessage, UserMessage
 from tui.widgets.kv_cache import KVCachePanel
@@ -80,6 +83,7 @@ class ChatApp(App[None]):
         self._update_timer: Timer | None = None
         self._keys_state: tuple[bool, bool] | None = None
         self._parts: dict[type, Widget] = {}
+        self._restore_signals: Callable[[], None] = lambda: None
 
     def part(self, kind: type[WidgetType]) -> WidgetType:
         """The main screen's widget of this kind, also while a dialog is on top
@@ -105,26 +109,54 @@ class ChatApp(App[None]):
     def on_mount(self) -> None:
         for theme in load_themes():
             self.register_theme(theme)
-        if self.options.theme not in self.available_themes:
-            self.notify(
-                f"unknown theme {self.options.theme!r}; using {config.DEFAULT_THEME}", severity="warning"
-            )
-        self.theme = (
-            self.options.theme if self.options.theme in self.available_themes else config.DEFAULT_THEME
-        )
-        self.theme_changed_signal.subscribe(self, self._save_theme)
+        self._start_theme()
         prompt = self.part(PromptInput)
         prompt.cursor_blink = self.options.cursor_blink
         prompt.focus()
         self.part(StatusBar).starting(self.options.model, self.precision)
         # Importing torch takes seconds: do it off the UI thread so the app is usable at once.
         threading.Thread(target=self._start_engine, name="llmchat-engine-start", daemon=True).start()
+        loop = asyncio.get_running_loop()
+        self._restore_signals = catch_stop_signals(partial(self._stop_signal, loop))
 
-    def _save_theme(self, theme: Theme) -> None:
+    def _stop_signal(self, loop: asyncio.AbstractEventLoop, signum: int, hung_up: bool) -> None:
+        """SIGTERM or SIGHUP (in a signal handler): quit as Ctrl+Q does, exit code 128 + the signal.
+
+        The answer is stopped at once, so the engine saves it whatever the screen is doing."""
+        if self.engine is not None:
+            self.engine.cancel()
+        loop.call_soon_threadsafe(partial(self.exit, return_code=128 + signum))
+        if hung_up:  # a safety net: the quit may block on the terminal that is gone
+            end_later(128 + signum, partial(self.engine.shutdown, 60.0) if self.engine else None)
+
+    def _start_theme(self) -> None:
+        """Open with the flag's or the config file's theme; an unknown one is reported, never saved over."""
+        wanted = self.options.theme
+        if wanted in self.available_themes:
+            self.theme = wanted
+            self._save_theme(wanted, quiet=True)  # `--theme` is remembered; the file's own theme is a no-op
+        else:
+            self.notify(
+                f"unknown theme {wanted!r}; using {config.DEFAULT_THEME} (the config file is left as it is)",
+                severity="warning",
+            )
+            self.theme = config.DEFAULT_THEME
+        # Subscribed after the start theme's own change is published (call_next runs in order):
+        # only the user's later choices are saved from here on.
+        self.call_next(self.theme_changed_signal.subscribe, self, self._theme_chosen)
+
+    def _theme_chosen(self, theme: Theme) -> None:
+        self._save_theme(theme.name)
+
+    def _save_theme(self, name: str, quiet: bool = False) -> None:
+        """Write the theme into the config file; `quiet` at start, where load_config reported a bad file."""
         try:
-            config.save_theme(theme.name, self.options.config_path)
+            config.save_theme(name, self.options.config_path)
+        except config.ConfigError as e:
+            if not quiet:
+                self.notify(str(e), severity="warning")
         except OSError as e:
-            self.notify(f"could not save the theme: {e}", severity="warning")
+            self.notify(f"the theme was not saved: {e}", severity="warning")
 
     # -- engine events -------------------------------------------------------------
     def _start_engine(self) -> None:
@@ -398,7 +430,8 @@ class ChatApp(App[None]):
 
     def on_unmount(self) -> None:
         if self.engine is not None:
-            self.engine.shutdown(timeout=2.0)
+            self.engine.shutdown(timeout=2.0)  # stops the answer; the engine saves it and the KV cache
+        self._restore_signals()
 
 
 def make_app(options: AppOptions | None = None, engine_factory: EngineFactory = inference_worker) -> ChatApp:
@@ -423,6 +456,9 @@ def run_app(**flags) -> None:
     if problem:
         app.call_later(app.notify, problem, severity="warning")
     app.run()
+    code = app.return_code or 0  # 143 after SIGTERM, 129 after SIGHUP
     compiled = sys.modules.get("engine.fast.compiled")  # only if torch was ever loaded
     if compiled is not None:
-        compiled.exit_if_compiling(app.return_code or 0)  # the engine has saved and stopped
+        compiled.exit_if_compiling(code)  # the engine has saved and stopped
+    if code:
+        sys.exit(code)

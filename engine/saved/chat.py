@@ -14,11 +14,19 @@ says how much. Without a usable file the next turn prefills the history once.
 
 If the store fails mid-conversation (disk full, a lock held too long) saving turns off
 with a notice and the chat goes on.
+
+Another llmchat may write to the same conversation. Each turn holds the conversation from
+its question to its answer (`Store.turn`), and each save expects the conversation's leaf to
+be `head`, the one this chat last read or wrote. A turn that finds the conversation held, or
+changed since it was loaded here, is refused before anything is saved or answered: one
+Failed event says so (resuming it again picks up the latest messages). An answer that finds
+its conversation changed (someone switched its branch meanwhile) is kept as a side version.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from contextlib import ExitStack
 from typing import Generator, Iterator
 
 from engine.events import (
@@ -36,7 +44,14 @@ from engine.events import (
 from engine.kvcache import common_prefix
 from engine.sampling import SamplingSettings
 from engine.saved.cache_file import CacheFileError, load_cache, save_cache
-from engine.saved.store import AnswerRecord, Store, StoredMessage, StoreError
+from engine.saved.store import (
+    AnswerRecord,
+    ConversationBusy,
+    ConversationChanged,
+    Store,
+    StoredMessage,
+    StoreError,
+)
 from engine.session import ChatSession, Message
 
 
@@ -67,6 +82,11 @@ class SavedChat:
         """None when saving is off (no store, or it failed)."""
         self.conversation_id: int | None = None
         """Created with the first message."""
+        self.head: int | None = None
+        """The conversation's leaf as this chat last read or wrote it; every save expects it still."""
+        self.refused: str | None = None
+        """Why the last turn was refused before it began (another turn held the conversation, or it
+        changed since it was loaded here); None when it went ahead."""
 
     @property
     def message_ids(self) -> list[int | None]:
@@ -76,26 +96,27 @@ class SavedChat:
     # -- the conversation calls (same as ChatSession's) ------------------------------
     def send(self, text: str) -> Iterator[Event]:
         """Save the user message once the session takes it, answer it, save the answer."""
-        yield from self._answered(self.session.send(text), asking=True, parent=self._leaf())
+        yield from self._held(self._answered(self.session.send(text), asking=True, parent=self._leaf()))
 
     def regenerate(self) -> Iterator[Event]:
         """Answer the last user message again; the old answer stays as another version."""
-        yield from self._answered(self.session.regenerate())
+        yield from self._held(self._answered(self.session.regenerate()))
 
     def edit(self, index: int, text: str) -> Iterator[Event]:
         """Replace user message `index` with a new version and answer it; the old branch stays."""
         asking = self.session.is_user_message(index)
         parent = self.session.messages[index - 1].saved_id if asking and index > 0 else None
-        yield from self._answered(self.session.edit(index, text), asking, parent)
+        yield from self._held(self._answered(self.session.edit(index, text), asking, parent))
 
     def fork(self, step: int, token_id: int, answer: int | None = None) -> Iterator[Event]:
         """ChatSession.fork, saved: the forked answer becomes a new version of that answer."""
-        yield from self._answered(self.session.fork(step, token_id, answer))
+        yield from self._held(self._answered(self.session.fork(step, token_id, answer)))
 
     def new(self, system_prompt: str | None = None) -> None:
         """Start a fresh conversation (created in the store with its first message)."""
         self.session.reset(system_prompt)
         self.conversation_id = None
+        self.head = None
 
     # -- resume and branches ------------------------------------------------------------
     def resume(self, ref: int | str, use_cache: bool = True) -> Iterator[Event]:
@@ -164,6 +185,7 @@ class SavedChat:
     def _show(self, path: list[StoredMessage]) -> None:
         """Make `path` the session's messages; the cache stays (the next turn reuses the common prefix)."""
         self.session.messages[:] = [Message(m.role, m.content, saved_id=m.id) for m in path]
+        self.head = path[-1].id if path else None
 
     def _loaded_event(
         self, conversation_id: int, title: str, path: list[StoredMessage]
@@ -189,6 +211,28 @@ class SavedChat:
         return Notice(f"KV cache saved: {len(self.session.cache)} tokens, {size / 1e6:.1f} MB")
 
     # -- saving ---------------------------------------------------------------------------
+    def _held(self, turn: Iterator[Event]) -> Iterator[Event]:
+        """Run one turn holding the conversation against other turns, other processes' included."""
+        self.refused = None
+        with ExitStack() as held:
+            if self.store is not None and self.conversation_id is not None:
+                try:
+                    held.enter_context(self.store.turn(self.conversation_id))
+                except ConversationBusy as e:
+                    yield from self._refuse(str(e))
+                    return
+                except StoreError as e:  # the lock file cannot be made
+                    yield from self._saving_off(e)
+            yield from turn
+
+    def _refuse(self, reason: str) -> Iterator[Event]:
+        self.refused = reason
+        yield Failed(reason)
+
+    def _saving_off(self, error: StoreError) -> Iterator[Event]:
+        self.store = None
+        yield Notice(f"saving is off for the rest of this conversation: {error}")
+
     def _leaf(self) -> int | None:
         messages = self.session.messages
         return messages[-1].saved_id if messages else None
@@ -204,24 +248,44 @@ class SavedChat:
         """
         for event in events:
             if asking and not isinstance(event, (Failed, ContextTrimmed)):
-                yield from self._save_prompt(parent)
                 asking = False
+                if not (yield from self._save_prompt(parent)):  # the conversation changed: no turn
+                    self.session.messages.pop()
+                    return
             if isinstance(event, TurnFinished):
                 yield from self._save_answer(event)
             yield event
 
-    def _save_prompt(self, parent: int | None) -> Iterator[Event]:
-        """Save the user message the session just took, and give it its id."""
+    def _save_prompt(self, parent: int | None) -> Generator[Event, None, bool]:
+        """Save the user message the session just took, and give it its id; False when the
+        conversation changed since this chat read it (the turn must not go on)."""
         messages = self.session.messages
-        saved_id = yield from self._save("user", messages[-1].content, parent, index=len(messages) - 1)
+        try:
+            saved_id = yield from self._save("user", messages[-1].content, parent, index=len(messages) - 1)
+        except ConversationChanged:
+            yield from self._refuse(
+                f"conversation {self.conversation_id} changed since it was loaded here (another llmchat "
+                "wrote to it); this message was not saved or answered: load the conversation again "
+                "to continue from its latest message"
+            )
+            return False
         messages[-1] = dataclasses.replace(messages[-1], saved_id=saved_id)
+        return True
 
     def _save_answer(self, finished: TurnFinished) -> Iterator[Event]:
         """Save the answer the session just appended, and give it its id."""
         messages = self.session.messages
         record = answer_record(self.session.info, self.session.sampling, finished.stats)
         parent = messages[-2].saved_id if len(messages) > 1 else None
-        saved_id = yield from self._save("assistant", finished.text, parent, record, len(messages) - 1)
+        index = len(messages) - 1
+        try:
+            saved_id = yield from self._save("assistant", finished.text, parent, record, index)
+        except ConversationChanged:  # someone moved the branch meanwhile: keep the answer aside
+            saved_id = yield from self._save("assistant", finished.text, parent, record, index, side=True)
+            yield Notice(
+                f"conversation {self.conversation_id} changed while this answer was generated (another "
+                "llmchat moved its branch); the answer is saved as another version of its turn"
+            )
         messages[-1] = dataclasses.replace(messages[-1], saved_id=saved_id)
 
     def _save(
@@ -231,8 +295,11 @@ class SavedChat:
         parent: int | None,
         record: AnswerRecord | None = None,
         index: int = 0,
+        side: bool = False,
     ) -> Generator[Event, None, int | None]:
-        """Save one message as message `index` of the conversation; its id (None if not saved)."""
+        """Save one message as message `index` of the conversation, after `head` (ConversationChanged
+        if the leaf moved since); its id (None if not saved). `side`: a version that leaves the
+        current branch as it is."""
         if self.store is None:
             return None
         try:
@@ -242,12 +309,21 @@ class SavedChat:
                     role, content, info.spec, info.precision, self.session.system_prompt, record
                 )
                 self.conversation_id = stored.conversation_id
+            elif side:
+                stored = self.store.add_message(
+                    self.conversation_id, role, content, parent, record, make_leaf=False
+                )
             else:
-                stored = self.store.add_message(self.conversation_id, role, content, parent, record)
+                stored = self.store.add_message(
+                    self.conversation_id, role, content, parent, record, expected_leaf=self.head
+                )
             saved = self._saved(stored)
+        except ConversationChanged:
+            raise
         except StoreError as e:
-            self.store = None
-            yield Notice(f"saving is off for the rest of this conversation: {e}")
+            yield from self._saving_off(e)
             return None
+        if not side:
+            self.head = stored.id
         yield MessageSaved(self.conversation_id, index, saved)
         return saved.id

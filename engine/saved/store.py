@@ -12,6 +12,13 @@ later reports corruption) is never written again: `damaged` says why, every writ
 StoreError, and reading goes on as far as the file allows. A new conversation and its first
 message are one transaction, so a write refused halfway leaves nothing behind.
 
+Two writers on one conversation (two `llmchat ask --conversation last`, the app and a
+command) are serialised against its head: a writer passes the leaf it last saw
+(`expected_leaf`), and a write to a conversation whose leaf moved since fails whole with
+ConversationChanged. A turn holds its conversation from the question to the answer
+(`turn()`, an OS file lock the kernel lets go of if the process dies), so nobody puts a
+question after one still being answered.
+
 Nothing here imports torch.
 """
 
@@ -25,15 +32,20 @@ import sqlite3
 import threading
 import time
 import unicodedata
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, ContextManager, Iterator
 
 import platformdirs
 
 from engine.errors import one_line
+
+try:
+    import fcntl
+except ImportError:  # Windows: turns are not held (see Store.turn)
+    fcntl = None
 
 DATA_DIR_ENV = "LLMCHAT_DATA_DIR"
 """Environment variable that moves the data directory (tests point it at a tmp dir)."""
@@ -105,6 +117,14 @@ _RECORD_FIELDS = (
 
 class StoreError(RuntimeError):
     """The store cannot be used; the message is one line for the user."""
+
+
+class ConversationChanged(StoreError):
+    """Another writer moved the conversation's leaf since this one read it; nothing was written."""
+
+
+class ConversationBusy(StoreError):
+    """Another turn (in this process or another) holds the conversation; nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -469,6 +489,8 @@ class Store:
             changed = db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount
         if not changed:
             raise StoreError(f"no conversation {conversation_id}")
+        with suppress(OSError):  # ids are never reused, so its lock file is of no more use
+            self._lock_path(conversation_id).unlink(missing_ok=True)
         try:
             self.cache_path(conversation_id).unlink(missing_ok=True)
         except OSError as e:
@@ -476,6 +498,18 @@ class Store:
             raise StoreError(
                 f"deleted conversation {conversation_id}, but not its cache file: {reason}"
             ) from None
+
+    def turn(self, conversation_id: int) -> ContextManager[None]:
+        """Hold the conversation for one turn, question to answer; ConversationBusy if another turn holds it.
+
+        An advisory lock on a file next to the database (flock), released when the block ends
+        or the process dies. Where the OS has no flock, nothing is held and `expected_leaf`
+        alone guards the writes.
+        """
+        return _held(self._lock_path(conversation_id), conversation_id)
+
+    def _lock_path(self, conversation_id: int) -> Path:
+        return self.directory / "locks" / f"conversation-{conversation_id}.lock"
 
     def cache_path(self, conversation_id: int) -> Path:
         """Where the conversation's KV cache file lives: next to the database."""
@@ -489,16 +523,23 @@ class Store:
         content: str,
         parent_id: int | None | str = "leaf",
         record: AnswerRecord | None = None,
+        expected_leaf: int | None | str = "any",
+        make_leaf: bool = True,
     ) -> StoredMessage:
         """Append a finished message and make it the current leaf; committed when this returns.
 
         `parent_id` defaults to the current leaf (read in the same transaction, so two writers
         extend the branch one after the other); pass an id, or None for a new first message,
-        to start a sibling branch (an edit or a regeneration).
+        to start a sibling branch (an edit or a regeneration). With `expected_leaf` (the leaf
+        the writer last saw) the write happens only if the leaf is still that one, else
+        ConversationChanged. `make_leaf=False` adds the message as a side version and leaves
+        the current branch as it is.
         """
         _check_role(role)
         with self._write() as db:
-            message_id = self._append(db, conversation_id, role, content, parent_id, record)
+            message_id = self._append(
+                db, conversation_id, role, content, parent_id, record, expected_leaf, make_leaf
+            )
         return self.message(message_id)
 
     def _append(
@@ -509,12 +550,19 @@ class Store:
         content: str,
         parent_id: int | None | str,
         record: AnswerRecord | None,
+        expected_leaf: int | None | str = "any",
+        make_leaf: bool = True,
     ) -> int:
-        """Insert a message inside the caller's transaction and make it the leaf; its id."""
+        """Insert a message inside the caller's transaction (and make it the leaf); its id."""
         now = time.time()
         conversation = db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         if conversation is None:
             raise StoreError(f"no conversation {conversation_id}")
+        if expected_leaf != "any" and conversation["leaf_id"] != expected_leaf:
+            raise ConversationChanged(
+                f"conversation {conversation_id} changed: its last message is now "
+                f"{conversation['leaf_id']}, not {expected_leaf}"
+            )
         parent = conversation["leaf_id"] if parent_id == "leaf" else parent_id
         self._check_parent(db, conversation_id, parent)
         message_id = db.execute(
@@ -529,7 +577,14 @@ class Store:
         db.execute(
             "UPDATE conversations SET leaf_id = ?, updated = ?, title = ?, model = ?, precision = ? "
             "WHERE id = ?",
-            (message_id, now, title, model, precision, conversation_id),
+            (
+                message_id if make_leaf else conversation["leaf_id"],
+                now,
+                title,
+                model,
+                precision,
+                conversation_id,
+            ),
         )
         return message_id
 
@@ -668,6 +723,29 @@ class Store:
             if message.record:
                 lines += [f"*{describe_record(message.record)}*", ""]
         return "\n".join(lines)
+
+
+@contextmanager
+def _held(path: Path, conversation_id: int) -> Iterator[None]:
+    if fcntl is None:
+        yield
+        return
+    try:
+        path.parent.mkdir(exist_ok=True)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise StoreError(f"cannot lock conversation {conversation_id}: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConversationBusy(
+                f"conversation {conversation_id} is being answered by another llmchat; "
+                "try again when that answer has finished"
+            ) from None
+        yield
+    finally:
+        os.close(descriptor)  # lets go of the lock
 
 
 def describe_record(record: AnswerRecord) -> str:

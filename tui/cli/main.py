@@ -184,7 +184,11 @@ def ask(
     ),
     no_save: bool = typer.Option(False, "--no-save", help="Do not save the turns of this run."),
 ) -> None:
-    """Answer PROMPTS headless: the answer on stdout, a stats line per turn on stderr; every turn is saved."""
+    """Answer PROMPTS headless: the answer on stdout, a stats line per turn on stderr; every turn is saved.
+
+    Ctrl+C, SIGTERM or a closed terminal stop the answer and save its part so far (exit 130, 143,
+    129); so does a closed stdout, e.g. `| head` (exit 141).
+    """
     if conversation is not None and system is not None:
         fail("--system cannot change a saved conversation; it keeps the system prompt it was started with")
     check_context(context)
@@ -192,14 +196,13 @@ def ask(
     if problem:  # before a model loads or anything is saved
         refuse(problem, as_json)
 
-    import signal
-
     from engine import models
     from engine.events import Failed, ModelLoading, ModelReady, Notice, TokenSampled, TurnFinished, to_json
     from engine.quant.precision import PrecisionError
     from engine.saved.chat import SavedChat
     from engine.saved.store import Store, StoreError
     from engine.session import ChatSession
+    from tui.cli.stops import Stops
 
     sampling = sampling_from(
         temperature=temperature,
@@ -210,13 +213,14 @@ def ask(
         seed=seed,
         max_new_tokens=max_new_tokens,
     )
+    stops = Stops()
+    write = stops.write  # a closed output stops the answer instead of failing it
 
     on_terminal = sys.stdout.isatty()
 
     def out(text: str) -> None:
         """Byte-exact into a file or a pipe; on a terminal the model's control characters are shown."""
-        sys.stdout.write(visible_controls(text) if on_terminal else text)
-        sys.stdout.flush()
+        write(sys.stdout, visible_controls(text) if on_terminal else text)
 
     def emit(event) -> None:
         if as_json:
@@ -225,9 +229,9 @@ def ask(
             out(event.text)
         elif isinstance(event, TurnFinished):
             out("\n")
-            typer.echo(stats_line(event.stats), err=True)
+            write(sys.stderr, stats_line(event.stats) + "\n")
         elif isinstance(event, Notice):
-            typer.echo(f"llmchat: {event.message}", err=True)
+            write(sys.stderr, f"llmchat: {event.message}\n")
 
     try:
         loaded = models.load(
@@ -260,45 +264,39 @@ def ask(
         if no_save or read_only:
             chat.store = None
 
-    interrupted = []
-
-    def stop_answer(signum, frame) -> None:
-        """The first Ctrl-C stops the answer (its part so far is saved); a second one quits at once."""
-        if interrupted:
-            raise KeyboardInterrupt
-        interrupted.append(True)
-        session.cancel.set()
-
-    previous_handler = signal.signal(signal.SIGINT, stop_answer)
     failed = False
-    try:
-        for prompt in prompts:
-            for event in chat.send(prompt):
-                emit(event)
-                if isinstance(event, Failed):
-                    failed = True
-                    if not as_json:
-                        typer.echo(f"llmchat: {event.message}", err=True)
-            if interrupted:
-                break
-    except KeyboardInterrupt:
-        typer.echo("\nllmchat: interrupted", err=True)
-        raise typer.Exit(130)
-    finally:
-        signal.signal(signal.SIGINT, previous_handler)
-    if chat.store is not None and chat.conversation_id is not None:
-        saved = chat.save_cache()
-        if saved is not None:
-            emit(saved)
-        emit(
-            Notice(
-                f"saved as conversation {chat.conversation_id}; "
-                f"continue it with --conversation {chat.conversation_id}"
+    # Held to the end: a signal while the cache is saved is answered, not fatal.
+    with stops:
+        try:
+            for prompt in prompts:
+                if stops.code is not None:
+                    break
+                for event in chat.send(prompt):
+                    emit(event)
+                    if isinstance(event, Failed):
+                        failed = True
+                        if not as_json:
+                            write(sys.stderr, f"llmchat: {event.message}\n")
+                    if stops.code is not None:
+                        session.cancel.set()  # the answer stops after this token; its part so far is saved
+                if chat.refused:  # another llmchat is writing to the conversation: follow-ups make no sense
+                    break
+        except KeyboardInterrupt:
+            write(sys.stderr, "\nllmchat: interrupted\n")
+            raise typer.Exit(130)
+        if chat.store is not None and chat.conversation_id is not None and not chat.refused:
+            saved = chat.save_cache()
+            if saved is not None:
+                emit(saved)
+            emit(
+                Notice(
+                    f"saved as conversation {chat.conversation_id}; "
+                    f"continue it with --conversation {chat.conversation_id}"
+                )
             )
-        )
-    if interrupted:
-        typer.echo("llmchat: interrupted", err=True)
-        raise typer.Exit(130)
+        if stops.code is not None:
+            write(sys.stderr, f"llmchat: {stops.reason}\n")
+            raise typer.Exit(stops.code)
     if failed:
         raise typer.Exit(1)
 
