@@ -64,6 +64,18 @@ def load_config(path: Path | None = None) -> tuple[Config, str | None]:
 
 def save_theme(theme: str, path: Path | None = None) -> None:
     """Remember the theme, keeping whatever else the user wrote in the file."""
+    save_keys({"theme": theme}, path)
+
+
+def save_sampling(changed: dict[str, Any], path: Path | None = None) -> None:
+    """Remember sampling fields changed in the app (merged into the file's `sampling`), keeping the rest."""
+    if changed:
+        save_keys({"sampling": changed}, path)
+
+
+def save_keys(values: dict[str, Any], path: Path | None = None) -> None:
+    """Set the app's own keys in the config file, atomically, keeping every other key; a dict value
+    (sampling) is merged into the dict already there."""
     path = path or config_path()
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -71,7 +83,9 @@ def save_theme(theme: str, path: Path | None = None) -> None:
             raw = {}
     except (OSError, ValueError):
         raw = {}
-    raw["theme"] = theme
+    for key, value in values.items():
+        old = raw.get(key)
+        raw[key] = {**old, **value} if isinstance(value, dict) and isinstance(old, dict) else value
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
