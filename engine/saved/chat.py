@@ -55,6 +55,15 @@ def answer_record(info: ModelInfo, sampling: SamplingSettings, stats: TurnStats)
     )
 
 
+def binary_size(n: float) -> str:
+    """Bytes in the binary units the app's panels use (as tui.fmt.human_bytes), so figures compare."""
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 class SavedChat:
     """A session whose finished messages are committed to a store as they happen."""
 
@@ -171,7 +180,7 @@ class SavedChat:
             size = save_cache(self.session.cache, self.session.loaded, path)
         except CacheFileError as e:
             return Notice(str(e))
-        return Notice(f"KV cache saved: {len(self.session.cache)} tokens, {size / 1e6:.1f} MB")
+        return Notice(f"KV cache saved: {len(self.session.cache)} tokens, {binary_size(size)}")
 
     # -- saving ---------------------------------------------------------------------------
     def _leaf(self) -> int | None:
