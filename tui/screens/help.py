@@ -79,7 +79,7 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll { width: 90; max-width: 100%; height: auto; max-height: 100%;
         border: thick $primary; background: $surface; }
-    HelpScreen #colours { margin: 0 1 1 1; }
+    HelpScreen #colours { margin: 0 1 0 1; }
     """
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
 

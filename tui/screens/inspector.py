@@ -17,7 +17,7 @@ from textual.widgets import Static
 
 from engine.events import Candidate, Event, Forked, TurnFinished
 from engine.instruments.trace import TokenRecord
-from tui.fmt import fixed, prob_style, visible_piece
+from tui.fmt import count, fixed, prob_style, visible_piece
 from tui.instruments import AnswerRef, Instruments, answers
 from tui.screens.instrument import InstrumentScreen
 from tui.widgets.alternatives import AlternativesList
@@ -43,7 +43,9 @@ def step_text(record: TokenRecord, last: bool) -> str:
 def record_lines(record: TokenRecord, steps: int, forked_here: bool, ended: bool = False) -> list[Content]:
     """What the inspector says about one step; `ended`: it is the last step of a finished answer."""
     label = lambda name: (f"{name:<10}", "bold")  # noqa: E731
-    rank = "the most probable" if record.rank == 1 else f"{record.rank - 1} token(s) were more probable"
+    more = record.rank - 1
+    were = "was" if more == 1 else "were"
+    rank = f"{count(more, 'token')} {were} more probable" if more else "the most probable"
     if record.rank == 0:
         rank = "unknown"
     text = step_text(record, ended)

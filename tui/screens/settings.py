@@ -91,7 +91,8 @@ class SettingsScreen(ModalScreen[None]):
     SettingsScreen .row { height: 1; }
     SettingsScreen .row > Label { width: 30; }
     SettingsScreen .row > Input, SettingsScreen .row > Select { width: 1fr; }
-    SettingsScreen Select > SelectOverlay { border: round $accent; background: $panel; max-height: 10; }
+    SettingsScreen Select > SelectOverlay.-textual-compact { border: round $accent !important;
+        background: $panel; max-height: 10; }
     SettingsScreen .error { color: $text-error; height: auto; }
     SettingsScreen .hint { color: $text-muted; }
     SettingsScreen #buttons { height: auto; margin-top: 1; align-horizontal: right; }
