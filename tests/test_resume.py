@@ -21,6 +21,7 @@ from engine.sampling import SamplingSettings
 from engine.saved.chat import SavedChat
 from engine.saved.store import Store
 from engine.session import ChatSession
+from tui.fmt import human_bytes
 
 GREEDY = SamplingSettings(temperature=0.0, max_new_tokens=8)
 QUESTIONS = ("What is the capital of France?", "How does inference work?", "And Germany?")
@@ -77,7 +78,9 @@ def test_resume_with_the_saved_cache_answers_like_a_fresh_prefill_and_prefills_n
     tiny_loaded, store
 ):
     live = chat_two_turns(tiny_loaded, store)
-    assert live.save_cache().message.startswith("KV cache saved")
+    saved = live.save_cache().message
+    size = store.cache_path(live.conversation_id).stat().st_size
+    assert saved == f"KV cache saved: {len(live.session.cache)} tokens, {human_bytes(size)}"  # as the panels
 
     with_cache = new_chat(tiny_loaded, store)
     opened = turn(with_cache.resume(live.conversation_id))

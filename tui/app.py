@@ -20,7 +20,7 @@ from textual.screen import Screen
 from textual.theme import Theme
 from textual.timer import Timer
 from textual.widget import Widget
-from textual.widgets import Footer
+from textual.widgets import Footer, Static
 
 from engine.events import ConversationLoaded, Event, Failed, MessageSaved, ModelInfo, ModelReady, TurnFinished
 from themes import load_themes
@@ -42,6 +42,8 @@ from tui.widgets.token_stream import TokenStream
 from tui.widgets.top_k import TopKPanel
 
 WidgetType = TypeVar("WidgetType", bound=Widget)
+PANELS_HINT = "Panels: ↑↓ PgUp PgDn or the mouse wheel scroll them · Ctrl+T back to the chat"
+"""Shown on a small terminal while the panels replace the chat (they are taller than the screen)."""
 NO_MODEL = "✖ not sent: no model is loaded (choose another precision in Settings, or restart with --model)"
 
 
@@ -103,6 +105,7 @@ class ChatApp(App[None]):
                 yield PhasePanel(id="phase")
                 yield KVCachePanel(id="kv")
                 yield TopKPanel(id="topk")
+        yield Static(PANELS_HINT, id="panels-hint", markup=False)
         yield PromptInput(id="prompt")
         yield Footer(compact=True)
 
@@ -158,6 +161,15 @@ class ChatApp(App[None]):
         except OSError as e:
             self.notify(f"the theme was not saved: {e}", severity="warning")
 
+    def _save_sampling(self, changed: dict[str, object]) -> None:
+        """Remember the changed sampling fields for the next start (the theme is remembered the same way)."""
+        try:
+            config.save_sampling(changed, self.options.config_path)
+        except config.ConfigError as e:  # an unreadable file is never rewritten
+            self.notify(str(e), severity="warning")
+        except OSError as e:
+            self.notify(f"could not save the sampling settings: {e}", severity="warning")
+
     # -- engine events -------------------------------------------------------------
     def _start_engine(self) -> None:
         """On a background thread: import the engine, create its worker, and say so."""
@@ -210,6 +222,7 @@ class ChatApp(App[None]):
             case TurnFinished(stats):
                 await self.part(ChatLog).finish(turn_summary(stats))
                 self.part(PhasePanel).finish(stats)
+                self.part(KVCachePanel).finish(stats)
                 self.router.repaint_stats()
                 self._turn_over()
             case Failed(text):
@@ -312,8 +325,9 @@ class ChatApp(App[None]):
             self.engine.new_chat(self.options.system)
         self.history.new_chat()
         await self.part(ChatLog).clear()
-        for panel in (TokenStream, TopKPanel, KVCachePanel):
+        for panel in (TokenStream, TopKPanel, KVCachePanel, PhasePanel):
             self.part(panel).clear()
+        self.instruments.last_stats = None
         self.part(PromptInput).focus()
 
     async def action_regenerate(self) -> None:
@@ -353,10 +367,10 @@ class ChatApp(App[None]):
         if self.engine is not None:
             self.engine.set_sampling(message.settings)
         self.part(TopKPanel).set_sampling(message.settings)
-        changes = [
-            f"{k} {getattr(old, k)} → {v}" for k, v in vars(message.settings).items() if getattr(old, k) != v
-        ]
-        self.notify("; ".join(changes) + " (from the next token)", title="Sampling")
+        from tui.screens.settings import changes, describe_changes
+
+        self.notify(describe_changes(old, message.settings) + " (from the next token)", title="Sampling")
+        self._save_sampling(changes(old, message.settings))
 
     def action_conversations(self) -> None:
         from tui.screens.conversations import ConversationsScreen
@@ -380,7 +394,13 @@ class ChatApp(App[None]):
         self.part(PromptInput).focus()
 
     def action_toggle_panels(self) -> None:
-        self.screen.toggle_class("-panels")
+        screen = self.screen_stack[0]
+        screen.toggle_class("-panels")
+        if screen.has_class("-narrow") or screen.has_class("-short"):  # the panels replace the chat
+            if screen.has_class("-panels"):
+                screen.query_one("#side").focus()  # so the arrow keys scroll them
+            else:
+                self.part(PromptInput).focus()
 
     def action_help(self) -> None:
         from tui.screens.help import HelpScreen

@@ -142,17 +142,30 @@ def save_theme(theme: str, path: Path | None = None) -> None:
     Raises ConfigError, writing nothing, when the file cannot be read; OSError when it cannot
     be written (the file is then as it was).
     """
+    save_keys({"theme": theme}, path, "the theme was not saved", "choose the theme again")
+
+
+def save_sampling(changed: dict[str, Any], path: Path | None = None) -> None:
+    """Remember sampling fields changed in the app (merged into the file's `sampling`), keeping the
+    rest; raises as `save_theme` does."""
+    if changed:
+        save_keys({"sampling": changed}, path, "the sampling settings were not saved", "change them again")
+
+
+def save_keys(values: dict[str, Any], path: Path | None, not_saved: str, retry: str) -> None:
+    """Set the app's own keys in the config file, atomically, keeping every other key; a dict value
+    (sampling) is merged into the dict already there. A file that cannot be read is never written."""
     path = path or config_path()
     try:
         raw = _read(path)
     except ConfigError as e:
-        raise ConfigError(
-            f"the theme was not saved: {e}; fix the file, then choose the theme again"
-        ) from None
-    if raw.get("theme") == theme:
-        return
-    raw["theme"] = theme
-    _replace(path, json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
+        raise ConfigError(f"{not_saved}: {e}; fix the file, then {retry}") from None
+    merged = dict(raw)
+    for key, value in values.items():
+        old = raw.get(key)
+        merged[key] = {**old, **value} if isinstance(value, dict) and isinstance(old, dict) else value
+    if merged != raw:
+        _replace(path, json.dumps(merged, indent=2, ensure_ascii=False) + "\n")
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -33,6 +33,17 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def count(n: int, word: str, plural: str | None = None) -> str:
+    """'1 token', '2 tokens', '1,024 tokens': the number and the word that agrees with it."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"
+
+
+def fixed(value: float, digits: int) -> str:
+    """`value` to `digits` decimals, never '-0.00': a value that rounds to zero is shown as zero."""
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
 def ms(seconds: float | None) -> str:
     if seconds is None:
         return "–"

@@ -275,14 +275,27 @@ class Instruments:
         """Step mode off; a waiting step takes its sampled token and decoding runs at full speed."""
         if self.session is not None:
             self.session.step_gate.resume()
+        self.answer_note("decoding… (Esc stops)")
         from tui.screens.step import StepScreen
 
         if isinstance(self.app.screen, StepScreen):
             self.app.pop_screen()
         self.app.notify("Decoding runs at full speed again.", title="Step mode off")
 
+    def answer_note(self, note: str) -> None:
+        """The line under the answer in progress, if one is."""
+        from tui.widgets.chat_log import ChatLog
+
+        current = self.app.part(ChatLog).current
+        if current is not None:
+            current.set_note(note)
+
     def _step_paused(self, event: StepPaused) -> None:
         from tui.screens.step import StepScreen
+        from tui.widgets.phase import PhasePanel
+
+        self.answer_note(f"⏸ step mode: token {event.index + 1} waits for your choice (F3 turns it off)")
+        self.app.part(PhasePanel).step_waiting(event.index)
 
         for screen in self.app.screen_stack:
             if isinstance(screen, StepScreen):

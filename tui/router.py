@@ -25,7 +25,7 @@ from engine.events import (
     TokenSampled,
     TurnStats,
 )
-from tui.fmt import ms
+from tui.fmt import count, ms
 from tui.widgets.chat_log import ChatLog
 from tui.widgets.kv_cache import KVCachePanel
 from tui.widgets.phase import PhasePanel
@@ -50,7 +50,7 @@ STOPS = {
 def turn_summary(stats: TurnStats) -> str:
     """The line under a finished answer."""
     return (
-        f"{stats.generated_tokens} tokens · TTFT {ms(stats.ttft_s)} · {stats.decode_tok_s:.1f} tok/s"
+        f"{count(stats.generated_tokens, 'token')} · TTFT {ms(stats.ttft_s)} · {stats.decode_tok_s:.1f} tok/s"
         f" · {STOPS.get(stats.stop, stats.stop)}"
     )
 
@@ -105,7 +105,7 @@ class Router:
                 app.part(TokenStream).set_prompt(event)
             case PhaseChanged(phase="prefill"):
                 await chat.begin_answer(
-                    f"prefilling {event.tokens} new tokens ({event.reused} reused from the cache)…"
+                    f"prefilling {count(event.tokens, 'new token')} ({event.reused:,} reused from the cache)…"
                 )
                 app.part(PhasePanel).set_phase(event)
                 app.part(KVCachePanel).set_turn(event)

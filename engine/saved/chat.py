@@ -73,6 +73,15 @@ def answer_record(info: ModelInfo, sampling: SamplingSettings, stats: TurnStats)
     )
 
 
+def binary_size(n: float) -> str:
+    """Bytes in the binary units the app's panels use (as tui.fmt.human_bytes), so figures compare."""
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 class SavedChat:
     """A session whose finished messages are committed to a store as they happen."""
 
@@ -208,7 +217,7 @@ class SavedChat:
             size = save_cache(self.session.cache, self.session.loaded, path)
         except CacheFileError as e:  # the turns are in the store; only the fast resume is lost
             return Notice(f"{e}; the conversation itself is saved")
-        return Notice(f"KV cache saved: {len(self.session.cache)} tokens, {size / 1e6:.1f} MB")
+        return Notice(f"KV cache saved: {len(self.session.cache)} tokens, {binary_size(size)}")
 
     # -- saving ---------------------------------------------------------------------------
     def _held(self, turn: Iterator[Event]) -> Iterator[Event]:

@@ -81,6 +81,24 @@ def highlight(parts: Sequence[tuple[str, bool]]) -> Text:
     return content
 
 
+def fitted(text: str | Text, width: int) -> Text:
+    """One line of at most `width` cells, cut with an ellipsis (a Text, not a str: a title is not markup)."""
+    line = Text(text) if isinstance(text, str) else text.copy()
+    line.truncate(max(1, width), overflow="ellipsis")
+    return line
+
+
+def title_width(width: int, searching: bool, rows: list[Row]) -> int:
+    """The title column's width, so every column fits `width` cells (two of padding per column, and
+    room for a scrollbar)."""
+    ids = max((len(str(row.id)) for row in rows), default=1)
+    if searching:  # the title gets up to a third; the match takes the rest
+        return max(12, min(max((len(row.title) for row in rows), default=5), width // 3))
+    models = max((len(row.model or "?") for row in rows), default=5)
+    others = 1 + max(ids, 1) + len("2026-05-28 20:26") + len("Turns") + max(models, len("Model"))
+    return max(12, width - others - 2 * 6 - 2)
+
+
 def date(timestamp: float | None) -> str:
     return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M") if timestamp is not None else ""
 
@@ -105,6 +123,12 @@ class ConversationTable(DataTable):
     """The list; Enter (select) resumes the highlighted conversation, and the footer says so."""
 
     BINDINGS = [Binding("enter", "select_cursor", "Resume")]
+
+    class Resized(Message):
+        """The table changed width: its columns are fitted again."""
+
+    def on_resize(self) -> None:
+        self.post_message(self.Resized())
 
 
 class ConversationsScreen(ModalScreen[int | None]):
@@ -156,6 +180,8 @@ class ConversationsScreen(ModalScreen[int | None]):
         self._store_lock = threading.Lock()
         self._keep_status = False
         """The status line says what a change did; the refreshed list after it leaves that in place."""
+        self._listed: ConversationsScreen.Listed | None = None
+        """The rows shown last (fitted again when the screen changes size)."""
 
     def compose(self):
         with Vertical(id="box"):
@@ -247,29 +273,43 @@ class ConversationsScreen(ModalScreen[int | None]):
     def on_conversations_screen_listed(self, message: Listed) -> None:
         if message.query != self.query_one("#search", Input).value:
             return  # typed on since: a newer search is coming
+        self._listed = message
+        self._fill(message.query, message.rows)
+        if self._keep_status:
+            self._keep_status = False
+        else:
+            self._say(self._summary(message.query, len(message.rows)))
+
+    def on_conversation_table_resized(self) -> None:
+        """The columns were fitted to the old width (the dialog also changes size once it knows the
+        terminal's): fit them again."""
+        if self._listed is not None:
+            self._fill(self._listed.query, self._listed.rows)
+
+    def _fill(self, query: str, rows: list[Row]) -> None:
+        """The table, its columns fitted to its width: titles and matches cut with an ellipsis."""
         table = self.query_one(DataTable)
         selected = self.selected()
         table.clear(columns=True)
-        searching = bool(message.query.strip())
+        searching = bool(query.strip())
         if searching:
             table.add_columns("", "#", "Title", "Match")
         else:
             table.add_columns("", "#", "Title", "Updated", "Turns", "Model")
-        self.rows = {row.id: row for row in message.rows}
-        for row in message.rows:
+        self.rows = {row.id: row for row in rows}
+        width = table.size.width or self.size.width
+        titles = title_width(width, searching, rows)
+        for row in rows:
             mark = "●" if row.id == self.open_id else ""
-            title = cell(row.title or "(untitled)")
+            title = fitted(cell(row.title or "(untitled)"), titles)
             if searching:
-                cells = (mark, str(row.id), title, highlight(row.match_parts))
+                match = fitted(highlight(row.match_parts), width - titles - 2 * 4 - 3 - len(str(row.id)))
+                cells = (mark, str(row.id), title, match)
             else:
                 cells = (mark, str(row.id), title, date(row.updated), str(row.turns), cell(row.model or "?"))
             table.add_row(*cells, key=str(row.id))
         if selected in self.rows:
             table.move_cursor(row=table.get_row_index(str(selected)))
-        if self._keep_status:
-            self._keep_status = False
-        else:
-            self._say(self._summary(message.query, len(message.rows)))
 
     def _summary(self, query: str, count: int) -> str:
         if query.strip():

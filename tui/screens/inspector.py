@@ -17,7 +17,7 @@ from textual.widgets import Static
 
 from engine.events import Candidate, Event, Forked, TurnFinished
 from engine.instruments.trace import TokenRecord
-from tui.fmt import prob_style, visible_piece
+from tui.fmt import count, fixed, prob_style, visible_piece
 from tui.instruments import AnswerRef, Instruments, answers
 from tui.screens.instrument import InstrumentScreen
 from tui.widgets.alternatives import AlternativesList
@@ -30,13 +30,25 @@ def byte_text(data: bytes | None) -> str:
     return " ".join(f"{b:02x}" for b in data) + f"  ({len(data)} byte{'s' if len(data) != 1 else ''})"
 
 
-def record_lines(record: TokenRecord, steps: int, forked_here: bool) -> list[Content]:
-    """What the inspector says about one step."""
+def step_text(record: TokenRecord, last: bool) -> str:
+    """The text a step added; a special token and a split character each say why there is none."""
+    if record.text:
+        return repr(record.text)
+    if record.bytes is None:
+        what = f"none: {record.piece} is a special token, a marker of the chat template, not text"
+        return what + (" (the model's end of the answer: decoding stops when it is drawn)" if last else "")
+    return "nothing yet: it holds part of a UTF-8 character"
+
+
+def record_lines(record: TokenRecord, steps: int, forked_here: bool, ended: bool = False) -> list[Content]:
+    """What the inspector says about one step; `ended`: it is the last step of a finished answer."""
     label = lambda name: (f"{name:<10}", "bold")  # noqa: E731
-    rank = "the most probable" if record.rank == 1 else f"{record.rank - 1} token(s) were more probable"
+    more = record.rank - 1
+    were = "was" if more == 1 else "were"
+    rank = f"{count(more, 'token')} {were} more probable" if more else "the most probable"
     if record.rank == 0:
         rank = "unknown"
-    text = repr(record.text) if record.text else "nothing yet: it holds part of a UTF-8 character"
+    text = step_text(record, ended)
     lines = [
         Content.assemble(
             ("step ", "bold"),
@@ -48,19 +60,28 @@ def record_lines(record: TokenRecord, steps: int, forked_here: bool) -> list[Con
         Content.assemble(label("piece"), (visible_piece(record.piece), prob_style(record.prob))),
         Content.assemble(label("bytes"), byte_text(record.bytes)),
         Content.assemble(
-            label("logprob"), f"{record.logprob:.4f}", ("  p = ", "$text-muted"), f"{record.prob:.2%}"
+            label("logprob"), fixed(record.logprob, 4), ("  p = ", "$text-muted"), f"{record.prob:.2%}"
         ),
         Content.assemble(label("rank"), f"{record.rank}", (f"  ({rank})", "$text-muted")),
         Content.assemble(
             label("entropy"),
-            f"{record.entropy_bits:.3f} bits",
+            f"{fixed(max(0.0, record.entropy_bits), 3)} bits",
             (
-                f"  ({record.entropy:.3f} nats) ≈ a fair choice among {record.choices:.1f} tokens",
+                f"  ({fixed(max(0.0, record.entropy), 3)} nats)"
+                f" ≈ a fair choice among {record.choices:.1f} tokens",
                 "$text-muted",
             ),
         ),
         Content.assemble(label("text"), text),
     ]
+    if ended:
+        lines.append(
+            Content.styled(
+                "not in the cache at the time: decoding stopped on this token, so it was never fed back "
+                "(the next turn prefills it)",
+                "$text-muted",
+            )
+        )
     if forked_here:
         lines.append(
             Content.styled("⑂ forked here: this token was chosen from the alternatives", "$text-accent")
@@ -173,7 +194,8 @@ class InspectorScreen(InstrumentScreen):
         session = self.link.session
         record = self.ref.trace.record(self.step, session.namer)
         forked_here = self.ref.trace.fork_step == self.step
-        record_view.update(Content("\n").join(record_lines(record, len(self.steps), forked_here)))
+        ended = self.ref.message is not None and self.step == len(self.steps) - 1
+        record_view.update(Content("\n").join(record_lines(record, len(self.steps), forked_here, ended)))
         candidates = record.top_k
         if all(c.id != record.id for c in candidates):  # drawn from outside the top-k shown
             candidates = (*candidates, Candidate(record.id, record.piece, record.prob))

@@ -103,7 +103,7 @@ def measure_rows(turn: TurnPhases, peaks: Calibration | None) -> list[Content]:
         row("bytes moved", [human_bytes(m.bytes) for m in measures]),
         row("arithmetic intensity", [f"{m.intensity:,.1f} FLOP/B" for m in measures]),
         row("achieved compute", [si(m.flop_s, "FLOP/s") for m in measures]),
-        row("achieved bandwidth", [si(m.bytes_s, "B/s") for m in measures]),
+        row("achieved bandwidth", [human_bytes(m.bytes_s) + "/s" for m in measures]),
     ]
     if peaks is not None:
         lines += [
@@ -236,7 +236,7 @@ class PhasesScreen(InstrumentScreen):
                     f"{peaks.device}, {peaks.dtype}, {peaks.threads} threads: peak matmul ",
                     (si(peaks.matmul_flop_s, "FLOP/s"), "bold"),
                     " · bandwidth ",
-                    (si(peaks.bandwidth_bytes_s, "B/s"), "bold"),
+                    (human_bytes(peaks.bandwidth_bytes_s) + "/s", "bold"),
                     f" · balance {peaks.balance:,.1f} FLOP/B",
                     (f"  (measured {when}; c measures again)", "$text-muted"),
                 )

@@ -28,6 +28,20 @@ if TYPE_CHECKING:
 DEFAULT_TOKENS = 32
 
 
+def intro(precision: str, sampling) -> str:
+    """What is compared, and why its tokens need not be the chat's."""
+    text = (
+        f"The last turn's prompt is answered again at {precision} (the reference) by plain greedy decoding "
+        "(always the most probable token: repeatable), and the second precision is fed those same tokens."
+    )
+    if sampling.temperature == 0 and sampling.repetition_penalty == 1:
+        return text + " The chat answered greedily too, so they begin as the chat's answer did."
+    return text + (
+        f" The chat's answer was sampled (T {sampling.temperature:g}, repetition penalty "
+        f"{sampling.repetition_penalty:g}), so these tokens can differ from it."
+    )
+
+
 def side_by_side(result: PrecisionComparison) -> list[Content]:
     a, b = result.reference, result.other
     width = 18
@@ -100,10 +114,10 @@ class PrecisionScreen(InstrumentScreen):
     INSTRUMENT = "precision"
     DEFAULT_CSS = """
     PrecisionScreen #controls { height: auto; margin-top: 1; }
-    PrecisionScreen #controls > Label { padding: 1 1 0 0; }
-    PrecisionScreen #controls > Select { width: 20; }
-    PrecisionScreen #controls > Input { width: 10; }
-    PrecisionScreen #controls > Button { margin-left: 2; }
+    PrecisionScreen #controls > Label { padding: 0 1 0 0; }
+    PrecisionScreen #controls > Select { width: 12; }
+    PrecisionScreen #controls > Input { width: 8; }
+    PrecisionScreen #controls > Button { margin-left: 2; min-width: 11; }
     """
     BINDINGS = [Binding("r", "run", "Run")]
 
@@ -117,15 +131,13 @@ class PrecisionScreen(InstrumentScreen):
         current = self.link.session.info.precision
         others = [p for p in PRECISIONS if p != current]
         default = "bf16" if "bf16" in others else others[0]
-        yield Static(
-            f"The last turn answered greedily at {current} (the reference) and, fed the same tokens, at:"
-        )
+        yield Static(intro(current, self.link.session.sampling))
         with Horizontal(id="controls"):
             yield Label("second precision")
-            yield Select([(p, p) for p in others], value=default, allow_blank=False, id="other")
-            yield Label("tokens")
-            yield Input(str(DEFAULT_TOKENS), id="tokens", type="integer")
-            yield Button("Run (r)", id="run", variant="primary")
+            yield Select([(p, p) for p in others], value=default, allow_blank=False, id="other", compact=True)
+            yield Label("  tokens")
+            yield Input(str(DEFAULT_TOKENS), id="tokens", type="integer", compact=True)
+            yield Button("Run (r)", id="run", variant="primary", compact=True)
         yield Static(id="status", classes="muted")
         yield Static("Speed and memory", classes="section")
         yield Static(id="sides")

@@ -19,6 +19,7 @@ class PromptInput(TextArea):
     DEFAULT_CSS = """
     PromptInput { height: auto; min-height: 3; max-height: 10; border: round $primary 60%; }
     PromptInput:focus { border: round $primary; }
+    PromptInput .text-area--placeholder { color: $text 75%; }  /* Textual's 40% reads 2-4:1 */
     """
     BINDINGS = [
         Binding(NEWLINE_KEYS, "newline", "Newline", show=False),

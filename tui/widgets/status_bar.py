@@ -15,11 +15,17 @@ from tui.fmt import human_bytes
 BAR_WIDTH = 24
 
 
-def describe(info: ModelInfo) -> str:
-    return (
-        f"{info.name} · {info.precision} · {info.device} · {info.parameters / 1e6:.1f}M params"
-        f" · weights {human_bytes(info.weight_bytes)} · context {info.context:,}"
+def describe(info: ModelInfo, width: int = 1000) -> str:
+    """The model in one line: the longest form that fits `width` cells (a small terminal gets a short one)."""
+    head = f"{info.name} · {info.precision} · {info.device}"
+    weights, context = human_bytes(info.weight_bytes), f"{info.context:,}"
+    forms = (
+        f"{head} · {info.parameters / 1e6:.1f}M params · weights {weights} · context {context}",
+        f"{head} · {info.parameters / 1e6:.1f}M params · {weights} · {context} context",
+        f"{head} · {weights} · {context} context",
+        head,
     )
+    return next((form for form in forms if len(form) <= width), head)
 
 
 def progress_bar(fraction: float, width: int = BAR_WIDTH) -> Content:
@@ -31,19 +37,26 @@ def progress_bar(fraction: float, width: int = BAR_WIDTH) -> Content:
 
 class StatusBar(Widget):
     DEFAULT_CSS = """
-    StatusBar { dock: top; height: 1; background: $panel; }
+    StatusBar { dock: top; height: 1; background: $panel; text-wrap: nowrap; text-overflow: ellipsis; }
     """
+    BADGE = " llmchat "
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.info: ModelInfo | None = None
         self._line = Content("")
+        self._ready = False
+        """The line shows the loaded model (not a load in progress or a failure)."""
 
     def render(self) -> Content:
-        return Content.assemble((" llmchat ", "bold $background on $primary"), " ", self._line)
+        line = self._line
+        if self.info is not None and self._ready:  # the model's line, as long as the width allows
+            line = Content(describe(self.info, self.size.width - len(self.BADGE) - 1))
+        return Content.assemble((self.BADGE, "bold $background on $primary"), " ", line)
 
-    def _say(self, *parts) -> None:
+    def _say(self, *parts, ready: bool = False) -> None:
         self._line = Content.assemble(*parts)
+        self._ready = ready
         self.refresh()
 
     def starting(self, spec: str, precision: str) -> None:
@@ -54,7 +67,7 @@ class StatusBar(Widget):
 
     def ready(self, info: ModelInfo) -> None:
         self.info = info
-        self._say(describe(info))
+        self._say(describe(info), ready=True)
 
     def failed(self, message: str) -> None:
         current = describe(self.info) if self.info else "no model loaded"

@@ -12,12 +12,13 @@ from textual.content import Content
 from textual.widget import Widget
 
 from engine.events import PromptTokens, TokenSampled
-from tui.fmt import PROB_LEVELS, prob_style, subscript, visible_piece
+from tui.fmt import PROB_LEVELS, count, prob_style, subscript, visible_piece
 
 KEEP = 2000
 """Generated chips kept (far more than fit on screen)."""
 REUSED = "$text-muted on $panel"
-NEW = "$text-warning on $warning-muted"
+NEW = "bold $background on $warning"
+"""Prefilled now: the PREFILL badge's look, unlike any probability colour (those are muted)."""
 EMPTY = "the tokens of the next turn appear here"
 
 
@@ -94,6 +95,8 @@ class TokenStream(Widget):
         self.prompt_chips: list[Content] = []
         self.chips: list[Content] = []
         self.generated = 0
+        self.empty = EMPTY
+        """What the panel says while it has no turn to show."""
 
     def set_prompt(self, prompt: PromptTokens) -> None:
         self.prompt, self.chips, self.generated = prompt, [], 0
@@ -113,23 +116,25 @@ class TokenStream(Widget):
         if repaint:
             self.refresh()
 
-    def clear(self) -> None:
+    def clear(self, why: str = EMPTY) -> None:
+        """Show no turn; `why` says what the panel waits for."""
         self.prompt, self.prompt_chips, self.chips, self.generated = None, [], [], 0
+        self.empty = why
         self.refresh()
 
     def render(self) -> Content:
         if self.prompt is None:
-            return Content.styled(EMPTY, "$text-muted")
+            return Content.styled(self.empty, "$text-muted")
         p = self.prompt
         width, height = self.content_size.width, self.content_size.height
         prompt = Content.assemble(
             ("prompt ", "bold"),
-            f"{len(p.ids)} tokens: ",
+            f"{count(len(p.ids), 'token')}: ",
             (f"{p.reused} reused", REUSED),
             " · ",
             (f"{len(p.ids) - p.reused} prefilled now", NEW),
         )
-        answer = Content.assemble(("answer ", "bold"), f"{self.generated} tokens  ", legend())
+        answer = Content.assemble(("answer ", "bold"), f"{count(self.generated, 'token')}  ", legend())
         if prompt.cell_length + answer.cell_length + 3 <= width:
             summary = [Content.assemble(prompt, "   ", answer)]
         else:

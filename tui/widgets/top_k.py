@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.widget import Widget
 
 from engine.events import TokenSampled
-from tui.fmt import entropy_bits, prob_color, visible_piece
+from tui.fmt import entropy_bits, fixed, prob_color, visible_piece
 
 PIECE_WIDTH = 12
 
@@ -67,7 +67,7 @@ class TopKPanel(Widget):
                 ("step ", "bold"),
                 f"{token.index + 1} · position {token.position} · ",
                 ("entropy ", "bold"),
-                f"≥ {entropy_bits(probs):.2f} bits",
+                f"≥ {fixed(max(0.0, entropy_bits(probs)), 2)} bits",
             )
         ]
         width = max(6, self.content_size.width - PIECE_WIDTH - 12)
@@ -98,9 +98,6 @@ class TopKPanel(Widget):
                 )
             )
         else:
-            lines.append(
-                Content.styled(
-                    f"these {len(probs)} hold {sum(probs):.0%}; the rest add entropy", "$text-muted"
-                )
-            )
+            these = "this one holds" if len(probs) == 1 else f"these {len(probs)} hold"
+            lines.append(Content.styled(f"{these} {sum(probs):.0%}; the rest add entropy", "$text-muted"))
         return lines
