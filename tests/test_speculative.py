@@ -199,3 +199,54 @@ def test_smollm2_greedy_lookup_gives_the_plain_answer(smollm2):
         same_answer(answer(smollm2, prompt, settings=settings), answer(smollm2, prompt, spec, settings))
         accepted += spec.stats.accepted  # the counts are per answer
     assert accepted > 0
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def test_ask_speculative_lookup_prints_draft_events_and_every_token(tiny_model_dir):
+    import json
+
+    from typer.testing import CliRunner
+
+    from tui.cli.main import app
+
+    args = ["ask", PROMPTS[0], "-m", str(tiny_model_dir), "-t", "0", "-n", "24", "--no-save", "--json"]
+    plain = CliRunner().invoke(app, args)
+    spec = CliRunner().invoke(app, [*args, "--speculative", "lookup", "--draft-tokens", "3"])
+    assert plain.exit_code == 0 and spec.exit_code == 0, spec.output
+    lines = [json.loads(line) for line in spec.stdout.splitlines()]
+    rounds = [e for e in lines if e["event"] == "draft"]
+    assert rounds and all(len(e["drafted"]) <= 3 for e in rounds)
+
+    def tokens(out):
+        return [
+            (e["index"], e["id"], e["text"])
+            for e in map(json.loads, out.splitlines())
+            if e["event"] == "token"
+        ]
+
+    assert tokens(spec.stdout) == tokens(plain.stdout)
+
+
+@pytest.mark.parametrize("command", ["ask", "bench"])
+def test_draft_tokens_out_of_range_is_one_line_before_loading(command):
+    from typer.testing import CliRunner
+
+    from tui.cli.main import app
+
+    args = [command, "hello"] if command == "ask" else [command]
+    result = CliRunner().invoke(app, [*args, "--speculative", "lookup", "--draft-tokens", "9"])
+    assert result.exit_code != 0
+    assert "--draft-tokens must be a whole number from 1 to 8, got 9" in result.output
+
+
+def test_ask_with_a_draft_that_cannot_load_refuses(tiny_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from tui.cli.main import app
+
+    missing = str(tmp_path / "no-such-model")
+    args = ["ask", "hello", "-m", str(tiny_model_dir), "--no-save", "--speculative", missing]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and f"--speculative {missing}" in result.output

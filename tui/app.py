@@ -151,6 +151,8 @@ class ChatApp(App[None]):
             path = self.options.config_path or config.config_path()
             self._error(f"sampling settings in {path}: {message.problem}")
         self.engine.load(self.options.model, self.precision, self.options.device)
+        if self.options.speculative:  # queued after the load: the draft needs the model's tokenizer
+            self.engine.set_speculation(self.options.speculative, self.options.draft_tokens)
         self.history.engine_started()  # a --resume goes after the load in the engine's queue
 
     def on_doorbell(self) -> None:

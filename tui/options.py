@@ -26,6 +26,10 @@ class AppOptions:
     """Off in snapshot tests, so screenshots are stable."""
     resume: int | str | None = None
     """A saved conversation to continue once the model has loaded: an id, or 'last'."""
+    speculative: str | None = None
+    """Speculative decoding once the model has loaded: `lookup` or a draft MODEL[@PRECISION]; None is off."""
+    draft_tokens: int = 4
+    """Tokens drafted per speculative round (1..8)."""
 
 
 def options_from(config: Config, config_path: Path | None = None, **flags: Any) -> AppOptions:
@@ -36,4 +40,11 @@ def options_from(config: Config, config_path: Path | None = None, **flags: Any) 
         name: flags[name] if flags.get(name) is not None else getattr(config, name)
         for name in ("model", "precision", "device", "system", "context", "theme")
     }
-    return AppOptions(sampling=sampling, config_path=config_path, resume=flags.get("resume"), **chosen)
+    return AppOptions(
+        sampling=sampling,
+        config_path=config_path,
+        resume=flags.get("resume"),
+        speculative=flags.get("speculative"),
+        draft_tokens=flags.get("draft_tokens") or 4,
+        **chosen,
+    )

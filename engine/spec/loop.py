@@ -147,3 +147,26 @@ def forward_all(session: ChatSession, ids: list[int]) -> torch.Tensor:
         logits = session.model(input_ids=inputs, cache=session.cache.hf, use_cache=True).logits[0]
     session.cache.appended(ids)
     return logits.float()
+
+
+def parse_choice(choice: str) -> tuple[str, str | None]:
+    """`lookup`, or a draft model `MODEL[@PRECISION]`: (model spec, precision or None)."""
+    spec, at, precision = choice.rpartition("@")
+    return (spec, precision) if at and spec else (choice, None)
+
+
+def make_speculation(choice: str, k: int, target, progress=None) -> Speculation:
+    """The setting for `--speculative lookup|MODEL[@PRECISION]`; a draft model loads on the
+    target's device, at w8 on a CPU (the cheap copy) or the target's precision on a GPU.
+    Raises ValueError (bad K, another tokenizer) or the loader's one-line errors."""
+    from engine import models
+    from engine.spec.drafters import DraftModel, PromptLookup
+
+    check_draft_tokens(k)
+    if choice == "lookup":
+        return Speculation(PromptLookup(), k)
+    spec, precision = parse_choice(choice)
+    device = target.info.device
+    precision = precision or ("w8" if device == "cpu" else target.info.precision)
+    draft = models.load(spec, precision, device, progress=progress)
+    return Speculation(DraftModel(draft, target.info.vocab_size, target.tokenizer), k)
