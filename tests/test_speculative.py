@@ -250,3 +250,30 @@ def test_ask_with_a_draft_that_cannot_load_refuses(tiny_model_dir, tmp_path):
     args = ["ask", "hello", "-m", str(tiny_model_dir), "--no-save", "--speculative", missing]
     result = CliRunner().invoke(app, args)
     assert result.exit_code != 0 and f"--speculative {missing}" in result.output
+
+
+# -- the setting, through the worker --------------------------------------------------------------
+
+
+def test_the_worker_switches_speculation_and_keeps_the_last_good_setting(tiny_model_dir):
+    from engine.events import Failed, Notice, TurnFinished
+    from engine.worker import InferenceWorker
+    from tests.test_resume import Recorder
+
+    recorder = Recorder()
+    worker = InferenceWorker(recorder, SamplingSettings(temperature=0, max_new_tokens=20))
+    try:
+        worker.load(str(tiny_model_dir), "fp32", "cpu")
+        worker.set_speculation("lookup", 3)
+        assert "lookup drafts 3" in recorder.until(Notice)[-1].message
+        worker.set_speculation("lookup", 9)
+        assert "from 1 to 8" in recorder.until(Failed)[-1].message
+        worker.send(TEXT)
+        events = recorder.until(TurnFinished)
+        assert any(isinstance(e, DraftRound) and len(e.drafted) <= 3 for e in events)
+        worker.set_speculation(None)
+        assert recorder.until(Notice)[-1].message == "speculative decoding off"
+        worker.send("hello")
+        assert not any(isinstance(e, DraftRound) for e in recorder.until(TurnFinished))
+    finally:
+        worker.shutdown()

@@ -1,0 +1,43 @@
+"""The app side of speculative decoding: drafts marked in the token panel, the rounds in the phase panel."""
+
+from engine.events import DraftRound, PhaseChanged, PromptTokens, TokenSampled
+from tui.widgets.phase import PhasePanel
+from tui.widgets.token_stream import ACCEPTED, REJECTED, TokenStream
+
+
+def token(index: int, token_id: int, piece: str) -> TokenSampled:
+    return TokenSampled(
+        index=index,
+        id=token_id,
+        piece=piece,
+        text=piece,
+        logprob=-0.1,
+        top_k=(),
+        latency_s=0.01,
+        position=10 + index,
+    )
+
+
+def test_kept_drafts_are_underlined_and_rejected_ones_struck_before_the_correction():
+    stream = TokenStream()
+    stream.prompt = PromptTokens((1, 2), ("a", "b"), 0)
+    stream.add([token(0, 5, "x")], repaint=False)
+    stream.add_round(DraftRound(1, "lookup", (6, 7, 8), ("p", "q", "r"), 1, 9, 0.001, 0.05))
+    stream.add([token(1, 6, "p"), token(2, 9, "z")], repaint=False)
+    spans = [(chip.plain.split()[0], {str(s.style) for s in chip.spans}) for chip in stream.chips]
+    assert [piece[0] for piece, _ in spans] == ["x", "p", "q", "r", "z"]
+    assert not any(ACCEPTED.strip() in style for style in spans[0][1])
+    assert any(ACCEPTED.strip() in style for style in spans[1][1])
+    assert all(REJECTED in spans[i][1] for i in (2, 3))
+    assert not any(ACCEPTED.strip() in style for style in spans[4][1])
+    assert (stream.drafted, stream.kept) == (3, 1)
+
+
+def test_phase_panel_shows_acceptance_and_tokens_per_forward():
+    panel = PhasePanel()
+    panel.set_phase(PhaseChanged("prefill", 4, 0))
+    assert "memory-bound" not in panel._why().plain
+    panel.add_round(DraftRound(1, "lookup", (6, 7, 8, 9), ("p",) * 4, 3, 1, 0.001, 0.05), repaint=False)
+    panel.add_round(DraftRound(5, "lookup", (6, 7, 8, 9), ("p",) * 4, 1, 1, 0.001, 0.05), repaint=False)
+    line = panel._why().plain
+    assert "4/8 drafts kept (50%)" in line and "3.0 tokens/forward" in line
