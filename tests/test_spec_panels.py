@@ -41,3 +41,24 @@ def test_phase_panel_shows_acceptance_and_tokens_per_forward():
     panel.add_round(DraftRound(5, "lookup", (6, 7, 8, 9), ("p",) * 4, 1, 1, 0.001, 0.05), repaint=False)
     line = panel._why().plain
     assert "4/8 drafts kept (50%)" in line and "3.0 tokens/forward" in line
+
+
+def test_config_json_sets_speculation_and_a_flag_wins(tmp_path):
+    import json
+
+    from tui.config import load_config
+    from tui.options import options_from
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"speculative": "lookup", "draft_tokens": 3}))
+    config, problem = load_config(path)
+    assert problem is None
+    options = options_from(config)
+    assert (options.speculative, options.draft_tokens) == ("lookup", 3)
+    options = options_from(config, speculative="smollm2-135m@w8", draft_tokens=6)
+    assert (options.speculative, options.draft_tokens) == ("smollm2-135m@w8", 6)
+    path.write_text(json.dumps({"speculative": 5, "draft_tokens": 12}))
+    config, problem = load_config(path)
+    assert (config.speculative, config.draft_tokens) == (None, 4)
+    assert "draft_tokens must be a whole number from 1 to 8, got 12" in problem
+    assert "speculative must be a string or null, got 5" in problem

@@ -38,13 +38,20 @@ def options_from(config: Config, config_path: Path | None = None, **flags: Any) 
     sampling.update(flags.pop("sampling", None) or {})
     chosen = {
         name: flags[name] if flags.get(name) is not None else getattr(config, name)
-        for name in ("model", "precision", "device", "system", "context", "theme")
+        for name in (
+            "model",
+            "precision",
+            "device",
+            "system",
+            "context",
+            "theme",
+            "speculative",
+            "draft_tokens",
+        )
     }
     return AppOptions(
         sampling=sampling,
         config_path=config_path,
         resume=flags.get("resume"),
-        speculative=flags.get("speculative"),
-        draft_tokens=flags.get("draft_tokens") or 4,
         **chosen,
     )

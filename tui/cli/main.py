@@ -129,7 +129,9 @@ def main(
         False, "--no-compile", help="Keep the eager decode step (no torch.compile in the background)."
     ),
     speculative: Optional[str] = SpeculativeOpt,
-    draft_tokens: int = DraftTokensOpt,
+    draft_tokens: Optional[int] = typer.Option(
+        None, "--draft-tokens", help="Tokens drafted per speculative round, 1..8 (default 4)."
+    ),
 ) -> None:
     """Open the chat app (the default when no command is given).
 
@@ -151,7 +153,8 @@ def main(
     if given:
         sampling_from(**given)  # fail fast on a bad flag (this imports torch, so only when flags are given)
     check_context(context)
-    check_draft_tokens(draft_tokens)
+    if draft_tokens is not None:
+        check_draft_tokens(draft_tokens)
     problem = text_problem(system)
     if problem:
         fail(problem)
@@ -261,6 +264,8 @@ def ask(
         elif isinstance(event, TurnFinished):
             out("\n")
             typer.echo(stats_line(event.stats), err=True)
+            if session.speculation is not None:
+                typer.echo(speculation_line(session.speculation), err=True)
         elif isinstance(event, Notice):
             typer.echo(f"llmchat: {event.message}", err=True)
 
@@ -393,6 +398,15 @@ def bench(
         from tui.cli.bench_table import print_tables
 
         print_tables(result)
+
+
+def speculation_line(speculation) -> str:
+    """The turn's speculative rounds, on one line."""
+    s = speculation.stats
+    return (
+        f"[speculative {speculation.drafter.name}, K={speculation.k} | {s.accepted}/{s.drafted} drafts kept "
+        f"({s.acceptance:.0%}) | {s.tokens_per_forward:.2f} tokens per forward | {s.rounds} rounds]"
+    )
 
 
 def stats_line(stats) -> str:
