@@ -62,3 +62,35 @@ def test_config_json_sets_speculation_and_a_flag_wins(tmp_path):
     assert (config.speculative, config.draft_tokens) == (None, 4)
     assert "draft_tokens must be a whole number from 1 to 8, got 12" in problem
     assert "speculative must be a string or null, got 5" in problem
+
+
+def test_settings_switches_speculation_and_refuses_a_bad_k(tmp_path):
+    import asyncio
+
+    from tests.tui_fakes import FakeFactory, fake_app
+
+    factory = FakeFactory()
+    app = fake_app(factory, tmp_path, speculative="lookup", draft_tokens=3)
+    asyncio.run(_switch(app, factory))
+
+
+async def _switch(app, factory) -> None:
+    from textual.widgets import Input, Select
+
+    from tests.tui_screen import wait_for
+    from tui.screens.settings import SettingsScreen
+
+    async with app.run_test(size=(100, 40)) as pilot:
+        await wait_for(pilot, lambda: app.turns.ready)
+        assert ("set_speculation", "lookup", 3) in factory.engine.calls  # the flag, after the load
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        app.screen.query_one("#draft_tokens", Input).value = "9"
+        app.screen.query_one("#speculative", Select).value = "off"
+        await pilot.pause(0.2)
+        assert app.screen.query_one("#draft_tokens-error").display  # K out of range: nothing changes
+        assert app.speculation == ("lookup", 3)
+        app.screen.query_one("#draft_tokens", Input).value = "5"
+        app.screen.action_apply()
+        await wait_for(pilot, lambda: app.speculation == (None, 5))
+        assert factory.engine.calls[-1] == ("set_speculation", None, 5)
