@@ -277,3 +277,20 @@ def test_the_worker_switches_speculation_and_keeps_the_last_good_setting(tiny_mo
         assert not any(isinstance(e, DraftRound) for e in recorder.until(TurnFinished))
     finally:
         worker.shutdown()
+
+
+def test_a_fork_decodes_speculatively_to_the_plain_fork(tiny_loaded):
+    def forked(speculation):
+        chat = ChatSession(tiny_loaded, SamplingSettings(temperature=0, max_new_tokens=30))
+        chat.speculation = speculation
+        list(chat.send(PROMPTS[0]))
+        step = chat.trace.steps[3]
+        other = next(c.id for c in step.top_k if c.id != step.id)
+        events = list(chat.fork(3, other))
+        return chat, [(e.index, e.id, e.position) for e in events if isinstance(e, TokenSampled)]
+
+    plain, plain_tokens = forked(None)
+    spec, spec_tokens = forked(Speculation(PromptLookup(), k=4))
+    assert spec_tokens == plain_tokens
+    assert spec.messages[-1].content == plain.messages[-1].content
+    assert spec.cache.ids == plain.cache.ids
