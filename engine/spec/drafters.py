@@ -41,7 +41,7 @@ class PromptLookup:
 
     name = "lookup"
 
-    def __init__(self, longest: int = 3, shortest: int = 1):
+    def __init__(self, longest: int = 3, shortest: int = 2):
         self.longest, self.shortest = longest, shortest
 
     def propose(self, context: list[int], k: int, sampler: Sampler) -> Drafts:
