@@ -54,6 +54,10 @@ class BenchConfig:
     """Same architecture, random values: speed does not depend on the weights' values."""
     compile: bool = True
     """Decode with the compiled step where it is supported (engine/fast/compiled.py), as the app does."""
+    speculative: str | None = None
+    """Also measure speculative decoding with this drafter (`lookup` or a draft MODEL[@PRECISION])."""
+    draft_tokens: int = 4
+    """Tokens drafted per speculative round (1..8)."""
 
     def __post_init__(self) -> None:
         """Raise ValueError, starting with the field's name, for a value no measurement can use."""
@@ -64,6 +68,8 @@ class BenchConfig:
         _at_least("decode_tokens", self.decode_tokens, 2)  # the inter-token latency needs two tokens
         _at_least("repeats", self.repeats, 1)
         _at_least("long_context", self.long_context, 0)
+        if not 1 <= self.draft_tokens <= 8:
+            raise ValueError(f"draft_tokens must be a whole number from 1 to 8, got {self.draft_tokens}")
         if not 1 <= self.turns <= len(QUESTIONS):
             raise ValueError(f"turns must be in [1, {len(QUESTIONS)}], got {self.turns}")
 
@@ -91,6 +97,8 @@ class PrecisionResult:
     multi_turn: dict = field(default_factory=dict)
     long_context: dict = field(default_factory=dict)
     quality: dict = field(default_factory=dict)
+    speculative: dict = field(default_factory=dict)
+    """Speculative against plain decoding (engine/spec/bench.py), when asked for."""
     peak_memory_bytes: int = 0
     bandwidth_bound_tok_s: float = 0.0
     fp32_generate_tok_s: float = 0.0
@@ -120,6 +128,7 @@ class PrecisionResult:
             "quality": self.quality,
             "multi_turn": self.multi_turn,
             "long_context": self.long_context,
+            **({"speculative": self.speculative} if self.speculative else {}),
             "peak_memory_bytes": self.peak_memory_bytes,
             "bandwidth_bound_tok_s": round(self.bandwidth_bound_tok_s, 1),
             "fraction_of_bound": round(self.decode.get("tok_s", 0.0) / self.bandwidth_bound_tok_s, 3)
@@ -422,6 +431,18 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
             report(f"[{precision}] ITL at {config.long_context} tokens of context")
             result.long_context = bench_long_context(
                 loaded, config.long_context, result.read_bytes_per_token, compile=use_compiled
+            )
+        if config.speculative:
+            from engine.spec.bench import bench_speculative
+
+            report(f"[{precision}] speculative ({config.speculative}, K={config.draft_tokens}) against plain")
+            result.speculative = bench_speculative(
+                loaded,
+                config.speculative,
+                config.draft_tokens,
+                config.decode_tokens,
+                config.repeats,
+                use_compiled,
             )
         per_token_bytes = result.read_bytes_per_token + info.kv_bytes_per_token * 64
         result.bandwidth_bound_tok_s = bandwidth / per_token_bytes

@@ -131,6 +131,23 @@ class Forked:
 
 
 @dataclass(frozen=True)
+class DraftRound:
+    """One speculative round: K drafted ids, of which `accepted` the model kept; then `next`, its
+    correction (a rejection) or bonus (all kept). Comes before the round's token events."""
+
+    index: int
+    """The answer index of the first token this round emits."""
+    drafter: str
+    drafted: tuple[int, ...]
+    pieces: tuple[str, ...]
+    accepted: int
+    next: int
+    draft_s: float
+    verify_s: float
+    """The target's one forward pass over [last token, drafts] and the accept/reject."""
+
+
+@dataclass(frozen=True)
 class CacheChanged:
     """KV cache occupancy: `bytes` is summed from the real tensors."""
 
@@ -223,6 +240,7 @@ Event = Union[
     TokenSampled,
     StepPaused,
     Forked,
+    DraftRound,
     CacheChanged,
     ContextTrimmed,
     TurnFinished,
@@ -276,6 +294,18 @@ def to_json(event: Event) -> dict[str, Any]:
             }
         case Forked():
             return {"event": "forked", **dataclasses.asdict(event)}
+        case DraftRound():
+            return {
+                "event": "draft",
+                "index": event.index,
+                "drafter": event.drafter,
+                "drafted": list(event.drafted),
+                "pieces": list(event.pieces),
+                "accepted": event.accepted,
+                "next": event.next,
+                "draft_ms": _ms(event.draft_s),
+                "verify_ms": _ms(event.verify_s),
+            }
         case CacheChanged():
             return {"event": "cache", **dataclasses.asdict(event)}
         case ContextTrimmed():

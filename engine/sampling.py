@@ -169,14 +169,21 @@ class Sampler:
         u = torch.rand(1, generator=self.generator, device=probs.device, dtype=cdf.dtype) * cdf[-1]
         return torch.searchsorted(cdf, u, right=True).clamp(max=probs.numel() - 1)[0]
 
+    def draw(self, probs: torch.Tensor) -> int:
+        """One id drawn from `probs` (need not sum to 1) with this sampler's generator."""
+        return int(self._draw(probs))
+
     def sample(self, logits: torch.Tensor, seen: torch.Tensor) -> Draw:
         logprobs = self.distribution(logits, seen)
+        greedy = self.settings.temperature == 0.0
+        chosen = torch.argmax(logprobs) if greedy else self._draw(logprobs.exp())
+        return self.describe(logprobs, chosen)
+
+    def describe(self, logprobs: torch.Tensor, chosen: torch.Tensor | int) -> Draw:
+        """The Draw of token `chosen` from the distribution `logprobs` (from `distribution`)."""
+        chosen = torch.as_tensor(chosen, device=logprobs.device)
         probs = logprobs.exp()
         greedy = self.settings.temperature == 0.0
-        if greedy:
-            chosen = torch.argmax(logprobs)
-        else:
-            chosen = self._draw(probs)
         top = torch.topk(logprobs, min(self.show_top_k, logprobs.numel()))
         chosen_logprob = logprobs[chosen].view(1)
         # Entropy -sum p ln p and rank stay on the device. A removed token has p = 0 and

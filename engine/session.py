@@ -49,6 +49,7 @@ from engine.text import utf8_problem
 
 if TYPE_CHECKING:
     from engine.instruments.attention import AttentionProbe
+    from engine.spec.loop import Speculation
 
 PREFILL_CHUNK = 512
 """Prompt tokens per forward pass in prefill: bounds memory and lets progress and Esc through."""
@@ -92,6 +93,8 @@ class ChatSession:
         """Step mode: when enabled, each drawn token waits for the caller's choice."""
         self.trace: AnswerTrace | None = None
         """The steps of the answer in progress, or of the last one."""
+        self.speculation: Speculation | None = None
+        """Speculative decoding (engine/spec/): off (None) keeps the plain loop below."""
         self.attention_probe: AttentionProbe | None = None
         """The attention view's hooks, made on first use (engine/instruments/attention.py `probe_of`)."""
         if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
@@ -297,6 +300,10 @@ class ChatSession:
         detok: StreamingDetokenizer | None = None,
     ) -> Generator[Event, None, tuple[str, list[float], StopReason]]:
         """Sample, emit, and feed tokens until a stop; returns (text, latencies, stop reason)."""
+        if self.speculation is not None and not self.step_gate.enabled:
+            from engine.spec import loop
+
+            return (yield from loop.decode(self, logits, prompt_ids, started, stop_at_eos, first, detok))
         sampler = Sampler(self.sampling, self.device, self.show_top_k)
         context_ids = list(prompt_ids)  # what the repetition penalty looks at
         detok = detok if detok is not None else StreamingDetokenizer(self.tokenizer)
@@ -352,14 +359,16 @@ class ChatSession:
         chosen = self.step_gate.wait(self.cancel)
         return chosen, time.perf_counter() - waiting
 
-    def _stop_reason(self, sampled_eos: bool, generated: int) -> StopReason | None:
+    def _stop_reason(
+        self, sampled_eos: bool, generated: int, position: int | None = None
+    ) -> StopReason | None:
         if sampled_eos:
             return "eos"
         if self.cancel.is_set():
             return "cancelled"
         if generated >= self.sampling.max_new_tokens:
             return "length"
-        if len(self.cache) + 1 >= self.context:
+        if (len(self.cache) if position is None else position) + 1 >= self.context:
             return "context"
         return None
 
@@ -468,7 +477,9 @@ class _AnswerStream:
     def waited(self, seconds: float) -> None:
         self.last += seconds  # time spent waiting for the student is not latency
 
-    def token(self, index: int, draw: Draw, finished: bool, stop: StopReason | None) -> TokenSampled:
+    def token(
+        self, index: int, draw: Draw, finished: bool, stop: StopReason | None, position: int | None = None
+    ) -> TokenSampled:
         text = "" if finished else self.detok.add(draw.id)
         if stop:  # the last token carries any bytes still held back, so the stream is whole
             text += self.detok.flush()
@@ -485,7 +496,7 @@ class _AnswerStream:
             logprob=draw.logprob,
             top_k=session.candidates(draw),
             latency_s=self.latencies[-1],
-            position=len(session.cache),
+            position=len(session.cache) if position is None else position,
             entropy=draw.entropy,
             rank=draw.rank,
         )

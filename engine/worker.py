@@ -42,6 +42,13 @@ class Send:
 
 
 @dataclass(frozen=True)
+class SetSpeculation:
+    choice: str | None
+    """`lookup`, a draft MODEL[@PRECISION], or None (off: the plain loop)."""
+    k: int = 4
+
+
+@dataclass(frozen=True)
 class Regenerate:
     pass
 
@@ -98,7 +105,20 @@ class _Stop:
     pass
 
 
-Command = Load | Send | Regenerate | Edit | NewChat | Resume | StepVersion | SaveCache | Fork | Call | _Stop
+Command = (
+    Load
+    | Send
+    | SetSpeculation
+    | Regenerate
+    | Edit
+    | NewChat
+    | Resume
+    | StepVersion
+    | SaveCache
+    | Fork
+    | Call
+    | _Stop
+)
 
 
 class InferenceWorker:
@@ -133,6 +153,10 @@ class InferenceWorker:
 
     def send(self, text: str) -> None:
         self.commands.put(Send(text))
+
+    def set_speculation(self, choice: str | None, k: int = 4) -> None:
+        """Speculative decoding from the next answer on (engine/spec/); None turns it off."""
+        self.commands.put(SetSpeculation(choice, k))
 
     def regenerate(self) -> None:
         self.commands.put(Regenerate())
@@ -229,6 +253,9 @@ class InferenceWorker:
         if isinstance(command, Call):
             self._call(command)
             return
+        if isinstance(command, SetSpeculation) and self.session is not None:
+            yield from self._set_speculation(command)
+            return
         if self.chat is None:
             if not isinstance(command, SaveCache):
                 yield Failed("no model is loaded; load one first")
@@ -251,6 +278,22 @@ class InferenceWorker:
                 notice = chat.save_cache()
                 if notice is not None:
                     yield notice
+
+    def _set_speculation(self, command: SetSpeculation) -> Iterator[Event]:
+        """A setting that cannot be used says why; the previous one stays."""
+        from engine.spec.loop import make_speculation
+
+        if command.choice is None:
+            self.session.speculation = None
+            yield Notice("speculative decoding off")
+            return
+        try:
+            speculation = make_speculation(command.choice, command.k, self.session.loaded)
+        except (models.ModelError, PrecisionError, ValueError) as e:
+            yield Failed(f"speculative decoding ({command.choice}): {e}")
+            return
+        self.session.speculation = speculation
+        yield Notice(f"speculative decoding on: {speculation.drafter.name} drafts {command.k} tokens a round")
 
     def _call(self, command: Call) -> None:
         if not command.future.set_running_or_notify_cancel():

@@ -175,6 +175,9 @@ class FakeEngine:
         self.calls.append(("set_sampling", settings))
         self.sampling = settings
 
+    def set_speculation(self, choice, k: int = 4) -> None:
+        self.calls.append(("set_speculation", choice, k))
+
     def shutdown(self, timeout: float = 5.0) -> None:
         self.cancelled.set()
         self.release.set()

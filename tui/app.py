@@ -76,6 +76,8 @@ class ChatApp(App[None]):
         self.engine: Engine | None = None
         self.sampling = None
         self.precision = self.options.precision
+        self.speculation: tuple[str | None, int] = (self.options.speculative, self.options.draft_tokens)
+        """The drafter (None: plain decoding) and K, as last asked for (Settings shows them)."""
         self.turns = Turns()
         self.inbox = Inbox()
         self.pacer = Pacer()
@@ -195,6 +197,8 @@ class ChatApp(App[None]):
             path = self.options.config_path or config.config_path()
             self._error(f"sampling settings in {path}: {message.problem}")
         self.engine.load(self.options.model, self.precision, self.options.device)
+        if self.speculation[0]:  # queued after the load: the draft needs the model's tokenizer
+            self.engine.set_speculation(*self.speculation)
         self.history.engine_started()  # a --resume goes after the load in the engine's queue
 
     def on_doorbell(self) -> None:
@@ -349,9 +353,18 @@ class ChatApp(App[None]):
         themes = sorted(self.available_themes, key=lambda name: (not name.startswith("llmchat-"), name))
         self.push_screen(
             SettingsScreen(
-                self.precision, info.device if info else self.options.device, self.sampling, themes
+                self.precision,
+                info.device if info else self.options.device,
+                self.sampling,
+                themes,
+                (*self.speculation, self.options.model),
             )
         )
+
+    def on_settings_screen_speculation_chosen(self, message) -> None:
+        self.speculation = (message.choice, message.k)
+        if self.engine is not None:
+            self.engine.set_speculation(message.choice, message.k)
 
     def on_settings_screen_precision_chosen(self, message) -> None:
         if self.engine is None:

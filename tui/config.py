@@ -45,6 +45,10 @@ class Config:
     """System prompt for new chats."""
     context: int | None = None
     """Limit the context window to this many tokens."""
+    speculative: str | None = None
+    """Speculative decoding: "lookup" or a draft MODEL[@PRECISION] with the same tokenizer; null is off."""
+    draft_tokens: int = 4
+    """Tokens drafted per speculative round, 1..8."""
     sampling: dict[str, Any] = field(default_factory=dict)
     """Defaults for sampling: temperature, top_k, top_p, min_p, repetition_penalty, seed, max_new_tokens."""
 
@@ -105,7 +109,11 @@ def _checked(key: str, value: Any) -> tuple[Any, list[str]]:
         if value is None or (_is_whole(value) and value >= 1):
             return value, []
         return _IGNORED, [f"context must be a positive whole number of tokens or null, got {_shown(value)}"]
-    nullable = key == "system"
+    if key == "draft_tokens":
+        if _is_whole(value) and 1 <= value <= 8:
+            return value, []
+        return _IGNORED, [f"draft_tokens must be a whole number from 1 to 8, got {_shown(value)}"]
+    nullable = key in ("system", "speculative")
     if not (isinstance(value, str) or (nullable and value is None)):
         return _IGNORED, [f"{key} must be a string{' or null' if nullable else ''}, got {_shown(value)}"]
     problem = utf8_problem(value, key) if value is not None else None

@@ -26,6 +26,10 @@ class AppOptions:
     """Off in snapshot tests, so screenshots are stable."""
     resume: int | str | None = None
     """A saved conversation to continue once the model has loaded: an id, or 'last'."""
+    speculative: str | None = None
+    """Speculative decoding once the model has loaded: `lookup` or a draft MODEL[@PRECISION]; None is off."""
+    draft_tokens: int = 4
+    """Tokens drafted per speculative round (1..8)."""
 
 
 def options_from(config: Config, config_path: Path | None = None, **flags: Any) -> AppOptions:
@@ -34,6 +38,20 @@ def options_from(config: Config, config_path: Path | None = None, **flags: Any) 
     sampling.update(flags.pop("sampling", None) or {})
     chosen = {
         name: flags[name] if flags.get(name) is not None else getattr(config, name)
-        for name in ("model", "precision", "device", "system", "context", "theme")
+        for name in (
+            "model",
+            "precision",
+            "device",
+            "system",
+            "context",
+            "theme",
+            "speculative",
+            "draft_tokens",
+        )
     }
-    return AppOptions(sampling=sampling, config_path=config_path, resume=flags.get("resume"), **chosen)
+    return AppOptions(
+        sampling=sampling,
+        config_path=config_path,
+        resume=flags.get("resume"),
+        **chosen,
+    )

@@ -16,6 +16,7 @@ from textual.timer import Timer
 from engine.events import (
     CacheChanged,
     ContextTrimmed,
+    DraftRound,
     Event,
     ModelLoading,
     Notice,
@@ -122,5 +123,8 @@ class Router:
                 )
             case Notice(message):
                 chat.add_note(message)
+            case DraftRound():
+                app.part(TokenStream).add_round(event)
+                app.part(PhasePanel).add_round(event, repaint=False)
             case _:
                 self._figure(event)

@@ -259,8 +259,12 @@ class FastLlama:
         last = self._rmsnorm(h[-1:], self.norm)
         return linear(last, self.lm_head)[0].float()
 
-    def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Feed ids [1, n] after the cache's tokens; returns logits [vocab] of the last one."""
+    def _all_logits(self, h: torch.Tensor, linear) -> torch.Tensor:
+        return linear(self._rmsnorm(h, self.norm), self.lm_head).float()
+
+    def forward(self, ids: torch.Tensor, cache: KVCache, every: bool = False) -> torch.Tensor:
+        """Feed ids [1, n] after the cache's tokens; returns logits [vocab] of the last one, or with
+        `every` logits [n, vocab] of each (a speculative verify scores every drafted token)."""
         n = ids.shape[1]
         start = len(cache)
         upcast = self.upcast_prefill and n > UPCAST_ABOVE
@@ -280,7 +284,7 @@ class FastLlama:
         linear = functools.partial(self._linear, upcast=upcast)
         for layer, cache_layer in zip(self.layers, cache.hf.layers):
             h = self._block(layer, h, cos, sin, linear, functools.partial(attend, cache_layer))
-        return self._logits(h, linear)
+        return self._all_logits(h, linear) if every else self._logits(h, linear)
 
     def step_on_buffers(
         self, token: torch.Tensor, position: torch.Tensor, keys: list, values: list

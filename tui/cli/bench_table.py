@@ -126,3 +126,39 @@ def print_tables(result: dict) -> None:
                     f"{c['predicted_ratio']:.2f}",
                 )
         console.print(long)
+
+    if any(r.get("speculative") for r in result["results"]):
+        first = next(r["speculative"] for r in result["results"] if r.get("speculative"))
+        spec = Table(
+            title=f"Speculative ({first['drafter']}, K={first['draft_tokens']}) vs plain decoding: "
+            "same prompts, same run, greedy"
+        )
+        for column in (
+            "precision",
+            "prompt",
+            "tok/s",
+            "plain tok/s",
+            "speed-up",
+            "acceptance",
+            "tokens/forward",
+            "draft ms/round",
+            "verify ms/round",
+        ):
+            spec.add_column(column, justify="right")
+        for r in result["results"]:
+            s = r.get("speculative")
+            if not s:
+                continue
+            for name, row in [("all", s), *s["prompts"].items()]:
+                spec.add_row(
+                    r["precision"],
+                    name,
+                    f"{row['tok_s']:.1f}",
+                    f"{row['plain_tok_s']:.1f}",
+                    f"{row['speedup']:.2f}x",
+                    f"{row['acceptance']:.0%}",
+                    f"{row['tokens_per_forward']:.2f}",
+                    f"{row['draft_ms_per_round']:.1f}",
+                    f"{row['verify_ms_per_round']:.1f}",
+                )
+        console.print(spec)

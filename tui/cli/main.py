@@ -35,6 +35,13 @@ SeedOpt = typer.Option(None, "--seed", help="Seed for reproducible sampling.")
 MaxNewOpt = typer.Option(None, "--max-new-tokens", "-n", help="Stop an answer after this many tokens.")
 SystemOpt = typer.Option(None, "--system", help="System prompt.")
 ContextOpt = typer.Option(None, "--context", help="Limit the context window to this many tokens.")
+SpeculativeOpt = typer.Option(
+    None,
+    "--speculative",
+    help="Speculative decoding (off by default): 'lookup' (n-gram match against the conversation) "
+    "or a draft MODEL[@PRECISION] with the same tokenizer (default precision: w8 on a CPU).",
+)
+DraftTokensOpt = typer.Option(4, "--draft-tokens", help="Tokens drafted per speculative round, 1..8.")
 
 
 def sampling_from(**flags):
@@ -51,6 +58,26 @@ def sampling_from(**flags):
 def fail(message: str) -> NoReturn:
     typer.echo(f"llmchat: {message}", err=True)
     raise typer.Exit(2)
+
+
+def check_draft_tokens(k: int) -> None:
+    """--draft-tokens is 1..8 (checked before anything loads)."""
+    if not 1 <= k <= 8:
+        fail(f"--draft-tokens must be a whole number from 1 to 8, got {k}")
+
+
+def speculation_for(choice: str, k: int, loaded, as_json: bool):
+    """The Speculation for --speculative (None when off); a draft that cannot be used refuses."""
+    if choice is None:
+        return None
+    from engine.models import ModelError
+    from engine.quant.precision import PrecisionError
+    from engine.spec.loop import make_speculation
+
+    try:
+        return make_speculation(choice, k, loaded)
+    except (ValueError, ModelError, PrecisionError) as e:
+        refuse(f"--speculative {choice}: {e}", as_json)
 
 
 def check_context(context: int | None) -> None:
@@ -101,6 +128,10 @@ def main(
     no_compile: bool = typer.Option(
         False, "--no-compile", help="Keep the eager decode step (no torch.compile in the background)."
     ),
+    speculative: Optional[str] = SpeculativeOpt,
+    draft_tokens: Optional[int] = typer.Option(
+        None, "--draft-tokens", help="Tokens drafted per speculative round, 1..8 (default 4)."
+    ),
 ) -> None:
     """Open the chat app (the default when no command is given).
 
@@ -122,6 +153,8 @@ def main(
     if given:
         sampling_from(**given)  # fail fast on a bad flag (this imports torch, so only when flags are given)
     check_context(context)
+    if draft_tokens is not None:
+        check_draft_tokens(draft_tokens)
     problem = text_problem(system)
     if problem:
         fail(problem)
@@ -139,6 +172,8 @@ def main(
         context=context,
         theme=theme,
         resume=resume_id,
+        speculative=speculative,
+        draft_tokens=draft_tokens,
     )
 
 
@@ -183,6 +218,8 @@ def ask(
         None, "--conversation", "-c", help="Continue saved conversation ID ('last' for the most recent)."
     ),
     no_save: bool = typer.Option(False, "--no-save", help="Do not save the turns of this run."),
+    speculative: Optional[str] = SpeculativeOpt,
+    draft_tokens: int = DraftTokensOpt,
 ) -> None:
     """Answer PROMPTS headless: the answer on stdout, a stats line per turn on stderr; every turn is saved.
 
@@ -192,6 +229,7 @@ def ask(
     if conversation is not None and system is not None:
         fail("--system cannot change a saved conversation; it keeps the system prompt it was started with")
     check_context(context)
+    check_draft_tokens(draft_tokens)
     problem = text_problem(system, prompts)
     if problem:  # before a model loads or anything is saved
         refuse(problem, as_json)
@@ -230,6 +268,8 @@ def ask(
         elif isinstance(event, TurnFinished):
             out("\n")
             write(sys.stderr, stats_line(event.stats) + "\n")
+            if session.speculation is not None:
+                write(sys.stderr, speculation_line(session.speculation) + "\n")
         elif isinstance(event, Notice):
             write(sys.stderr, f"llmchat: {event.message}\n")
 
@@ -241,6 +281,7 @@ def ask(
         refuse(str(e), as_json)
     emit(ModelReady(loaded.info))
     session = ChatSession(loaded, sampling, system, context)
+    session.speculation = speculation_for(speculative, draft_tokens, loaded, as_json)
     store = None
     if conversation is not None or not no_save:
         try:
@@ -319,6 +360,8 @@ def bench(
         False, "--random-weights", help="The model's architecture with random weights."
     ),
     no_compile: bool = typer.Option(False, "--no-compile", help="Measure the eager decode step only."),
+    speculative: Optional[str] = SpeculativeOpt,
+    draft_tokens: int = DraftTokensOpt,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Measure prefill, decode, multi-turn reuse and memory against transformers' generate."""
@@ -326,6 +369,7 @@ def bench(
     from engine.models import ModelError
     from engine.quant.precision import PrecisionError
 
+    check_draft_tokens(draft_tokens)
     try:
         lengths = tuple(int(x) for x in prompt_lengths.split(",") if x.strip())
     except ValueError:
@@ -342,6 +386,8 @@ def bench(
             long_context=long_context,
             random_weights=random_weights,
             compile=not no_compile,
+            speculative=speculative,
+            draft_tokens=draft_tokens,
         )
     except ValueError as e:  # "repeats must be ...": the field, named as its flag
         field, _, rest = str(e).partition(" ")
@@ -356,6 +402,15 @@ def bench(
         from tui.cli.bench_table import print_tables
 
         print_tables(result)
+
+
+def speculation_line(speculation) -> str:
+    """The turn's speculative rounds, on one line."""
+    s = speculation.stats
+    return (
+        f"[speculative {speculation.drafter.name}, K={speculation.k} | {s.accepted}/{s.drafted} drafts kept "
+        f"({s.acceptance:.0%}) | {s.tokens_per_forward:.2f} tokens per forward | {s.rounds} rounds]"
+    )
 
 
 def stats_line(stats) -> str:

@@ -40,6 +40,23 @@ NAMES = {
     "max_new_tokens": "max new tokens",
 }
 """Each field as the user reads it (in a notice), not as the code names it."""
+OFF = "off"
+
+
+def speculation_choices(model: str) -> list[tuple[str, str]]:
+    """The drafters Settings offers: off, prompt lookup, and the model's own cheap copy."""
+    return [
+        ("off (plain decoding)", OFF),
+        ("prompt lookup (n-gram match)", "lookup"),
+        (f"draft model: {model} (w8 on a CPU)", model),
+    ]
+
+
+def draft_tokens_problem(text: str) -> str | None:
+    text = text.strip()
+    if not (text.isdigit() and 1 <= int(text) <= 8):
+        return f"draft tokens must be a whole number from 1 to 8, got {text!r}"
+    return None
 
 
 def parse_field(name: str, text: str) -> Any:
@@ -105,13 +122,27 @@ class SettingsScreen(ModalScreen[None]):
             super().__init__()
             self.precision = precision
 
+    class SpeculationChosen(Message):
+        def __init__(self, choice: str | None, k: int) -> None:
+            super().__init__()
+            self.choice, self.k = choice, k
+
     class SamplingApplied(Message):
         def __init__(self, settings: SamplingSettings) -> None:
             super().__init__()
             self.settings = settings
 
-    def __init__(self, precision: str, device: str, sampling: SamplingSettings, themes: list[str]) -> None:
+    def __init__(
+        self,
+        precision: str,
+        device: str,
+        sampling: SamplingSettings,
+        themes: list[str],
+        speculation: tuple[str | None, int, str] = (None, 4, ""),
+    ) -> None:
+        """`speculation`: (the drafter now, or None; K; the model spec, for its own draft copy)."""
         super().__init__()
+        self.speculation = speculation
         self.precision = precision
         self.device = device
         self.sampling = sampling
@@ -156,6 +187,24 @@ class SettingsScreen(ModalScreen[None]):
                 problem = Static("", id=f"{name}-error", classes="error", markup=False)
                 problem.display = False
                 yield problem
+            choice, k, model = self.speculation
+            choices = speculation_choices(model)
+            if choice is not None and choice not in [value for _, value in choices]:
+                choices.append((f"draft model: {choice}", choice))
+            yield Static(
+                "Speculative decoding: a drafter proposes K tokens, the model checks them in one "
+                "forward pass (same answers at temperature 0); from the next answer on.",
+                classes="heading",
+            )
+            with Horizontal(classes="row"):
+                yield Label("Drafter")
+                yield Select(choices, value=choice or OFF, allow_blank=False, compact=True, id="speculative")
+            with Horizontal(classes="row"):
+                yield Label("Draft tokens K (1..8)")
+                yield Input(str(k), id="draft_tokens", compact=True, select_on_focus=True)
+            problem = Static("", id="draft_tokens-error", classes="error", markup=False)
+            problem.display = False
+            yield problem
             with Horizontal(id="buttons"):
                 yield Button("Apply  ^s", id="apply", variant="primary")
                 yield Button("Close  esc", id="close")
@@ -186,9 +235,29 @@ class SettingsScreen(ModalScreen[None]):
 
     @on(Input.Changed)
     def _check(self, event: Input.Changed) -> None:
-        self._show_problem(
-            event.input.id or "", check_field(self.sampling, event.input.id or "", event.value)
-        )
+        name = event.input.id or ""
+        if name == "draft_tokens":
+            self._show_problem(name, draft_tokens_problem(event.value))
+        else:
+            self._show_problem(name, check_field(self.sampling, name, event.value))
+
+    @on(Select.Changed, "#speculative")
+    def _speculative(self) -> None:
+        self._apply_speculation()
+
+    def _apply_speculation(self) -> bool:
+        """Post the drafter and K when they changed and K is valid."""
+        text = self.query_one("#draft_tokens", Input).value
+        problem = draft_tokens_problem(text)
+        self._show_problem("draft_tokens", problem)
+        if problem:
+            return False
+        value = str(self.query_one("#speculative", Select).value)
+        choice, k = (None if value == OFF else value), int(text.strip())
+        if (choice, k) != self.speculation[:2]:
+            self.speculation = (choice, k, self.speculation[2])
+            self.post_message(self.SpeculationChosen(choice, k))
+        return True
 
     @on(Input.Submitted)
     def _submitted(self) -> None:
@@ -219,6 +288,7 @@ class SettingsScreen(ModalScreen[None]):
                 ok = False
             else:
                 values[name] = parse_field(name, text)
+        ok = self._apply_speculation() and ok
         if not ok:
             return False
         settings = replace(self.sampling, **values)

@@ -11,7 +11,7 @@ import statistics
 from textual.content import Content
 from textual.widget import Widget
 
-from engine.events import PhaseChanged, PrefillProgress, TokenSampled, TurnStats
+from engine.events import DraftRound, PhaseChanged, PrefillProgress, TokenSampled, TurnStats
 from tui.fmt import count, ms, sparkline
 
 BADGES = {
@@ -55,6 +55,8 @@ class PhasePanel(Widget):
         self.final: TurnStats | None = None
         self.waiting_step: int | None = None
         """Step mode: the index of the token waiting for the user's choice."""
+        self.rounds: list[DraftRound] = []
+        """This turn's speculative rounds (none without --speculative)."""
 
     # -- what the engine said -------------------------------------------------
     def clear(self) -> None:
@@ -73,8 +75,13 @@ class PhasePanel(Widget):
         if event.phase == "prefill":
             self.prompt_new, self.prompt_reused = event.tokens, event.reused
             self.progress, self.ttft_s, self.final = None, None, None
-            self.itl, self.tokens = [], 0
+            self.itl, self.tokens, self.rounds = [], 0, []
         self.refresh()
+
+    def add_round(self, event: DraftRound, repaint: bool = True) -> None:
+        self.rounds.append(event)
+        if repaint:
+            self.refresh()
 
     def prefill_progress(self, event: PrefillProgress, repaint: bool = True) -> None:
         self.progress = (event.done, event.total)
@@ -110,7 +117,7 @@ class PhasePanel(Widget):
             " ",
             self._detail(),
             "\n",
-            (WHY[self.phase], "italic $text-muted"),
+            self._why(),
             "\n",
             ("TTFT ", "bold"),
             ms(self.ttft_s),
@@ -127,6 +134,22 @@ class PhasePanel(Widget):
             (sparkline(self.itl, max(10, self.content_size.width)), "$accent"),
             "\n",
             (f"ITL of each token, newest right (top = {ms(max(self.itl, default=None))})", "$text-muted"),
+        )
+
+    def _why(self) -> Content:
+        """What the phase costs; with speculation, what the rounds kept (a K-token verify reads the
+        weights once, like one decode step: the reason it pays)."""
+        if not self.rounds:
+            return Content.styled(WHY[self.phase], "italic $text-muted")
+        drafted = sum(len(r.drafted) for r in self.rounds)
+        kept = sum(r.accepted for r in self.rounds)
+        emitted = kept + len(self.rounds)
+        n = len(self.rounds)
+        return Content.assemble(
+            ("speculative ", "bold"),
+            f"{kept}/{drafted} drafts kept ({kept / drafted:.0%}) · {emitted / n:.1f} tokens/forward · "
+            f"draft {ms(sum(r.draft_s for r in self.rounds) / n)} verify "
+            f"{ms(sum(r.verify_s for r in self.rounds) / n)} a round",
         )
 
     def _strip(self) -> Content:

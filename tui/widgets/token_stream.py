@@ -11,7 +11,7 @@ import math
 from textual.content import Content
 from textual.widget import Widget
 
-from engine.events import PromptTokens, TokenSampled
+from engine.events import DraftRound, PromptTokens, TokenSampled
 from tui.fmt import PROB_LEVELS, count, prob_style, subscript, visible_piece
 
 KEEP = 2000
@@ -20,6 +20,10 @@ REUSED = "$text-muted on $panel"
 NEW = "bold $background on $warning"
 """Prefilled now: the PREFILL badge's look, unlike any probability colour (those are muted)."""
 EMPTY = "the tokens of the next turn appear here"
+ACCEPTED = " underline"
+"""Added to the probability colour of a drafted token the model kept."""
+REJECTED = "strike $text-muted"
+"""A drafted token the model rejected (shown before the correction that replaced it)."""
 
 
 def chip(token_id: int, piece: str, style: str, click: str = "") -> Content:
@@ -97,20 +101,36 @@ class TokenStream(Widget):
         self.generated = 0
         self.empty = EMPTY
         """What the panel says while it has no turn to show."""
+        self.marks: dict[int, tuple[int, ...]] = {}
+        """Speculation: answer index -> (): a kept draft; (ids...): drafts rejected in its place."""
+        self.drafted = self.kept = 0
 
     def set_prompt(self, prompt: PromptTokens) -> None:
         self.prompt, self.chips, self.generated = prompt, [], 0
+        self.marks, self.drafted, self.kept = {}, 0, 0
         self.prompt_chips = [
             chip(i, piece, REUSED if n < prompt.reused else NEW)
             for n, (i, piece) in enumerate(zip(prompt.ids, prompt.pieces))
         ]
         self.refresh()
 
+    def add_round(self, event: DraftRound) -> None:
+        """A speculative round: its kept drafts and its rejections mark the chips that follow."""
+        for i in range(event.accepted):
+            self.marks[event.index + i] = ()
+        rejected = list(zip(event.drafted[event.accepted :], event.pieces[event.accepted :]))
+        if rejected:
+            self.marks[event.index + event.accepted] = tuple(rejected)
+        self.drafted += len(event.drafted)
+        self.kept += event.accepted
+
     def add(self, tokens: list[TokenSampled], repaint: bool = True) -> None:
-        self.chips.extend(
-            chip(t.id, t.piece, prob_style(math.exp(t.logprob)), f"app.instrument('inspector',{t.index})")
-            for t in tokens
-        )
+        for t in tokens:
+            mark = self.marks.pop(t.index, None)
+            style = prob_style(math.exp(t.logprob)) + (ACCEPTED if mark == () else "")
+            for token_id, piece in mark or ():
+                self.chips.append(chip(token_id, piece, REJECTED))
+            self.chips.append(chip(t.id, t.piece, style, f"app.instrument('inspector',{t.index})"))
         del self.chips[:-KEEP]
         self.generated += len(tokens)
         if repaint:
@@ -134,7 +154,10 @@ class TokenStream(Widget):
             " · ",
             (f"{len(p.ids) - p.reused} prefilled now", NEW),
         )
-        answer = Content.assemble(("answer ", "bold"), f"{count(self.generated, 'token')}  ", legend())
+        drafts = f"drafts kept {self.kept}/{self.drafted}  " if self.drafted else ""
+        answer = Content.assemble(
+            ("answer ", "bold"), f"{count(self.generated, 'token')}  ", drafts, legend()
+        )
         if prompt.cell_length + answer.cell_length + 3 <= width:
             summary = [Content.assemble(prompt, "   ", answer)]
         else:

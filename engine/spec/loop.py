@@ -1,0 +1,172 @@
+"""The speculative decode loop: the plain loop of engine/session.py, a round at a time.
+
+    x = the last token emitted (not yet fed)
+    round: drafts = drafter(context, K)               -> draft time
+           logits = forward([x, *drafts])             -> one pass over the cache: verify time
+           kept, draws = verify(logits, drafts)       (engine/spec/verify.py)
+           cache.crop(to x and the kept drafts)       the rejected drafts' K/V go
+           emit the kept drafts and the correction, one `token` event each, as plain would
+
+A round feeds K+1 tokens but reads the weights once, as one decode step does: on a
+memory-bound device it costs about one step, and emits 1 to K+1 tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generator, Protocol
+
+import torch
+
+from engine.detok import StreamingDetokenizer
+from engine.events import DraftRound, Event, PhaseChanged, StopReason
+from engine.sampling import Draw, Sampler
+from engine.spec.drafters import Drafts, check_draft_tokens
+from engine.spec.verify import verify
+
+if TYPE_CHECKING:
+    from engine.session import ChatSession
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, context: list[int], k: int, sampler: Sampler) -> Drafts: ...
+
+
+@dataclass
+class SpecStats:
+    """Counts over the answers decoded speculatively (reset per turn by the loop)."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    @property
+    def acceptance(self) -> float:
+        """Drafted tokens the model kept, as a fraction."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens emitted per target forward (plain decoding: 1)."""
+        return self.emitted / self.rounds if self.rounds else 0.0
+
+
+@dataclass
+class Speculation:
+    """The setting: who drafts and how many tokens a round; the session decodes with it when set."""
+
+    drafter: Drafter
+    k: int = 4
+    stats: SpecStats = field(default_factory=SpecStats)
+
+    def __post_init__(self) -> None:
+        check_draft_tokens(self.k)
+
+
+def decode(
+    session: ChatSession,
+    logits: torch.Tensor,
+    prompt_ids: list[int],
+    started: float,
+    stop_at_eos: bool,
+    first: int,
+    detok: StreamingDetokenizer | None,
+) -> Generator[Event, None, tuple[str, list[float], StopReason]]:
+    """Speculative `ChatSession._decode`: the same tokens (temperature 0) or distribution, in rounds."""
+    from engine.session import _AnswerStream
+
+    spec = session.speculation
+    spec.stats = SpecStats()
+    sampler = Sampler(session.sampling, session.device, session.show_top_k)
+    context = list(prompt_ids)
+    detok = detok if detok is not None else StreamingDetokenizer(session.tokenizer)
+    out = _AnswerStream(session, detok, started)
+    index = first
+    draws = [sampler.sample(logits, session._seen(context, session.sampling))]
+    while True:
+        for draw in draws:
+            position = len(context)  # where plain decoding would have this token
+            finished = stop_at_eos and draw.id in session.stop_ids
+            stop = session._stop_reason(finished, index + 1, position)
+            yield out.token(index, draw, finished, stop, position)
+            if index == first:
+                yield PhaseChanged("decode")
+            index += 1
+            if stop is None and session.cancel.is_set():
+                stop = "cancelled"
+            if stop:
+                session.cache.crop(position)  # what plain decoding holds: every token but the last
+                return out.text(), out.latencies, stop
+            context.append(draw.id)
+        draws = yield from _round(session, sampler, spec, context, index - first)
+
+
+def _round(
+    session: ChatSession, sampler: Sampler, spec: Speculation, context: list[int], generated: int
+) -> Generator[Event, None, list[Draw]]:
+    """Draft, verify in one forward, crop the cache to what was kept; the Draws to emit."""
+    sampler.settings = settings = session.sampling
+    k = min(spec.k, settings.max_new_tokens - generated - 1, session.context - len(context) - 2)
+    t0 = time.perf_counter()
+    drafts = spec.drafter.propose(context, k, sampler) if k > 0 else Drafts([], None)
+    t1 = time.perf_counter()
+    base = len(context) - 1  # the cache holds all but the last emitted token
+    fed = [context[-1], *drafts.ids]
+    scores = forward_all(session, fed)
+    accepted, draws = verify(sampler, scores, drafts, lambda kept: session._seen(context + kept, settings))
+    session.cache.crop(base + 1 + accepted)
+    t2 = time.perf_counter()
+    s = spec.stats
+    s.rounds += 1
+    s.drafted += len(drafts.ids)
+    s.accepted += accepted
+    s.emitted += len(draws)
+    s.draft_s += t1 - t0
+    s.verify_s += t2 - t1
+    if drafts.ids:
+        pieces = tuple(session.namer.piece(i) for i in drafts.ids)
+        yield DraftRound(
+            generated, spec.drafter.name, tuple(drafts.ids), pieces, accepted, draws[-1].id, t1 - t0, t2 - t1
+        )
+    yield session.cache_event()
+    return draws
+
+
+def forward_all(session: ChatSession, ids: list[int]) -> torch.Tensor:
+    """One forward pass over `ids` with the session's cache; logits [len(ids), vocab] of each."""
+    inputs = torch.tensor([ids], device=session.device)
+    if session.fast is not None:
+        logits = session.fast.forward(inputs, session.cache, every=True)
+    else:
+        logits = session.model(input_ids=inputs, cache=session.cache.hf, use_cache=True).logits[0]
+    session.cache.appended(ids)
+    return logits.float()
+
+
+def parse_choice(choice: str) -> tuple[str, str | None]:
+    """`lookup`, or a draft model `MODEL[@PRECISION]`: (model spec, precision or None)."""
+    spec, at, precision = choice.rpartition("@")
+    return (spec, precision) if at and spec else (choice, None)
+
+
+def make_speculation(choice: str, k: int, target, progress=None) -> Speculation:
+    """The setting for `--speculative lookup|MODEL[@PRECISION]`; a draft model loads on the
+    target's device, at w8 on a CPU (the cheap copy) or the target's precision on a GPU.
+    Raises ValueError (bad K, another tokenizer) or the loader's one-line errors."""
+    from engine import models
+    from engine.spec.drafters import DraftModel, PromptLookup
+
+    check_draft_tokens(k)
+    if choice == "lookup":
+        return Speculation(PromptLookup(), k)
+    spec, precision = parse_choice(choice)
+    device = target.info.device
+    precision = precision or ("w8" if device == "cpu" else target.info.precision)
+    draft = models.load(spec, precision, device, progress=progress)
+    return Speculation(DraftModel(draft, target.info.vocab_size, target.tokenizer), k)
