@@ -13,7 +13,7 @@ import threading
 import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Union
 
 import torch
 
@@ -26,12 +26,23 @@ from engine.saved.chat import SavedChat
 from engine.saved.store import Store
 from engine.session import ChatSession
 
+if TYPE_CHECKING:
+    from engine.remote.client import RemoteTarget
+    from engine.remote.session import RemoteSession
+
 
 @dataclass(frozen=True)
 class Load:
     spec: str
     precision: str
     device: str
+
+
+@dataclass(frozen=True)
+class Connect:
+    """Talk to a model on a server instead (engine/remote/); the conversation starts anew."""
+
+    target: "RemoteTarget"
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,9 @@ class _Stop:
     pass
 
 
-Command = Load | Send | Regenerate | Edit | NewChat | Resume | StepVersion | SaveCache | Fork | Call | _Stop
+Command = Union[
+    Load, Connect, Send, Regenerate, Edit, NewChat, Resume, StepVersion, SaveCache, Fork, Call, _Stop
+]
 
 
 class InferenceWorker:
@@ -120,7 +133,7 @@ class InferenceWorker:
         self.sampling = sampling or SamplingSettings()
         self.system_prompt = system_prompt
         self.context = context
-        self.session: ChatSession | None = None
+        self.session: ChatSession | RemoteSession | None = None
         self.commands: queue.Queue[Command] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="llmchat-inference", daemon=True)
         self._thread.start()
@@ -128,6 +141,10 @@ class InferenceWorker:
     # -- the calls the UI makes (any thread) -------------------------------------
     def load(self, spec: str, precision: str = "fp32", device: str = "auto") -> None:
         self.commands.put(Load(spec, precision, device))
+
+    def connect(self, target: "RemoteTarget") -> None:
+        """Chat with a model on a server: ModelReady (with its ServerInfo) once it answered."""
+        self.commands.put(Connect(target))
 
     def send(self, text: str) -> None:
         self.commands.put(Send(text))
@@ -204,6 +221,9 @@ class InferenceWorker:
         if isinstance(command, Load):
             yield from self._load(command)
             return
+        if isinstance(command, Connect):
+            yield from self._connect(command.target)
+            return
         if isinstance(command, NewChat):
             self.system_prompt = command.system_prompt
             if self.chat is not None:
@@ -249,7 +269,28 @@ class InferenceWorker:
         except Exception as e:  # the caller sees it through the future
             command.future.set_exception(e)
 
+    def _connect(self, target: "RemoteTarget") -> Iterator[Event]:
+        from engine.remote.client import RemoteError  # the openai package loads only for a server
+        from engine.remote.session import connect
+
+        yield ModelLoading(f"connecting to {target.url}", 0.0)
+        try:
+            session = connect(target, self.sampling, self.system_prompt, self.context)
+        except RemoteError as e:
+            yield Failed(str(e))
+            return
+        if self.chat is not None:
+            notice = self.chat.save_cache()  # a local conversation being left resumes fast later
+            if notice is not None:
+                yield notice
+        self.session = session
+        self.chat = SavedChat(session, self.store)
+        yield ModelReady(session.info)
+
     def _load(self, command: Load) -> Iterator[Event]:
+        if self.session is not None and not self.session.saves_cache:
+            yield Failed("the server decides the model's precision; restart without --server to run one here")
+            return
         try:
             loaded = models.load(
                 command.spec,

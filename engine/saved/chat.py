@@ -7,6 +7,9 @@ never shows as finished what is not on disk. Each of `session.messages` carries 
 An edit or a regeneration starts a sibling branch; the old one stays, and `step_version`
 moves between them.
 
+The session is either kind: a local `ChatSession` or a `RemoteSession` (engine/remote/),
+whose record names the server URL and model and which has no KV cache file (`saves_cache`).
+
 Resuming restores the messages and, when the saved KV cache file was made by this very
 model and precision, the cache too: the next turn then reuses the whole history instead
 of prefilling it. Without a usable file the next turn prefills the history once.
@@ -18,7 +21,7 @@ with a notice and the chat goes on.
 from __future__ import annotations
 
 import dataclasses
-from typing import Generator, Iterator
+from typing import TYPE_CHECKING, Generator, Iterator
 
 from engine.events import (
     ConversationLoaded,
@@ -35,6 +38,9 @@ from engine.sampling import SamplingSettings
 from engine.saved.cache_file import CacheFileError, load_cache, save_cache
 from engine.saved.store import AnswerRecord, Store, StoredMessage, StoreError
 from engine.session import ChatSession, Message
+
+if TYPE_CHECKING:
+    from engine.remote.session import RemoteSession
 
 
 def answer_record(info: ModelInfo, sampling: SamplingSettings, stats: TurnStats) -> AnswerRecord:
@@ -58,7 +64,7 @@ def answer_record(info: ModelInfo, sampling: SamplingSettings, stats: TurnStats)
 class SavedChat:
     """A session whose finished messages are committed to a store as they happen."""
 
-    def __init__(self, session: ChatSession, store: Store | None):
+    def __init__(self, session: ChatSession | RemoteSession, store: Store | None):
         self.session = session
         self.store = store
         """None when saving is off (no store, or it failed)."""
@@ -118,7 +124,7 @@ class SavedChat:
         self.conversation_id = conversation.id
         self._show(path)
         yield loaded
-        if use_cache:
+        if use_cache and self.session.saves_cache:
             cache, notice = load_cache(self.store.cache_path(conversation.id), self.session.loaded)
             if cache is not None:
                 self.session.cache = cache
@@ -164,7 +170,9 @@ class SavedChat:
     # -- the KV cache file ------------------------------------------------------------
     def save_cache(self) -> Notice | None:
         """Write the session's KV cache next to the store, for a resume without prefill."""
-        if self.store is None or self.conversation_id is None or len(self.session.cache) == 0:
+        if self.store is None or self.conversation_id is None or not self.session.saves_cache:
+            return None
+        if len(self.session.cache) == 0:
             return None
         path = self.store.cache_path(self.conversation_id)
         try:
