@@ -31,6 +31,8 @@ class ServerInfo:
     """Which distribution the server's top_logprobs come from (before or after its temperature)."""
     unreported: tuple[str, ...] = ()
     """What this server does not report, each with the server flag that would enable it."""
+    unsupported_settings: tuple[str, ...] = ()
+    """Sampling settings it does not accept (they are not sent; the settings screen says so)."""
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from engine.saved.store import Store
 from engine.session import ChatSession
 
 if TYPE_CHECKING:
-    from engine.remote.client import RemoteTarget
     from engine.remote.session import RemoteSession
+    from engine.remote.target import RemoteTarget
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,11 @@ class Config:
     """System prompt for new chats."""
     context: int | None = None
     """Limit the context window to this many tokens."""
+    server: str | None = None
+    """An OpenAI-compatible server to chat with instead of a local model (e.g. http://host:8000/v1);
+    `model` then names one of its models (the first it lists when left at the default)."""
+    api_key_env: str | None = None
+    """With a server: the environment variable that holds its API key (never the key itself)."""
     sampling: dict[str, Any] = field(default_factory=dict)
     """Defaults for sampling: temperature, top_k, top_p, min_p, repetition_penalty, seed, max_new_tokens."""
 

@@ -166,7 +166,17 @@ class Instruments:
         """The running session, once a model has loaded (the fake engines of some tests have none)."""
         return getattr(self.app.engine, "session", None)
 
-    def _ready(self) -> bool:
+    def _ready(self, name: str) -> bool:
+        if self.app.options.remote:  # weights, cache and the decode loop are on the server
+            title = BY_NAME[name].title if name in BY_NAME else "This instrument"
+            self.app.notify(
+                f"{title} reads the model's weights, KV cache or decode loop: it needs the local engine "
+                "(run llmchat without --server). The Tokens, Phase, KV cache and Top-k panels show "
+                "what the server reports.",
+                severity="warning",
+                timeout=8,
+            )
+            return False
         if self.session is None or not hasattr(self.engine, "call"):
             self.app.notify(
                 "The instruments read the loaded model: wait until it has loaded.", severity="warning"
@@ -180,7 +190,7 @@ class Instruments:
         if name == "step":
             self.toggle_step()
             return
-        if not self._ready():
+        if not self._ready(name):
             return
         screen = self._screen(name, step, answer)
         from tui.screens.instrument import InstrumentScreen
@@ -255,11 +265,11 @@ class Instruments:
     # -- step mode --------------------------------------------------------------------
     @property
     def stepping(self) -> bool:
-        session = self.session
-        return session is not None and session.step_gate.enabled
+        gate = getattr(self.session, "step_gate", None)  # a remote session has none
+        return gate is not None and gate.enabled
 
     def toggle_step(self) -> None:
-        if not self._ready():
+        if not self._ready("step"):
             return
         gate = self.session.step_gate
         if gate.enabled:

@@ -3,6 +3,7 @@ OpenAI-compatible server, reached over HTTP as a second kind of chat session.
 
 | module | job |
 |---|---|
+| `target.py` | where the server is and how to reach it (URL, model, key variable, timeouts) |
 | `client.py` | the chat stream (`openai`) and side endpoints (`httpx`), errors as one line |
 | `server.py` | which server it is, its version, parallelism, the model and its context |
 | `dialects.py` | per server: extra request fields, what it reports, what it does not |

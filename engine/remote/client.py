@@ -16,7 +16,6 @@ import json
 import os
 import socket
 import ssl
-from dataclasses import dataclass
 from typing import Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
@@ -24,24 +23,11 @@ import httpx2
 import openai
 from openai.types.chat import ChatCompletionChunk
 
+from engine.remote.target import RemoteTarget
+
 
 class RemoteError(RuntimeError):
     """A failure talking to the server; the message is one line for the user."""
-
-
-@dataclass(frozen=True)
-class RemoteTarget:
-    """Where the model is served and how to reach it."""
-
-    url: str
-    """The server's OpenAI-compatible base, e.g. http://host:8000/v1 (/v1 is added when missing)."""
-    model: str | None = None
-    """One of the server's models; None takes the first that /v1/models lists."""
-    api_key_env: str | None = None
-    """The environment variable that holds the API key (never the key itself)."""
-    read_timeout_s: float = 120.0
-    """How long the server may stay silent mid-answer before the turn fails."""
-    connect_timeout_s: float = 10.0
 
 
 def base_url(url: str) -> str:

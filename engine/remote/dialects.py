@@ -19,7 +19,8 @@ class Dialect:
     """The top_k value that means 'keep all tokens' on this server."""
     reporting: dict[str, Any] = field(default_factory=dict)
     """Request fields that make the server report more (token ids, timings, cache hits)."""
-    top_k_note: str = "not documented whether these come before or after the server's temperature"
+    top_k_note: str = "as the server reports them (before or after its temperature: not documented)"
+    """Which distribution the alternatives come from; short, it is the top-k panel's caption."""
     unreported: tuple[str, ...] = ()
     """What the panels cannot show from this server, and the server flag that would enable it."""
     fill_metrics: tuple[str, ...] = ()
@@ -35,7 +36,7 @@ LLAMA_CPP = Dialect(
     kind="llama.cpp",
     sampling_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repeat_penalty"},
     reporting={"timings_per_token": True, "return_progress": True},
-    top_k_note="llama.cpp reports the model's own distribution (temperature 1), before its samplers",
+    top_k_note="the model's own (T 1), before llama.cpp's samplers",
     unreported=(
         "server-wide KV cache fill: this llama-server's /metrics has no cache gauge (/slots lists its slots)",
     ),
@@ -47,8 +48,7 @@ VLLM = Dialect(
     sampling_fields={"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty"},
     top_k_off=-1,
     reporting={"return_token_ids": True},
-    top_k_note="vLLM reports the raw model distribution, before temperature and penalties "
-    "(unless started with another --logprobs-mode)",
+    top_k_note="raw, before vLLM's temperature and penalties (its default --logprobs-mode)",
     unreported=(
         "prompt tokens from the prefix cache: start vLLM with --enable-prompt-tokens-details",
         "more than 20 alternatives per token: start vLLM with --max-logprobs N",

@@ -15,6 +15,7 @@ from engine.events import ServerInfo
 from engine.remote import dialects
 from engine.remote.client import RemoteClient, RemoteError
 from engine.remote.dialects import Dialect
+from engine.remote.request import OFF
 from engine.remote.shape import LLAMA_SERVER_CACHE_BYTES, ModelShape, gguf_shape
 
 
@@ -71,6 +72,7 @@ def _info(client: RemoteClient, dialect: Dialect, entry: dict, **fields: Any) ->
         model=str(entry["id"]),
         top_k_note=dialect.top_k_note,
         unreported=dialect.unreported,
+        unsupported_settings=tuple(name for name in OFF if name not in dialect.sampling_fields),
         **fields,
     )
 

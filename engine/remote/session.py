@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 from engine.events import (
     CacheChanged,
@@ -30,10 +30,11 @@ from engine.events import (
 from engine.remote import prompt as prompts
 from engine.remote.cancel import CancelEvent
 from engine.remote.chunks import parse
-from engine.remote.client import RemoteClient, RemoteError, RemoteTarget
+from engine.remote.client import RemoteClient, RemoteError
 from engine.remote.metrics import cache_fill
 from engine.remote.request import chat_request, unsupported
 from engine.remote.server import Server, detect
+from engine.remote.target import RemoteTarget
 from engine.remote.turn import Prompt, RemoteTurn
 from engine.sampling import SamplingSettings
 from engine.session import Message
@@ -68,7 +69,9 @@ def model_info(server: Server, connect_s: float) -> ModelInfo:
         precision="server",
         device="server",
         compute_dtype=server.info.quantization or "server",
-        cache_dtype="f16 (llama-server's default)" if server.cache_element_bytes else "not reported",
+        cache_dtype="f16 (llama-server's default; assumed, not reported)"
+        if server.cache_element_bytes
+        else "not reported",
         parameters=server.parameters,
         weight_bytes=server.weight_bytes,
         layers=shape.layers if shape else None,
@@ -113,6 +116,8 @@ class RemoteSession:
         """No token history for the inspector's fork: the server cannot continue from a token."""
         self.context = min(c for c in (context, server.context) if c) if (context or server.context) else None
         self._noted_unsupported: tuple[str, ...] = ()
+        self.request_extra: dict[str, Any] = {}
+        """More request fields for this server (the benchmark's `ignore_eos`)."""
 
     # -- conversation (the same calls as ChatSession) -------------------------------------------
     def send(self, text: str, saved_id: int | None = None) -> Iterator[Event]:
@@ -218,6 +223,8 @@ class RemoteSession:
         request = chat_request(
             self.info.server.model, chat, self.sampling, self.server.dialect, self.show_top_k
         )
+        if self.request_extra:
+            request["extra_body"] = {**request.get("extra_body", {}), **self.request_extra}
         turn.started = turn.last = time.perf_counter()  # TTFT counts from sending the request
         stream = self.client.stream(request)
         with self.cancel.cutting(stream.abort):

@@ -18,8 +18,9 @@ from engine.events import (
     TokenSampled,
     TurnFinished,
 )
-from engine.remote.client import RemoteError, RemoteTarget
+from engine.remote.client import RemoteError
 from engine.remote.session import connect
+from engine.remote.target import RemoteTarget
 from engine.sampling import SamplingSettings
 from engine.saved.chat import SavedChat
 from engine.saved.store import Store

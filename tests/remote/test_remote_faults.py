@@ -13,8 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from engine.events import TokenSampled, TurnFinished
-from engine.remote.client import RemoteError, RemoteTarget
+from engine.remote.client import RemoteError
 from engine.remote.session import connect
+from engine.remote.target import RemoteTarget
 from engine.sampling import SamplingSettings
 
 

@@ -86,7 +86,7 @@ class PhasePanel(Widget):
             " ",
             self._detail(),
             "\n",
-            (WHY[self.phase], "italic $text-muted"),
+            self._why(),
             "\n",
             ("TTFT ", "bold"),
             ms(self.ttft_s),
@@ -111,10 +111,25 @@ class PhasePanel(Widget):
         numbers = f"TTFT {ms(self.ttft_s)} · ITL {ms(self.median_itl)} · {self.decode_tok_s:.1f} tok/s"
         return Content.assemble((f" {label} ", style), " ", self._detail(), ("  " + numbers, "$text-muted"))
 
+    def _why(self) -> Content:
+        """Why the phase costs what it does; after a server's turn, its own figures instead."""
+        server = self.final.server if self.final is not None else None
+        if self.phase != "idle" or server is None or server.prompt_ms is None:
+            return Content.styled(WHY[self.phase], "italic $text-muted")
+        per_token = server.predicted_per_token_ms
+        decode = f" · ITL {per_token:.1f} ms" if per_token is not None else ""
+        return Content.assemble(
+            ("server's own ", "bold"),
+            f"prefill {server.prompt_ms:.0f} ms{decode}",
+            (" (ours add network and queue)", "$text-muted"),
+        )
+
     def _detail(self) -> Content:
         if self.phase == "prefill":
             done = f" · {self.progress[0]}/{self.progress[1]} done" if self.progress else ""
-            return Content(f"{self.prompt_new} new tokens · {self.prompt_reused} reused from the cache{done}")
+            new = "? new tokens" if self.prompt_new is None else f"{self.prompt_new} new tokens"
+            reused = "reuse not reported" if self.prompt_reused is None else f"{self.prompt_reused} reused"
+            return Content(f"{new} · {reused} from the cache{done}")
         if self.phase == "decode":
             return Content(f"token {self.tokens}")
         if self.final is not None:

@@ -6,13 +6,11 @@ rest, so an update repaints this panel only and a long answer stays cheap to dra
 
 from __future__ import annotations
 
-import math
-
 from textual.content import Content
 from textual.widget import Widget
 
 from engine.events import PromptTokens, TokenSampled
-from tui.fmt import PROB_LEVELS, prob_style, subscript, visible_piece
+from tui.fmt import PROB_LEVELS, logprob_style, subscript, visible_piece
 
 KEEP = 2000
 """Generated chips kept (far more than fit on screen)."""
@@ -21,7 +19,7 @@ NEW = "$text-warning on $warning-muted"
 EMPTY = "the tokens of the next turn appear here"
 
 
-def chip(token_id: int, piece: str, style: str, click: str = "") -> Content:
+def chip(token_id: int | None, piece: str, style: str, click: str = "") -> Content:
     """`click`: an action a mouse click on the chip runs (e.g. open the token inspector at this step)."""
     click = f" @click={click}" if click else ""
     return Content.assemble(
@@ -94,18 +92,30 @@ class TokenStream(Widget):
         self.prompt_chips: list[Content] = []
         self.chips: list[Content] = []
         self.generated = 0
+        self.prompted = False
+        """PromptTokens came for the turn about to start."""
 
     def set_prompt(self, prompt: PromptTokens) -> None:
         self.prompt, self.chips, self.generated = prompt, [], 0
+        reused = prompt.reused or 0  # not reported by a server: no chip is marked as reused
         self.prompt_chips = [
-            chip(i, piece, REUSED if n < prompt.reused else NEW)
+            chip(i, piece, REUSED if n < reused else NEW)
             for n, (i, piece) in enumerate(zip(prompt.ids, prompt.pieces))
         ]
+        self.prompted = True
         self.refresh()
+
+    def begin_turn(self) -> None:
+        """Prefill started: a turn whose prompt tokens nobody sent (a server that cannot
+        tokenize) starts from an empty panel too."""
+        if not self.prompted:
+            self.prompt, self.prompt_chips, self.chips, self.generated = None, [], [], 0
+            self.refresh()
+        self.prompted = False
 
     def add(self, tokens: list[TokenSampled], repaint: bool = True) -> None:
         self.chips.extend(
-            chip(t.id, t.piece, prob_style(math.exp(t.logprob)), f"app.instrument('inspector',{t.index})")
+            chip(t.id, t.piece, logprob_style(t.logprob), f"app.instrument('inspector',{t.index})")
             for t in tokens
         )
         del self.chips[:-KEEP]
@@ -115,20 +125,23 @@ class TokenStream(Widget):
 
     def clear(self) -> None:
         self.prompt, self.prompt_chips, self.chips, self.generated = None, [], [], 0
+        self.prompted = False
         self.refresh()
 
     def render(self) -> Content:
-        if self.prompt is None:
+        if self.prompt is None and not self.chips:
             return Content.styled(EMPTY, "$text-muted")
-        p = self.prompt
         width, height = self.content_size.width, self.content_size.height
-        prompt = Content.assemble(
-            ("prompt ", "bold"),
-            f"{len(p.ids)} tokens: ",
-            (f"{p.reused} reused", REUSED),
-            " · ",
-            (f"{len(p.ids) - p.reused} prefilled now", NEW),
-        )
+        if self.prompt is None:  # a server that does not tokenize: the answer's tokens only
+            note = Content.styled("prompt: the server does not tokenize it for us", "$text-muted")
+            answer = Content.assemble(("answer ", "bold"), f"{self.generated} tokens  ", legend())
+            return Content("\n").join([note, answer, *block(self.chips, width, max(1, height - 2))])
+        p = self.prompt
+        if p.reused is None:
+            split = [("cache reuse not reported by the server", "$text-muted")]
+        else:
+            split = [(f"{p.reused} reused", REUSED), " · ", (f"{len(p.ids) - p.reused} prefilled now", NEW)]
+        prompt = Content.assemble(("prompt ", "bold"), f"{len(p.ids)} tokens: ", *split)
         answer = Content.assemble(("answer ", "bold"), f"{self.generated} tokens  ", legend())
         if prompt.cell_length + answer.cell_length + 3 <= width:
             summary = [Content.assemble(prompt, "   ", answer)]
