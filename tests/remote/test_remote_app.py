@@ -104,3 +104,28 @@ def test_esc_stops_the_answer_and_instruments_say_they_need_the_local_engine(lla
             assert any("it needs the local engine" in n.message for n in app._notifications)
 
     asyncio.run(scenario())
+
+
+def test_a_server_that_dies_mid_answer_leaves_the_app_usable(own_llama_server, tmp_path):
+    recorder = Recorder(hold_at=3)
+
+    async def scenario():
+        app = remote_app(recorder, tmp_path, own_llama_server, max_new_tokens=400)
+        async with app.run_test(size=WIDE) as pilot:
+            await wait_for(pilot, lambda: app.turns.ready, timeout=60)
+            await pilot.press(*"Write a long story about a dragon.", "enter")
+            await wait_for(pilot, recorder.holding.is_set, timeout=60, what="token 3")
+            own_llama_server.kill()
+            recorder.release.set()
+            await turns_done(pilot, recorder, 1)
+            finished = recorder.of(TurnFinished)[-1]
+            assert finished.stats.stop == "error" and finished.text
+            shown = widget_text(app.query_one(Answer))
+            assert "stopped by an error" in shown
+            assert app.query_one(Answer).query_one(Markdown).source == finished.text  # kept
+            await pilot.press(*"Still there?", "enter")  # the app still takes prompts
+            await turns_done(pilot, recorder, 2)
+            assert "cannot reach" in recorder.of(TurnFinished)[-1].error
+            assert not app.turns.busy
+
+    asyncio.run(scenario())

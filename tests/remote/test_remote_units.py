@@ -199,3 +199,29 @@ def test_gguf_header():
     shape = gguf_shape(smollm2_gguf())
     assert (shape.layers, shape.heads, shape.kv_heads, shape.head_dim) == (30, 9, 3, 64)
     assert gguf_shape("/nonexistent.gguf") is None
+
+
+def test_a_chunks_gap_is_shared_by_the_tokens_it_carried(monkeypatch):
+    """TTFT to the first token; a later chunk of two tokens splits its gap between them."""
+    clock = iter([1.0, 1.5, 1.6])
+    monkeypatch.setattr("engine.remote.turn.time.perf_counter", lambda: next(clock))
+
+    def tokens(*texts):
+        return chunk(
+            choices=[
+                {
+                    "index": 0,
+                    "delta": {"content": "".join(texts)},
+                    "logprobs": {"content": [entry(t, -0.1, [entry(t, -0.1, [])]) for t in texts]},
+                }
+            ]
+        )
+
+    turn = RemoteTurn(Prompt((), ()), started=0.0, wait_for_progress=False)
+    latencies = []
+    for raw in (tokens("A"), tokens("B", "C"), tokens("D")):
+        latencies += [e.latency_s for e in turn.add(parse(raw)) if hasattr(e, "latency_s")]
+    assert latencies == pytest.approx([1.0, 0.25, 0.25, 0.1])
+    assert turn.itl == pytest.approx([0.25, 0.25, 0.1]) and turn.ttft_s == 1.0
+    stats = turn.stats(turn.stop(False, False, None))
+    assert stats.generated_tokens == 4 and stats.itl_p50_s == pytest.approx(0.25)
