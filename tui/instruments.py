@@ -90,6 +90,8 @@ INSTRUMENTS = (
     ),
 )
 BY_NAME = {i.name: i for i in INSTRUMENTS}
+REMOTE = {"inspector"}
+"""Instruments that work from what a server sent (the rest need the weights or the decode loop)."""
 SHOWN: set[str] = set()
 """Instruments whose key the main footer shows (the 80-column footer is full: all are in
 F1 help and Ctrl+P)."""
@@ -167,7 +169,7 @@ class Instruments:
         return getattr(self.app.engine, "session", None)
 
     def _ready(self, name: str) -> bool:
-        if self.app.options.remote:  # weights, cache and the decode loop are on the server
+        if self.app.options.remote and name not in REMOTE:  # weights, cache and decode loop: on the server
             title = BY_NAME[name].title if name in BY_NAME else "This instrument"
             self.app.notify(
                 f"{title} reads the model's weights, KV cache or decode loop: it needs the local engine "
@@ -316,6 +318,12 @@ class Instruments:
     def fork(self, answer: AnswerRef, step: int, token_id: int) -> bool:
         """Continue `answer` from `step` with `token_id`; False (and why, in a notice) if it cannot now."""
         turns = self.app.turns
+        if self.app.options.remote:
+            self.app.notify(
+                "Forking needs the local engine: a server cannot continue from a chosen token.",
+                severity="warning",
+            )
+            return False
         if answer.message is None:
             self.app.notify("Only a finished answer can be forked.", severity="warning")
             return False

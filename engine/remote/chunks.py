@@ -32,6 +32,8 @@ class Entry:
     """Readable text of this token's own bytes (stray bytes as `<0xEC>`)."""
     span: bytes
     """The bytes of answer text this entry stands for."""
+    own: bytes
+    """This token's own bytes (less than `span` where llama.cpp merged a split character)."""
     logprob: float | None
     top: tuple[Candidate, ...]
 
@@ -79,7 +81,8 @@ def parse(chunk: Any) -> Chunk:
         ids = (choice.model_extra or {}).get("token_ids")
         out.entries = [_entry(e, ids[i] if _has(ids, i) else None) for i, e in enumerate(logprobs or [])]
         if out.content and not out.entries:  # a server that sends text without logprobs
-            out.entries = [Entry(None, out.content, out.content.encode("utf-8"), None, ())]
+            raw = out.content.encode("utf-8")
+            out.entries = [Entry(None, out.content, raw, raw, None, ())]
     return out
 
 
@@ -89,12 +92,15 @@ def _entry(item: Any, stream_id: int | None) -> Entry:
     if token_id is None:
         token_id = _int(stream_id)
     span = _bytes(item.bytes, item.token)
-    top = tuple(_candidate(alt) for alt in item.top_logprobs or ())
-    own = next((c for c in top if token_id is not None and c.id == token_id), None)
+    alternatives = list(item.top_logprobs or ())
+    top = tuple(_candidate(alt) for alt in alternatives)
+    mine = [a for a, c in zip(alternatives, top) if token_id is not None and c.id == token_id]
+    own = _bytes(mine[0].bytes, mine[0].token) if mine else span
     return Entry(
         id=token_id,
-        piece=own.piece if own is not None else readable_bytes(span),
+        piece=readable_bytes(own),
         span=span,
+        own=own,
         logprob=item.logprob if _finite(item.logprob) else None,
         top=tuple(c for c in top if c.prob > 0),
     )

@@ -27,12 +27,14 @@ from engine.events import (
     PhaseChanged,
     TurnFinished,
 )
+from engine.instruments.trace import AnswerTrace
 from engine.remote import prompt as prompts
 from engine.remote.cancel import CancelEvent
 from engine.remote.chunks import parse
 from engine.remote.client import RemoteClient, RemoteError
 from engine.remote.metrics import cache_fill
 from engine.remote.request import chat_request, unsupported
+from engine.remote.seen import SeenTokens
 from engine.remote.server import Server, detect
 from engine.remote.target import RemoteTarget
 from engine.remote.turn import Prompt, RemoteTurn
@@ -112,9 +114,13 @@ class RemoteSession:
         self.messages: list[Message] = []
         self.cancel: threading.Event = CancelEvent()
         self.show_top_k = show_top_k
-        self.trace = None
-        """No token history for the inspector's fork: the server cannot continue from a token."""
-        self.context = min(c for c in (context, server.context) if c) if (context or server.context) else None
+        self.trace: AnswerTrace | None = None
+        """The steps of the answer in progress, or of the last one (the token inspector reads them)."""
+        self.namer = SeenTokens()
+        """Ids to bytes as the server showed them (its tokenizer is not here)."""
+        limits = [c for c in (context, server.context) if c]
+        self.context = min(limits) if limits else None
+        """The window a conversation must fit: the server's, or less if the user asked (--context)."""
         self._noted_unsupported: tuple[str, ...] = ()
         self.request_extra: dict[str, Any] = {}
         """More request fields for this server (the benchmark's `ignore_eos`)."""
@@ -163,7 +169,7 @@ class RemoteSession:
 
     def _tokenize(self, messages: list[Message]) -> Prompt:
         return prompts.tokenize(
-            self.client, self.server.dialect.tokenize, self.info.server.model, self.chat(messages)
+            self.client, self.server.dialect.tokenize, self.server.info.model, self.chat(messages)
         )
 
     def _fit(self) -> tuple[Prompt | None, ContextTrimmed | None]:
@@ -194,38 +200,48 @@ class RemoteSession:
         yield from self._note_unsupported()
         prompt, trimmed = self._fit()
         if prompt is None:
-            size = len(self._tokenize(self.messages[-1:]).ids)
-            self.messages.pop()
-            yield Failed(
-                f"the message is {size} tokens; the server's context window is {self.context}: shorten it"
-            )
+            yield self._refuse()
             return
         if trimmed:
             yield trimmed
-        chat = self.chat()
-        turn = RemoteTurn(prompt, time.perf_counter(), "return_progress" in self.server.dialect.reporting)
+        waits = "return_progress" in self.server.dialect.reporting
+        turn = RemoteTurn(prompt, time.perf_counter(), waits, self.namer)
+        self.trace = AnswerTrace(prompt.ids, None, turn.steps)
         error = ""
         try:
-            yield from self._stream(chat, turn)
+            yield from self._stream(self.chat(), turn)
         except RemoteError as e:
             if not self.cancel.is_set():  # a cut we made ourselves is a stop, not an error
                 error = str(e)
+        yield from self._finish(turn, error)
+
+    def _refuse(self) -> Failed:
+        """The last message alone does not fit the window: take it back, as ChatSession does."""
+        size = len(self._tokenize(self.messages[-1:]).ids)
+        self.messages.pop()
+        return Failed(
+            f"the message is {size} tokens; the server's context window is {self.context}: shorten it"
+        )
+
+    def _finish(self, turn: RemoteTurn, error: str) -> Iterator[Event]:
+        """Keep the answer (partial or not) and end the turn the way every turn ends."""
         if not turn.announced:  # it failed before the server said anything: the phases stay in order
             yield from turn.announce()
         text = turn.text()
         stats = turn.stats(turn.stop(self.cancel.is_set(), bool(error), self.context))
-        self.messages.append(Message("assistant", text))
+        self.trace.reused = turn.reused_tokens()
+        self.messages.append(Message("assistant", text, self.trace))
         yield self._cache_event(None if error else turn.context_tokens(), fill=True)
         yield PhaseChanged("idle")
         yield TurnFinished(stats, text, error)
 
     def _stream(self, chat: list[dict[str, str]], turn: RemoteTurn) -> Iterator[Event]:
         request = chat_request(
-            self.info.server.model, chat, self.sampling, self.server.dialect, self.show_top_k
+            self.server.info.model, chat, self.sampling, self.server.dialect, self.show_top_k
         )
         if self.request_extra:
             request["extra_body"] = {**request.get("extra_body", {}), **self.request_extra}
-        turn.started = turn.last = time.perf_counter()  # TTFT counts from sending the request
+        turn.sent()
         stream = self.client.stream(request)
         with self.cancel.cutting(stream.abort):
             yield from turn.opened()

@@ -26,6 +26,7 @@ from engine.events import (
     TurnStats,
 )
 from engine.remote.chunks import Chunk, Entry, Progress, Usage
+from engine.remote.seen import SeenTokens
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,13 @@ class Prompt:
 class RemoteTurn:
     """Turns chunks into events; keeps the text, latencies and what the server reported."""
 
-    def __init__(self, prompt: Prompt, started: float, wait_for_progress: bool):
+    def __init__(
+        self, prompt: Prompt, started: float, wait_for_progress: bool, seen: SeenTokens | None = None
+    ):
         self.prompt = prompt
+        self.steps: list[TokenSampled] = []
+        """The token events, as the inspector reads them (the answer's trace holds this list)."""
+        self.seen = seen if seen is not None else SeenTokens()
         self.started = self.last = started
         self.announced = False
         self.wait_for_progress = wait_for_progress
@@ -63,6 +69,10 @@ class RemoteTurn:
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     # -- events ---------------------------------------------------------------------------
+    def sent(self) -> None:
+        """The request leaves now: TTFT counts from here."""
+        self.started = self.last = time.perf_counter()
+
     def opened(self) -> Iterator[Event]:
         """The request is on its way: the prefill phase, unless the first chunk will say more."""
         if not self.wait_for_progress:
@@ -108,7 +118,10 @@ class RemoteTurn:
                 latency = gap if index == 0 else 0.0
             else:
                 latency = gap / len(chunk.entries)
-            yield self._event(index, entry, text, latency)
+            self.seen.learn(entry.id, entry.own)
+            event = self._event(index, entry, text, latency)
+            self.steps.append(event)
+            yield event
             if index == 0:
                 self.ttft_s = gap
                 yield PhaseChanged("decode")

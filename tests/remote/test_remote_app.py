@@ -11,6 +11,7 @@ from tests.test_tui_model import Recorder
 from tests.tui_fakes import fake_app
 from tests.tui_screen import screen_text, wait_for, widget_text
 from tui.fmt import ms
+from tui.screens.inspector import InspectorScreen
 from tui.widgets.chat_log import Answer
 from tui.widgets.kv_cache import KVCachePanel
 from tui.widgets.phase import PhasePanel
@@ -78,6 +79,16 @@ def test_the_panels_show_what_the_server_reported(llama_server, tmp_path):
             assert second.stats.reused_tokens > 0
             kv = widget_text(app.query_one(KVCachePanel))
             assert f"{second.stats.reused_tokens:,} reused · {second.stats.prefilled_tokens:,} newly" in kv
+
+            await pilot.press("f2")  # the token inspector works from what the server sent
+            await wait_for(pilot, lambda: isinstance(app.screen, InspectorScreen), what="the inspector")
+            last = recorder.of(TokenSampled)[-1]
+            shown = screen_text(app)
+            assert f"ID        {last.id}" in shown and f"KV cache position {last.position}" in shown
+            assert "◀ taken" in shown and "the server sends only the top alternatives" in shown
+            await pilot.press("f")  # forking needs the local engine
+            await pilot.pause(0.2)
+            assert any("Forking needs the local engine" in n.message for n in app._notifications)
 
     asyncio.run(scenario())
 

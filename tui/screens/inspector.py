@@ -7,8 +7,6 @@ chat shows the new continuation; the original stays as a branch (`b` shows it he
 
 from __future__ import annotations
 
-import math
-
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -17,48 +15,47 @@ from textual.widgets import Static
 
 from engine.events import Candidate, Event, Forked, TurnFinished
 from engine.instruments.trace import TokenRecord
-from tui.fmt import prob_style, visible_piece
+from tui.fmt import logprob_style, visible_piece
 from tui.instruments import AnswerRef, answers
 from tui.screens.instrument import InstrumentScreen
 from tui.widgets.alternatives import AlternativesList
 from tui.widgets.token_strip import StripToken, TokenStrip
 
 
+def same_token(candidate: Candidate, record: TokenRecord) -> bool:
+    """By id, or by text where a server sent no ids."""
+    if candidate.id is not None and record.id is not None:
+        return candidate.id == record.id
+    return candidate.piece == record.piece
+
+
 def byte_text(data: bytes | None) -> str:
     if data is None:
-        return "none: a special token of the chat template"
+        return "none: a special token of the chat template (or not sent by the server)"
     return " ".join(f"{b:02x}" for b in data) + f"  ({len(data)} byte{'s' if len(data) != 1 else ''})"
 
 
+NOT_SENT = ("not sent by the server", "$text-muted")
+
+
 def record_lines(record: TokenRecord, steps: int, forked_here: bool) -> list[Content]:
-    """What the inspector says about one step."""
+    """What the inspector says about one step (from a server: what it did not send, said so)."""
     label = lambda name: (f"{name:<10}", "bold")  # noqa: E731
     rank = "the most probable" if record.rank == 1 else f"{record.rank - 1} token(s) were more probable"
     if record.rank == 0:
         rank = "unknown"
     text = repr(record.text) if record.text else "nothing yet: it holds part of a UTF-8 character"
+    position = "not known" if record.position is None else f"{record.position}"
     lines = [
         Content.assemble(
-            ("step ", "bold"),
-            f"{record.step + 1} of {steps}",
-            ("  · KV cache position ", "bold"),
-            f"{record.position}",
+            ("step ", "bold"), f"{record.step + 1} of {steps}", ("  · KV cache position ", "bold"), position
         ),
-        Content.assemble(label("ID"), f"{record.id}"),
-        Content.assemble(label("piece"), (visible_piece(record.piece), prob_style(record.prob))),
+        Content.assemble(label("ID"), NOT_SENT if record.id is None else f"{record.id}"),
+        Content.assemble(label("piece"), (visible_piece(record.piece), logprob_style(record.logprob))),
         Content.assemble(label("bytes"), byte_text(record.bytes)),
-        Content.assemble(
-            label("logprob"), f"{record.logprob:.4f}", ("  p = ", "$text-muted"), f"{record.prob:.2%}"
-        ),
+        _logprob_line(record, label),
         Content.assemble(label("rank"), f"{record.rank}", (f"  ({rank})", "$text-muted")),
-        Content.assemble(
-            label("entropy"),
-            f"{record.entropy_bits:.3f} bits",
-            (
-                f"  ({record.entropy:.3f} nats) ≈ a fair choice among {record.choices:.1f} tokens",
-                "$text-muted",
-            ),
-        ),
+        _entropy_line(record, label),
         Content.assemble(label("text"), text),
     ]
     if forked_here:
@@ -66,6 +63,26 @@ def record_lines(record: TokenRecord, steps: int, forked_here: bool) -> list[Con
             Content.styled("⑂ forked here: this token was chosen from the alternatives", "$text-accent")
         )
     return lines
+
+
+def _logprob_line(record: TokenRecord, label) -> Content:
+    if record.logprob is None:
+        return Content.assemble(label("logprob"), NOT_SENT)
+    return Content.assemble(
+        label("logprob"), f"{record.logprob:.4f}", ("  p = ", "$text-muted"), f"{record.prob:.2%}"
+    )
+
+
+def _entropy_line(record: TokenRecord, label) -> Content:
+    if record.entropy is None:
+        return Content.assemble(
+            label("entropy"), ("not known: the server sends only the top alternatives", "$text-muted")
+        )
+    return Content.assemble(
+        label("entropy"),
+        f"{record.entropy_bits:.3f} bits",
+        (f"  ({record.entropy:.3f} nats) ≈ a fair choice among {record.choices:.1f} tokens", "$text-muted"),
+    )
 
 
 class InspectorScreen(InstrumentScreen):
@@ -106,9 +123,15 @@ class InspectorScreen(InstrumentScreen):
         with Horizontal(id="panes"):
             yield Static(id="record")
             with Vertical(id="alts-pane"):
-                yield Static("Alternatives (top-k after your sampling settings)", id="alts-title")
+                yield Static(f"Alternatives ({self._which_distribution()})", id="alts-title")
                 yield AlternativesList("screen.choose({})")
                 yield Static(id="fork-hint", classes="muted")
+
+    def _which_distribution(self) -> str:
+        info = getattr(self.link.session, "info", None)
+        if info is not None and info.server is not None:
+            return f"as the server reported them: {info.server.top_k_note}"
+        return "top-k after your sampling settings"
 
     def on_mount(self) -> None:
         self._show_answer()
@@ -156,7 +179,7 @@ class InspectorScreen(InstrumentScreen):
             )
         )
         self.query_one(TokenStrip).set_tokens(
-            [StripToken(s.id, s.piece, prob_style(math.exp(s.logprob))) for s in self.steps], self.step
+            [StripToken(s.id, s.piece, logprob_style(s.logprob)) for s in self.steps], self.step
         )
         self._show_step()
 
@@ -175,12 +198,17 @@ class InspectorScreen(InstrumentScreen):
         forked_here = self.ref.trace.fork_step == self.step
         record_view.update(Content("\n").join(record_lines(record, len(self.steps), forked_here)))
         candidates = record.top_k
-        if all(c.id != record.id for c in candidates):  # drawn from outside the top-k shown
+        taken = [c for c in candidates if same_token(c, record)]
+        if not taken and record.prob is not None:  # drawn from outside the top-k shown
             candidates = (*candidates, Candidate(record.id, record.piece, record.prob))
-        alternatives.set_candidates(candidates, {record.id: "◀ taken"}, alternatives.cursor)
+        key = taken[0] if taken else record
+        marks = {key.id if key.id is not None else key.piece: "◀ taken"}
+        alternatives.set_candidates(candidates, marks, alternatives.cursor)
         self.query_one(TokenStrip).move_to(self.step)
         self.set_title_line(f"{self.ref.label} · step {self.step + 1} of {len(self.steps)}")
-        if self.ref.message is None:
+        if self.link.app.options.remote:
+            hint.update("Forking from a token needs the local engine (a server cannot continue from one).")
+        elif self.ref.message is None:
             hint.update("Only a finished answer in the conversation can be forked.")
         else:
             hint.update(
