@@ -11,6 +11,7 @@ import pytest
 
 from engine.events import (
     CacheChanged,
+    ContextTrimmed,
     ModelReady,
     PhaseChanged,
     PrefillProgress,
@@ -219,6 +220,21 @@ def test_a_server_with_a_key(tmp_path, monkeypatch):
         session = connect(RemoteTarget(server.url, api_key_env="GOOD_KEY"), GREEDY)
         _, finished = turn(session, QUESTION)
         assert "Paris" in finished.text
+    finally:
+        server.stop()
+
+
+def test_an_answer_cut_by_the_servers_window_and_the_turn_after(tmp_path):
+    pytest.importorskip("xllamacpp")
+    server = LlamaServer(tmp_path / "server.log", n_ctx=128)  # llama.cpp makes it 256, its least
+    try:
+        session = session_for(server, SamplingSettings(temperature=0, max_new_tokens=400))
+        _, cut = turn(session, STORY)
+        assert cut.stats.stop == "context" and not cut.error
+        assert cut.stats.prompt_tokens + cut.stats.generated_tokens == session.context == 256
+        events, after = turn(session, "Go on.")  # the oldest exchange goes, as with the local engine
+        trimmed = next(e for e in events if isinstance(e, ContextTrimmed))
+        assert trimmed.dropped_messages == 2 and after.stats.stop != "error"
     finally:
         server.stop()
 
