@@ -136,8 +136,9 @@ class RemoteClient:
             raise RemoteError(self.describe(e, "/chat/completions")) from None
 
     # -- errors as one line -------------------------------------------------------------------
-    def describe(self, error: BaseException, path: str = "") -> str:
-        """What went wrong, in one line, with what to do about it where that is clear."""
+    def describe(self, error: BaseException, path: str = "", streaming: bool = False) -> str:
+        """What went wrong, in one line, with what to do about it where that is clear
+        (`streaming`: the answer had begun, so the server was reached and then lost)."""
         status, detail = _status(error)
         where = self.shown
         if status in (401, 403):
@@ -164,7 +165,10 @@ class RemoteClient:
             return f"TLS error talking to {where}: {_first_line(cause)}"
         if isinstance(error, (json.JSONDecodeError, ValueError)) and not isinstance(cause, OSError):
             return f"{where} sent a malformed event stream: {_first_line(error)}"
-        return f"cannot reach {where}: {_first_line(cause) or type(cause).__name__}"[:300]
+        reason = _first_line(cause) or type(cause).__name__
+        if streaming:
+            return f"the connection to {where} broke mid-answer: {reason}"[:300]
+        return f"cannot reach {where}: {reason}"[:300]
 
 
 class ChatStream:
@@ -176,10 +180,13 @@ class ChatStream:
 
     def chunks(self) -> Iterator[ChatCompletionChunk]:
         """The chunks as they arrive; a broken, stalled or malformed stream raises RemoteError."""
+        begun = False
         try:
-            yield from self._stream
+            for chunk in self._stream:
+                begun = True
+                yield chunk
         except (openai.OpenAIError, httpx2.HTTPError, OSError, ValueError) as e:
-            raise RemoteError(self._client.describe(e)) from None
+            raise RemoteError(self._client.describe(e, streaming=begun)) from None
         finally:
             self.close()
 
