@@ -150,7 +150,7 @@ def test_cancel_stops_the_servers_generation(llama_server):
 def test_cancel_while_the_server_is_silent_in_prefill(llama_server):
     """Esc during a long prefill cuts the connection at once, not at the next token."""
     session = session_for(llama_server, SamplingSettings(temperature=0, max_new_tokens=8))
-    long_prompt = "Summarize: " + " ".join(f"item {i} is blue;" for i in range(100))  # ~700 tokens
+    long_prompt = "Summarize: " + " ".join(f"item {i} is blue;" for i in range(180))  # ~1300 tokens
     before = llama_server.metric("llamacpp:prompt_tokens_total")
     events = []
     for event in session.send(long_prompt):
