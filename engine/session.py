@@ -17,7 +17,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Generator, Iterator
+from typing import TYPE_CHECKING, Generator, Iterator
 
 import torch
 
@@ -45,6 +45,10 @@ from engine.instruments.trace import AnswerTrace, forced_step
 from engine.kvcache import KVCache
 from engine.models import LoadedModel
 from engine.sampling import Draw, Sampler, SamplingSettings
+from engine.text import utf8_problem
+
+if TYPE_CHECKING:
+    from engine.instruments.attention import AttentionProbe
 
 PREFILL_CHUNK = 512
 """Prompt tokens per forward pass in prefill: bounds memory and lets progress and Esc through."""
@@ -91,6 +95,10 @@ class ChatSession:
         """Step mode: when enabled, each drawn token waits for the caller's choice."""
         self.trace: AnswerTrace | None = None
         """The steps of the answer in progress, or of the last one."""
+        self.attention_probe: AttentionProbe | None = None
+        """The attention view's hooks, made on first use (engine/instruments/attention.py `probe_of`)."""
+        if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+            raise ValueError(f"context must be a positive number of tokens, got {context!r}")
         self._context_limit = context
         self.use_model(loaded)
 
@@ -130,9 +138,14 @@ class ChatSession:
         return ids
 
     # -- conversation ------------------------------------------------------------
-    def send(self, text: str, saved_id: int | None = None) -> Iterator[Event]:
-        """Add a user message (already saved as `saved_id`, if saving) and answer it."""
-        self.messages.append(Message("user", text, saved_id=saved_id))
+    def send(self, text: str) -> Iterator[Event]:
+        """Add a user message and answer it; text no tokenizer can take is refused (Failed)."""
+        system = self.system_prompt or ""
+        problem = utf8_problem(text, "the message") or utf8_problem(system, "the system prompt")
+        if problem:
+            yield Failed(problem)
+            return
+        self.messages.append(Message("user", text))
         yield from self.answer()
 
     def regenerate(self) -> Iterator[Event]:
@@ -144,13 +157,13 @@ class ChatSession:
             return
         yield from self.answer()
 
-    def edit(self, index: int, text: str, saved_id: int | None = None) -> Iterator[Event]:
+    def edit(self, index: int, text: str) -> Iterator[Event]:
         """Replace user message `index`, forget what followed it, and answer again."""
         if not self.is_user_message(index):
             yield Failed(f"message {index} is not a user message")
             return
         del self.messages[index:]
-        yield from self.send(text, saved_id)
+        yield from self.send(text)
 
     def is_user_message(self, index: int) -> bool:
         return 0 <= index < len(self.messages) and self.messages[index].role == "user"
@@ -189,15 +202,25 @@ class ChatSession:
         trimmed = ContextTrimmed(dropped, before, len(ids), self.context) if dropped else None
         return ids, trimmed
 
+    def _too_long(self) -> str:
+        """Why the last message cannot fit even alone: the message, or the system prompt."""
+        window = f"the context window is {self.context}"
+        if self.system_prompt:
+            system = len(self.template([]))
+            if system + 1 > self.context:
+                return f"the system prompt is {system} tokens; {window}: shorten the system prompt"
+        size = len(self.template(self.messages[-1:]))
+        with_system = " with the system prompt" if self.system_prompt else ""
+        return f"the message is {size} tokens{with_system}; {window}: shorten it"
+
     # -- one turn ----------------------------------------------------------------
     def answer(self) -> Iterator[Event]:
         """Prefill what the cache lacks, then decode an answer to the last user message."""
         self.cancel.clear()
         ids, trimmed = self._fit()
         if ids is None:
-            size = len(self.template(self.messages[-1:]))
+            yield Failed(self._too_long())
             self.messages.pop()
-            yield Failed(f"the message is {size} tokens; the context window is {self.context}: shorten it")
             return
         if trimmed:
             yield trimmed

@@ -13,7 +13,7 @@ import threading
 import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar, Union
 
 import torch
 
@@ -29,6 +29,8 @@ from engine.session import ChatSession
 if TYPE_CHECKING:
     from engine.remote.session import RemoteSession
     from engine.remote.target import RemoteTarget
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -174,11 +176,23 @@ class InferenceWorker:
         """Continue an answer from step `step` with `token_id` instead; the old answer stays a branch."""
         self.commands.put(Fork(step, token_id, answer))
 
-    def call(self, fn: Callable[[ChatSession], Any]) -> Future:
+    def call(self, fn: Callable[[ChatSession], T]) -> Future[T]:
         """Queue `fn(session)` for the inference thread; the future holds its result or error."""
-        future: Future = Future()
+        future: Future[T] = Future()
         self.commands.put(Call(fn, future))
         return future
+
+    def call_at_gate(self, fn: Callable[[ChatSession], T]) -> T:
+        """Run `fn(session)` now, on the caller's thread, while a step waits at the step gate.
+
+        The inference thread is then blocked between two forward passes (a queued `call`
+        would wait for the answer to end), so the model is the caller's until it answers the
+        step. RuntimeError when no step waits.
+        """
+        gate = getattr(self.session, "step_gate", None)  # a remote session has none
+        if gate is None or gate.pending is None:
+            raise RuntimeError("no step is waiting at the gate")
+        return fn(self.session)
 
     def cancel(self) -> None:
         """Stop the answer in progress after the current token; the partial answer stays."""
@@ -279,6 +293,8 @@ class InferenceWorker:
         except RemoteError as e:
             yield Failed(str(e))
             return
+        if getattr(self.session, "compiled", None) is not None:
+            self.session.compiled.stop()  # the local model's compile is of no use to a server
         if self.chat is not None:
             notice = self.chat.save_cache()  # a local conversation being left resumes fast later
             if notice is not None:
@@ -311,6 +327,10 @@ class InferenceWorker:
             )
             self.chat = SavedChat(self.session, self.store)
         else:
+            if self.session.compiled is not None:
+                # A compile for the old model would only compete for the cores and memory
+                # (a child process of ~0.9 GB each): fp32 -> bf16 -> w8 -> fp32 left four running.
+                self.session.compiled.stop()
             notice = self.chat.save_cache()  # the cache belongs to the old model: keep it on disk first
             if notice is not None:
                 yield notice

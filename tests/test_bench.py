@@ -27,10 +27,10 @@ def test_bench_reports_ratios_and_quality_for_each_precision(tiny_model_dir):
     for r in (fp32, w8a8):
         assert r["decode"]["tok_s"] > 0 and r["generate"]["tok_s"] > 0
         assert r["decode_vs_generate"] == pytest.approx(
-            r["decode"]["tok_s"] / r["generate"]["tok_s"], rel=0.01
-        )
+            r["decode"]["tok_s"] / r["generate"]["tok_s"], rel=0.01, abs=5e-4
+        )  # the ratios are rounded to 3 decimals
         assert r["decode_vs_fp32_generate"] == pytest.approx(
-            r["decode"]["tok_s"] / fp32["generate"]["tok_s"], rel=0.01
+            r["decode"]["tok_s"] / fp32["generate"]["tok_s"], rel=0.01, abs=5e-4
         )
         assert [row["prompt_tokens"] for row in r["prefill"]] == [8, 16]
         assert r["multi_turn"]["reused_tokens"] > 0

@@ -1,11 +1,15 @@
 """Attention view: eager only while on, rows that sum to 1, the same tokens as without it."""
 
+import queue
+import threading
+
 import pytest
 
-from engine.events import StepPaused, TokenSampled
-from engine.instruments.attention import AttentionProbe
+from engine.events import StepPaused, TokenSampled, TurnFinished
+from engine.instruments.attention import AttentionProbe, enable_and_view, enabled_view, probe_of, switch_off
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
+from engine.worker import InferenceWorker
 
 GREEDY = SamplingSettings(temperature=0.0, max_new_tokens=8)
 
@@ -98,3 +102,46 @@ def test_disable_after_a_model_switch_keeps_the_new_models_fast_path(tiny_model_
     probe.disable()
     assert session.fast is new_fast is not None
     assert session.fast.weight_dtype.is_floating_point and str(session.fast.weight_dtype) == "torch.bfloat16"
+
+
+def test_the_views_calls_reach_one_probe_per_session_through_the_worker(tiny_model_dir):
+    """Idle: `call` switches the probe on and runs the last pass again. At the gate: `call_at_gate`
+    reads at once what the probe holds, from the next step on. `switch_off` restores sdpa."""
+    paused: queue.Queue = queue.Queue()
+    finished = threading.Event()
+
+    def emit(event) -> None:
+        if isinstance(event, StepPaused):
+            paused.put(event)
+        elif isinstance(event, TurnFinished):
+            finished.set()
+
+    worker = InferenceWorker(emit, GREEDY)
+    try:
+        worker.load(str(tiny_model_dir), "fp32", "cpu")
+        worker.send("How does inference work?")
+        assert finished.wait(60)
+        session = worker.session
+        with pytest.raises(RuntimeError):
+            worker.call_at_gate(lambda s: enabled_view(s, None, None))
+        view = worker.call(lambda s: enable_and_view(s, 0, None)).result(60)
+        assert view.layer == 0 and view.ids == tuple(session.cache.ids)
+        probe = session.attention_probe
+        assert probe.enabled and worker.call(probe_of).result(60) is probe
+        worker.call(switch_off).result(60)
+        assert not probe.enabled and session.model.config._attn_implementation == "sdpa"
+
+        finished.clear()
+        session.step_gate.pause()
+        worker.send("And Germany?")
+        paused.get(timeout=60)
+        assert worker.call_at_gate(lambda s: enabled_view(s, None, None)) is None
+        session.step_gate.take()
+        event = paused.get(timeout=60)
+        view = worker.call_at_gate(lambda s: enabled_view(s, None, None))
+        assert len(view.ids) == event.position and session.attention_probe is probe
+        session.step_gate.resume()
+        assert finished.wait(60)
+    finally:
+        worker.call(switch_off).result(60)
+        worker.shutdown()

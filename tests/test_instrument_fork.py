@@ -81,7 +81,9 @@ def test_fork_reuses_the_cache_up_to_the_step_and_feeds_one_token(tiny_loaded):
         "reused": prompt + step,
         "new": 1,
         "original_text": forked.original_text,
+        "start_text": forked.start_text,
     }
+    assert session.messages[-1].content.startswith(forked.start_text)  # the new answer's beginning
 
 
 def test_the_original_answer_is_kept_as_a_branch(tiny_loaded):

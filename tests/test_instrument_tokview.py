@@ -81,3 +81,49 @@ def test_spans_of_an_answer_in_progress(tiny_loaded):
     spans = message_spans(session, prompt.ids)
     assert [(s.role, s.message) for s in spans][-2:] == [("user", 2), ("assistant", None)]
     assert spans[-1].end == len(prompt.ids)
+
+
+DEFAULT_SYSTEM_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+"""SmolLM2's kind of template: with no system message it puts in a system prompt of its own."""
+
+
+@pytest.fixture
+def default_system_template(tiny_loaded):
+    tokenizer = tiny_loaded.tokenizer
+    original, tokenizer.chat_template = tokenizer.chat_template, DEFAULT_SYSTEM_TEMPLATE
+    yield tiny_loaded
+    tokenizer.chat_template = original
+
+
+def test_the_templates_own_system_prompt_is_its_own_span_not_user_1(default_system_template):
+    from tui.screens.tokenizer import span_lines
+
+    session = ChatSession(default_system_template, SamplingSettings(temperature=0.0, max_new_tokens=5))
+    events = list(session.send(ENGLISH))
+    prompt = next(e for e in events if isinstance(e, PromptTokens))
+    view = tokenizer_view(
+        session, prompt.ids, prompt.reused, [e.id for e in events if isinstance(e, TokenSampled)]
+    )
+    assert view.template.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")
+    spans = view.spans
+    assert [(s.role, s.message, s.default) for s in spans[:2]] == [("system", None, True), ("user", 0, False)]
+    assert view.span_cost(spans[0]).text == "system\nYou are a helpful assistant.\n"
+    assert view.span_cost(spans[1]).text == f"user\n{ENGLISH}\n"  # user #1 counts only itself
+    table = "\n".join(line.plain for line in span_lines(view))
+    assert "system (template)" in table and "no system prompt was set" in table
+
+
+def test_no_default_system_span_where_the_template_adds_none(tiny_loaded):
+    session = ChatSession(tiny_loaded, SamplingSettings(temperature=0.0, max_new_tokens=5))
+    events = list(session.send(ENGLISH))
+    prompt = next(e for e in events if isinstance(e, PromptTokens))
+    assert [(s.role, s.default) for s in message_spans(session, prompt.ids)] == [
+        ("user", False),
+        ("assistant", False),
+    ]

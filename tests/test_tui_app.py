@@ -8,12 +8,13 @@ import subprocess
 import sys
 import threading
 
+import pytest
 from textual.widgets import Footer, Input, Select
 
 from tests.tui_fakes import FakeFactory, fake_app
 from tests.tui_screen import screen_text, wait_for, widget_text
 from tui.screens.settings import SettingsScreen
-from tui.widgets.chat_log import Answer, ChatLog
+from tui.widgets.chat_log import Answer, ChatLog, UserMessage
 from tui.widgets.kv_cache import KVCachePanel
 from tui.widgets.phase import PhasePanel
 from tui.widgets.prompt_input import PromptInput
@@ -318,6 +319,8 @@ def test_panels_collapse_on_80x24_and_toggle(tmp_path):
             await pilot.pause(0.1)
             assert app.query_one(ChatLog).region.height == 0
             assert "decode 43.5 tok/s" in widget_text(app.query_one(PhasePanel))
+            await pilot.press("pagedown")  # the panels are taller than the screen: scroll to the KV cache
+            await pilot.pause(0.1)
             assert "tokens 22 / 8,192" in widget_text(app.query_one(KVCachePanel))
             assert "answer 8 tokens" in widget_text(app.query_one(TokenStream))
             await pilot.press("ctrl+t")
@@ -379,3 +382,306 @@ def test_the_app_opens_without_importing_torch():
     code = "import sys, tui.cli, tui.app; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+# -- every state visible, every word right (issue 14) --------------------------------------------
+def test_alt_up_shows_which_message_is_selected(tmp_path):
+    async def scenario():
+        app = fake_app(FakeFactory(), tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await ready(pilot)
+            await ask(pilot)
+            await turn_done(pilot)
+            answer = app.query_one(Answer)
+            plain = answer.styles.border_left
+            assert "selected" not in widget_text(answer)
+            await pilot.press("alt+up")
+            await pilot.pause(0.1)
+            assert answer.has_focus
+            assert "▶ selected · ↑↓ other messages" in widget_text(answer)
+            assert answer.styles.border_left != plain  # the bar beside it changes too
+            await pilot.press("up")  # to the question
+            await pilot.pause(0.1)
+            assert "selected" not in widget_text(answer)
+            assert "▶ selected" in widget_text(app.query_one(UserMessage))
+
+    run(scenario)
+
+
+POEM = (
+    (504, "Waves", 0.9),
+    (198, "\n", 0.9),
+    (3426, "Salt", 0.9),
+    (198, "\n", 0.9),
+    (2362, "Gulls", 0.9),
+    (2, "<|im_end|>", 0.9),
+)
+
+
+def test_the_chat_keeps_the_models_line_breaks(tmp_path):
+    async def scenario():
+        app = fake_app(FakeFactory(answer=POEM), tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await ready(pilot)
+            await ask(pilot, "A poem, please.")
+            await turn_done(pilot)
+            lines = [line.strip(" █▌") for line in widget_text(app.query_one(Answer)).splitlines()]
+            assert lines[:3] == ["Waves", "Salt", "Gulls"], lines
+
+    run(scenario)
+
+
+def test_numbers_read_right_for_one_token_and_a_certain_model(tmp_path, monkeypatch):
+    """'1 token' not '1 tokens'; 'this one holds' not 'these 1 hold'; entropy 0.00 not -0.00;
+    a one-token prefill shows its time, not a rate."""
+    from engine.events import Candidate
+    from tests import tui_fakes
+
+    monkeypatch.setattr(tui_fakes, "candidates", lambda token, piece, prob: (Candidate(token, piece, prob),))
+
+    async def scenario():
+        app = fake_app(FakeFactory(answer=((2, "<|im_end|>", 1.0),)), tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await ready(pilot)
+            await ask(pilot)
+            await turn_done(pilot)
+            assert "1 token · TTFT 120 ms" in widget_text(app.query_one(ChatLog))
+            assert "answer 1 token " in widget_text(app.query_one(TokenStream))
+            top = widget_text(app.query_one(TopKPanel))
+            assert "entropy ≥ 0.00 bits" in top and "-0.00" not in top
+            assert "this one holds 100%" in top
+            assert "last turn: 1 token, stop: eos" in widget_text(app.query_one(PhasePanel))
+            await ask(pilot, "Again?")  # the fake reuses all but one prompt token: a one-token prefill
+            await turn_done(pilot)
+            phase = widget_text(app.query_one(PhasePanel))
+            assert "prefill 1 token, 8.0 ms" in phase and "125 tok/s" not in phase
+
+    run(scenario)
+
+
+def test_sampling_settings_are_remembered_across_restarts(tmp_path):
+    from tui import config
+    from tui.options import options_from
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"context": 4096, "sampling": {"seed": 7}, "mine": "kept"}))
+
+    async def change(app, pilot) -> None:
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        app.screen.query_one("#temperature", Input).value = "0.3"
+        app.screen.query_one("#max_new_tokens", Input).value = "60"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        toast = " ".join(n.message for n in app._notifications)
+        assert "temperature 0.7 → 0.3" in toast and "max new tokens 512 → 60" in toast
+        assert "max_new_tokens" not in toast  # no internal names
+
+    async def scenario():
+        app = fake_app(FakeFactory(), tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await change(app, pilot)
+        saved = json.loads(path.read_text())
+        assert saved["sampling"] == {"seed": 7, "temperature": 0.3, "max_new_tokens": 60}
+        assert saved["context"] == 4096 and saved["mine"] == "kept"  # the rest of the file is the user's
+        assert not path.with_suffix(".tmp").exists()  # written whole, then moved into place
+
+        loaded, _ = config.load_config(path)
+        from tui.app import make_app
+
+        restarted = make_app(options_from(loaded, config_path=path), FakeFactory())
+        async with restarted.run_test(size=WIDE) as pilot:
+            await ready(pilot)
+            assert restarted.sampling.temperature == 0.3 and restarted.sampling.max_new_tokens == 60
+            assert "T 0.3 · top-k" in widget_text(restarted.query_one(TopKPanel))
+
+    run(scenario)
+
+
+def relative_luminance(color) -> float:
+    """WCAG 2 relative luminance of an sRGB colour."""
+
+    def channel(value: int) -> float:
+        c = value / 255
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = color.triplet
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+def contrast(foreground, background) -> float:
+    light, dark = sorted((relative_luminance(foreground), relative_luminance(background)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def text_contrasts(app, region) -> list[tuple[str, float]]:
+    """Each run of text drawn in `region` with the contrast of its colours, as the terminal gets them."""
+    strips = app.screen._compositor.render_strips()
+    found = []
+    for strip in strips[region.y : region.bottom]:
+        for segment in strip.crop(region.x, region.right):
+            text, style = segment.text.strip(" ▏▕│─╭╮╰╯"), segment.style  # not the border lines
+            if text and style and style.color and style.bgcolor:
+                found.append((text, contrast(style.color, style.bgcolor)))
+    return found
+
+
+@pytest.mark.parametrize("theme", ["llmchat-dark", "llmchat-light", "llmchat-high-contrast"])
+def test_key_hints_reach_4_5_to_1_contrast_in_every_llmchat_theme(tmp_path, theme):
+    """Measured from what is drawn: the footer (an unavailable key too) and the prompt's key hints."""
+
+    async def scenario():
+        app = fake_app(FakeFactory(), tmp_path, theme=theme)
+        async with app.run_test(size=WIDE) as pilot:
+            await ready(pilot)
+            assert app.check_action("stop", ()) is None  # Esc Stop is shown, unavailable
+            found = text_contrasts(app, app.query_one(Footer).region)
+            found += text_contrasts(app, app.query_one(PromptInput).region)
+            assert {"esc", "Stop", "^n", "New", "Enter send · Ctrl+J newline"} <= {t for t, _ in found}
+            low = [(text, round(ratio, 2)) for text, ratio in found if ratio < 4.5]
+            assert not low, f"{theme}: {low}"
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("size", [WIDE, (120, 40)])
+def test_the_kv_panel_says_every_word_and_why_the_last_token_is_not_cached(tmp_path, size):
+    async def scenario():
+        app = fake_app(FakeFactory(), tmp_path)
+        async with app.run_test(size=size) as pilot:
+            await ready(pilot)
+            kv = " ".join(widget_text(app.query_one(KVCachePanel)).replace("│", " ").split())
+            assert "new cache: the next turn prefills the whole conversation" in kv
+            await ask(pilot)
+            await turn_done(pilot)
+            kv = " ".join(widget_text(app.query_one(KVCachePanel)).replace("│", " ").split())
+            assert "tokens 22 / 8,192" in kv and "0 reused · 15 newly prefilled" in kv
+            assert "cache = 15 prompt + 8 answer − 1: decoding stopped on the last token" in kv
+            assert "the next turn prefills it" in kv
+
+    run(scenario)
+
+
+def test_80x24_shows_the_whole_header_and_how_to_scroll_the_panels(tmp_path):
+    async def scenario():
+        app = fake_app(FakeFactory(), tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            header = widget_text(app.query_one(StatusBar))
+            assert "fake-135m · fp32 · cpu" in header and "8,192 context" in header and "…" not in header
+            await ask(pilot)
+            await turn_done(pilot)
+            await pilot.press("ctrl+t")
+            await pilot.pause(0.1)
+            assert "↑↓ PgUp PgDn or the mouse wheel scroll them · Ctrl+T back to the chat" in screen_text(app)
+            side = app.query_one("#side")
+            assert side.has_focus and side.max_scroll_y > 0
+            await pilot.press("pagedown")
+            await pilot.pause(0.1)
+            assert side.scroll_y > 0
+            await pilot.press("ctrl+t")
+            await pilot.pause(0.1)
+            assert app.query_one(PromptInput).has_focus and "PgUp PgDn" not in screen_text(app)
+
+    run(scenario)
+
+
+def test_resume_clears_the_last_turns_figures(tmp_path):
+    from engine.events import CacheChanged, ConversationLoaded, SavedMessage
+
+    async def scenario():
+        factory = FakeFactory()
+        app = fake_app(factory, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await ready(pilot)
+            await ask(pilot)
+            await turn_done(pilot)
+            assert "TTFT 120 ms" in widget_text(app.query_one(PhasePanel))
+            app.history.resume(3)
+            saved = (SavedMessage(1, "user", "Hi", 1, 1), SavedMessage(2, "assistant", "Hello.", 1, 1))
+            factory.engine.emit(ConversationLoaded(3, "Greetings", saved))
+            factory.engine.emit(CacheChanged(0, 0, 46_080, 8192))
+            await wait_for(pilot, lambda: "Greetings" in widget_text(app.query_one(ChatLog)))
+            phase = widget_text(app.query_one(PhasePanel))
+            assert "TTFT –" in phase and "120 ms" not in phase and "last turn" not in phase
+            assert app.instruments.last_stats is None  # F6 no longer measures the other chat's turn
+
+    run(scenario)
+
+
+def test_switching_an_answers_version_clears_the_tokens_of_the_other(tmp_path):
+    from engine.events import ConversationLoaded, SavedMessage
+
+    async def scenario():
+        factory = FakeFactory()
+        app = fake_app(factory, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await ready(pilot)
+            await ask(pilot)
+            await turn_done(pilot)
+            assert "␣Paris₇₀₄₂" in widget_text(app.query_one(TokenStream))
+            app.history.step(1, -1)
+            assert ("step_version", 1, -1) in factory.engine.calls
+            saved = (
+                SavedMessage(1, "user", "What is the capital of France?", 1, 1),
+                SavedMessage(2, "assistant", "Lyon, surely.", 1, 2),
+            )
+            factory.engine.emit(ConversationLoaded(1, "France", saved))
+            await wait_for(pilot, lambda: "Lyon" in widget_text(app.query_one(ChatLog)))
+            tokens = widget_text(app.query_one(TokenStream))
+            assert "Paris" not in tokens and "another version is shown" in tokens
+            assert "no token sampled yet" in widget_text(app.query_one(TopKPanel))
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("size", [(80, 24), WIDE])
+def test_settings_lists_open_inside_the_dialog(tmp_path, size):
+    async def scenario():
+        app = fake_app(FakeFactory(), tmp_path)
+        async with app.run_test(size=size) as pilot:
+            await ready(pilot)
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
+            dialog = app.screen.query_one("VerticalScroll").region
+            for name in ("precision", "theme"):
+                select = app.screen.query_one(f"#{name}", Select)
+                select.focus()
+                await pilot.press("enter")
+                await pilot.pause(0.2)
+                overlay = select.query_one("SelectOverlay")
+                assert select.expanded and overlay.region.height > 2
+                assert dialog.contains_region(overlay.region), (name, overlay.region, dialog)
+                await pilot.press("escape")
+                await pilot.pause(0.1)
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("theme", ["llmchat-dark", "llmchat-light", "llmchat-high-contrast"])
+def test_help_draws_the_token_colours_in_the_theme(tmp_path, theme):
+    """No colour word that one theme contradicts; 'prefilled now' unlike every probability colour."""
+
+    async def scenario():
+        app = fake_app(FakeFactory(), tmp_path, theme=theme)
+        async with app.run_test(size=WIDE) as pilot:
+            await ready(pilot)
+            await pilot.press("f1")
+            await pilot.pause(0.2)
+            text = screen_text(app).lower()
+            assert "grey" not in text and "amber" not in text
+            line = app.screen.query_one("#colours")
+            line.scroll_visible(animate=False)
+            await pilot.pause(0.2)
+            strips = app.screen._compositor.render_strips()
+            colours = {}
+            for strip in strips[line.region.y : line.region.bottom]:
+                for segment in strip:
+                    if segment.text.strip() and segment.style:
+                        colours[segment.text.strip()] = (segment.style.color, segment.style.bgcolor)
+            assert {"reused", "prefilled now", "≥0.9", "≥0.5", "≥0.2", "≥0"} <= set(colours)
+            for level in ("≥0.9", "≥0.5", "≥0.2", "≥0"):
+                assert colours["prefilled now"] != colours[level], level
+
+    run(scenario)

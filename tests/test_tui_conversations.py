@@ -158,7 +158,7 @@ def test_search_finds_words_in_any_message(data_dir, tmp_path):
 
 
 def test_search_highlights_the_match_and_also_finds_titles():
-    content = highlight("user: What is the [capital] of\n France?")
+    content = highlight((("user: What is the ", False), ("capital", True), (" of\n France?", False)))
     assert content.plain == "user: What is the capital of France?"
     assert [content.plain[s.start : s.end] for s in content.spans] == ["capital"]
 
@@ -191,6 +191,48 @@ def test_rename(data_dir, tmp_path):
             await wait_for(pilot, lambda: table_rows(screen)[0][2] == "Capitals")
             with Store(data_dir) as store:
                 assert store.conversation(france).title == "Capitals"
+
+    run(scenario)
+
+
+def test_a_rename_during_a_search_shows_the_new_title(data_dir, tmp_path):
+    france, inference = seed(data_dir)
+
+    async def scenario():
+        app = fake_app(FakeFactory(), tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            screen = await open_conversations(pilot)
+            await pilot.press("slash", *"berl", "enter")  # search, then to the results
+            await wait_for(pilot, lambda: "match" in status(screen))
+            await pilot.press("r")
+            await wait_for(pilot, lambda: isinstance(app.screen, TextDialog))
+            app.screen.query_one(Input).value = "Capitals"
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: "renamed" in status(screen))
+            await wait_for(pilot, lambda: table_rows(screen)[0][2] == "Capitals")
+            assert screen.query_one("#search", Input).value == "berl"  # still the search's results
+            assert len(table_rows(screen)) == 1
+
+    run(scenario)
+
+
+def test_every_column_fits_an_80_column_terminal(data_dir, tmp_path):
+    france, inference = seed(data_dir)
+    with Store(data_dir) as store:
+        store.rename(inference, "A title far too long to fit beside the date, the turns and the model")
+
+    async def scenario():
+        app = fake_app(FakeFactory(), tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await open_conversations(pilot)
+            await wait_for(pilot, lambda: "smollm2-135m bf16" in screen_text(app), what="the last column")
+            shown = screen_text(app)
+            assert "smollm2-135m fp32" in shown and "A title far too long to…" in shown
+            table = screen.query_one(DataTable)
+            assert table.virtual_size.width <= table.size.width  # nothing to scroll sideways to
+            await pilot.press("slash", *"capital")
+            await wait_for(pilot, lambda: "match" in status(screen))
+            assert table.virtual_size.width <= table.size.width
 
     run(scenario)
 

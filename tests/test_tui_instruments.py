@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import itertools
 import math
+import threading
 
 import pytest
 from rich.cells import cell_len
@@ -37,7 +38,7 @@ from engine.instruments.tokview import text_cost
 from tests.tui_fakes import FakeFactory, fake_app
 from tests.tui_screen import screen_text, wait_for, widget_text
 from tui.engine_link import inference_worker
-from tui.fmt import human_bytes, subscript, visible_piece
+from tui.fmt import count, human_bytes, subscript, visible_piece
 from tui.screens.attention import AttentionScreen
 from tui.screens.inspector import InspectorScreen
 from tui.screens.phases import PhasesScreen, si
@@ -366,14 +367,10 @@ def test_tokenizer_view_shows_the_turn_and_compares_costs(tiny_model_dir, tmp_pa
             await pilot.pause(0.2)
             left, right = (text_cost(tokenizer, t) for t in ("unhappiness", "추론은 어떻게 작동하나요? 🤖"))
             costs = screen_text(app)
-            assert (
-                f"{left.tokens} tokens · {left.characters} characters · {left.utf8_bytes} UTF-8 bytes"
-                in costs
-            )
-            assert (
-                f"{right.tokens} tokens · {right.characters} characters · {right.utf8_bytes} UTF-8 bytes"
-                in costs
-            )
+            cost = f"{count(left.tokens, 'token')} · {left.characters} characters"
+            assert f"{cost} · {left.utf8_bytes} UTF-8 bytes" in costs
+            cost = f"{count(right.tokens, 'token')} · {right.characters} characters"
+            assert f"{cost} · {right.utf8_bytes} UTF-8 bytes" in costs
             assert right.tokens != left.tokens
             ratio = max(left.tokens, right.tokens) / min(left.tokens, right.tokens)
             assert f"{ratio:.1f}×" in costs
@@ -408,6 +405,9 @@ def test_phases_measure_the_last_turn_against_a_calibration_made_once(tiny_model
             assert (
                 si(peaks.matmul_flop_s, "FLOP/s") in shown and f"balance {peaks.balance:,.1f} FLOP/B" in shown
             )
+            # Bytes in one unit system, the panels' (binary): bandwidth in MiB/s or GiB/s, never MB/s.
+            assert human_bytes(peaks.bandwidth_bytes_s) + "/s" in shown and "iB/s" in shown
+            assert not any(unit in shown for unit in (" kB/s", " MB/s", " GB/s", " TB/s"))
             assert (
                 f"decode: {turn.decode.intensity:,.1f} FLOP/B < {peaks.balance:,.1f}: memory-bound" in shown
             )
@@ -440,7 +440,7 @@ def test_attention_view_uses_eager_attention_only_while_open(tiny_model_dir, tmp
                 timeout=30,
             )
             view = app.screen.view
-            expected = await on_engine(app, lambda s: app.instruments.probe.view(0, 0))
+            expected = await on_engine(app, lambda s: s.attention_probe.view(0, 0))
             assert view.weights == expected.weights and len(view.ids) == len(session.cache)
             shown = screen_text(app)
             for span in expected.spans:
@@ -460,7 +460,7 @@ def test_attention_view_uses_eager_attention_only_while_open(tiny_model_dir, tmp
             )
             await pilot.press("escape")
             await wait_for(pilot, lambda: session.model.config._attn_implementation == "sdpa", timeout=30)
-            assert session.fast is fast and not app.instruments.probe.enabled
+            assert session.fast is fast and not session.attention_probe.enabled
 
     run(scenario)
 
@@ -680,3 +680,101 @@ def test_snapshot_precision_compare(snap_compare, tiny_model_dir, tmp_path, monk
         await settled(pilot)
 
     assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
+
+
+# -- every state visible, every word right (issue 14) --------------------------------------------
+def test_the_inspector_explains_special_tokens_and_the_last_step_never_cached(tiny_model_dir, tmp_path):
+    from engine.instruments.trace import TokenRecord
+    from tui.screens.inspector import record_lines
+
+    end = TokenRecord(7, 2, "<|im_end|>", None, -0.000001, 1, -1e-9, 21, (), 0.02, "")
+    text = " ".join(line.plain for line in record_lines(end, 8, False, ended=True))
+    assert "<|im_end|> is a special token, a marker of the chat template, not text" in text
+    assert "decoding stops when it is drawn" in text and "UTF-8" not in text
+    assert "logprob   0.0000" in text and "-0.000" not in text  # no negative zero
+    assert "entropy   0.000 bits  (0.000 nats)" in text
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            steps = len(recorder.of(TokenSampled))
+            shown = await opened(pilot, "f2", InspectorScreen, f"step {steps} of {steps}")
+            assert "not in the cache at the time: decoding stopped on this token" in shown
+            await pilot.press("left")
+            await pilot.pause(0.1)
+            assert "never fed back" not in screen_text(app)
+
+    run(scenario)
+
+
+def test_step_mode_says_the_answer_waits_for_a_choice(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(
+            recorder, tiny_model_dir, tmp_path, {"temperature": 1.0, "seed": 3, "max_new_tokens": 4}
+        )
+        async with app.run_test(size=WIDE) as pilot:
+            await wait_for(pilot, lambda: app.turns.ready, timeout=60)
+            await pilot.press("f3")
+            await pilot.press(*QUESTION, "enter")
+            await wait_for(
+                pilot, lambda: isinstance(app.screen, StepScreen), timeout=60, what="the step sheet"
+            )
+            await pilot.pause(0.1)
+            note = widget_text(app.query(Answer).last())
+            assert "token 1 waits for your choice" in note and "prefilling" not in note
+            await pilot.press("r")
+            await wait_for(
+                pilot, lambda: len(recorder.of(TurnFinished)) == 1 and not app.turns.busy, timeout=60
+            )
+            await pilot.pause(0.1)
+            assert "waits for your choice" not in widget_text(app.query(Answer).last())
+
+    run(scenario)
+
+
+def test_stages_step_through_an_answer_and_say_why_they_wait_mid_answer(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path, FILTERS)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            last = len(recorder.of(TokenSampled))
+            held = threading.Event()
+            app.engine.call(lambda s: held.wait(30))  # the inference thread is busy...
+            await pilot.press(*"And Germany?", "enter")  # ...and an answer is on its way
+            await wait_for(pilot, lambda: app.turns.busy)
+            shown = await opened(pilot, "f4", StagesScreen, "busy answering")
+            assert f"step {last} of answer 1" in shown and "it runs as soon as the answer ends" in shown
+            held.set()
+            await wait_for(pilot, lambda: app.screen.stages is not None, timeout=60, what="the stages")
+            await pilot.press("left")
+            await wait_for(
+                pilot, lambda: f"step {last - 1} of answer 1" in screen_text(app), timeout=60, what="step ←"
+            )
+            expected = await on_engine(app, lambda s: stages_at(s, last - 2, 1))
+            await wait_for(pilot, lambda: "recomputing" not in screen_text(app), timeout=30)
+            assert f"{expected.stages[0].top[0].prob:.2%}" in screen_text(app)
+
+    run(scenario)
+
+
+def test_precision_compare_says_why_its_answer_is_not_the_chats_and_fits_80x24(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path, FILTERS)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: app.turns.ready, timeout=60)
+            shown = " ".join((await opened(pilot, "f8", PrecisionScreen)).split())
+            assert "answered again at fp32 (the reference) by plain greedy decoding" in shown
+            assert "The chat's answer was sampled (T 0.8, repetition penalty 1.3)" in shown
+            for widget in ("#other", "#tokens", "#run"):
+                region = app.screen.query_one(widget).region
+                assert region.width >= 5 and region.right <= 80, (widget, region)
+
+    run(scenario)

@@ -11,7 +11,7 @@ from engine.events import CacheChanged, ModelReady, PhaseChanged, PromptTokens, 
 from tests.tui_fakes import fake_app
 from tests.tui_screen import wait_for, widget_text
 from tui.engine_link import inference_worker
-from tui.fmt import ms
+from tui.fmt import ms, visible_controls
 from tui.screens.settings import SettingsScreen
 from tui.widgets.chat_log import Answer, ChatLog
 from tui.widgets.kv_cache import KVCachePanel
@@ -79,7 +79,9 @@ def test_panels_show_what_the_real_engine_said(tiny_model_dir, tmp_path):
             prompt = recorder.of(PromptTokens)[0]
 
             answer = app.query_one(Answer)
-            assert answer.query_one(Markdown).source == finished.text
+            assert answer.query_one(Markdown).source == visible_controls(
+                finished.text
+            )  # as a terminal shows it
             assert (
                 f"{finished.stats.generated_tokens} tokens · TTFT {ms(finished.stats.ttft_s)}"
                 in widget_text(answer)

@@ -11,6 +11,7 @@ import math
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -93,6 +94,9 @@ class Turn:
 
 
 class FakeEngine:
+    session = None
+    """No session for the instruments to read: they wait for a model, as before one has loaded."""
+
     def __init__(
         self,
         emit: Callable,
@@ -129,6 +133,10 @@ class FakeEngine:
         self.calls.append(("load", spec, precision, device))
         self._queue.put(("load", precision))
 
+    def connect(self, target) -> None:
+        """The fake has no server: it records the call (remote app tests use a real llama-server)."""
+        self.calls.append(("connect", target))
+
     def send(self, text: str) -> None:
         self.calls.append(("send", text))
         self._queue.put(("send", text))
@@ -140,6 +148,28 @@ class FakeEngine:
     def new_chat(self, system_prompt=None) -> None:
         self.calls.append(("new_chat",))
         self._queue.put(("new_chat", None))
+
+    def edit(self, index: int, text: str) -> None:
+        self.calls.append(("edit", index, text))
+
+    def resume(self, ref, use_cache: bool = True) -> None:
+        self.calls.append(("resume", ref))
+
+    def step_version(self, index: int, step: int) -> None:
+        self.calls.append(("step_version", index, step))
+
+    def fork(self, step: int, token_id: int, answer: int | None = None) -> None:
+        self.calls.append(("fork", step, token_id, answer))
+
+    def call(self, fn) -> Future:
+        """As the real worker answers without a session: the future holds the error."""
+        self.calls.append(("call",))
+        future: Future = Future()
+        future.set_exception(RuntimeError("no model is loaded"))
+        return future
+
+    def call_at_gate(self, fn):
+        raise RuntimeError("no step is waiting at the gate")
 
     def cancel(self) -> None:
         self.calls.append(("cancel",))

@@ -6,10 +6,12 @@ come back as messages (see `tui.messages`). Handlers here are the only place wid
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
-from typing import Iterable, TypeVar
+from functools import partial
+from typing import Callable, Iterable, TypeVar
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -18,7 +20,7 @@ from textual.screen import Screen
 from textual.theme import Theme
 from textual.timer import Timer
 from textual.widget import Widget
-from textual.widgets import Footer
+from textual.widgets import Footer, Static
 
 from engine.events import ConversationLoaded, Event, Failed, MessageSaved, ModelInfo, ModelReady, TurnFinished
 from themes import load_themes
@@ -29,6 +31,7 @@ from tui.instruments import INSTRUMENT_BINDINGS, Instruments
 from tui.messages import Doorbell, EngineEvent, EngineStarted, Inbox, Pacer, gathered
 from tui.options import AppOptions
 from tui.router import Router, turn_summary
+from tui.stop_signals import catch_stop_signals, end_later
 from tui.turns import Turns
 from tui.widgets.chat_log import ChatLog, ChatMessage, UserMessage
 from tui.widgets.kv_cache import KVCachePanel
@@ -39,6 +42,8 @@ from tui.widgets.token_stream import TokenStream
 from tui.widgets.top_k import TopKPanel
 
 WidgetType = TypeVar("WidgetType", bound=Widget)
+PANELS_HINT = "Panels: ↑↓ PgUp PgDn or the mouse wheel scroll them · Ctrl+T back to the chat"
+"""Shown on a small terminal while the panels replace the chat (they are taller than the screen)."""
 NO_MODEL = "✖ not sent: no model is loaded (choose another precision in Settings, or restart with --model)"
 
 
@@ -80,6 +85,7 @@ class ChatApp(App[None]):
         self._update_timer: Timer | None = None
         self._keys_state: tuple[bool, bool] | None = None
         self._parts: dict[type, Widget] = {}
+        self._restore_signals: Callable[[], None] = lambda: None
 
     def part(self, kind: type[WidgetType]) -> WidgetType:
         """The main screen's widget of this kind, also while a dialog is on top
@@ -99,20 +105,14 @@ class ChatApp(App[None]):
                 yield PhasePanel(id="phase")
                 yield KVCachePanel(id="kv")
                 yield TopKPanel(id="topk")
+        yield Static(PANELS_HINT, id="panels-hint", markup=False)
         yield PromptInput(id="prompt")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
         for theme in load_themes():
             self.register_theme(theme)
-        if self.options.theme not in self.available_themes:
-            self.notify(
-                f"unknown theme {self.options.theme!r}; using {config.DEFAULT_THEME}", severity="warning"
-            )
-        self.theme = (
-            self.options.theme if self.options.theme in self.available_themes else config.DEFAULT_THEME
-        )
-        self.theme_changed_signal.subscribe(self, self._save_theme)
+        self._start_theme()
         prompt = self.part(PromptInput)
         prompt.cursor_blink = self.options.cursor_blink
         prompt.focus()
@@ -122,12 +122,56 @@ class ChatApp(App[None]):
             self.part(StatusBar).starting(self.options.model, self.precision)
         # Importing torch takes seconds: do it off the UI thread so the app is usable at once.
         threading.Thread(target=self._start_engine, name="llmchat-engine-start", daemon=True).start()
+        loop = asyncio.get_running_loop()
+        self._restore_signals = catch_stop_signals(partial(self._stop_signal, loop))
 
-    def _save_theme(self, theme: Theme) -> None:
+    def _stop_signal(self, loop: asyncio.AbstractEventLoop, signum: int, hung_up: bool) -> None:
+        """SIGTERM or SIGHUP (in a signal handler): quit as Ctrl+Q does, exit code 128 + the signal.
+
+        The answer is stopped at once, so the engine saves it whatever the screen is doing."""
+        if self.engine is not None:
+            self.engine.cancel()
+        loop.call_soon_threadsafe(partial(self.exit, return_code=128 + signum))
+        if hung_up:  # a safety net: the quit may block on the terminal that is gone
+            end_later(128 + signum, partial(self.engine.shutdown, 60.0) if self.engine else None)
+
+    def _start_theme(self) -> None:
+        """Open with the flag's or the config file's theme; an unknown one is reported, never saved over."""
+        wanted = self.options.theme
+        if wanted in self.available_themes:
+            self.theme = wanted
+            self._save_theme(wanted, quiet=True)  # `--theme` is remembered; the file's own theme is a no-op
+        else:
+            self.notify(
+                f"unknown theme {wanted!r}; using {config.DEFAULT_THEME} (the config file is left as it is)",
+                severity="warning",
+            )
+            self.theme = config.DEFAULT_THEME
+        # Subscribed after the start theme's own change is published (call_next runs in order):
+        # only the user's later choices are saved from here on.
+        self.call_next(self.theme_changed_signal.subscribe, self, self._theme_chosen)
+
+    def _theme_chosen(self, theme: Theme) -> None:
+        self._save_theme(theme.name)
+
+    def _save_theme(self, name: str, quiet: bool = False) -> None:
+        """Write the theme into the config file; `quiet` at start, where load_config reported a bad file."""
         try:
-            config.save_theme(theme.name, self.options.config_path)
+            config.save_theme(name, self.options.config_path)
+        except config.ConfigError as e:
+            if not quiet:
+                self.notify(str(e), severity="warning")
         except OSError as e:
-            self.notify(f"could not save the theme: {e}", severity="warning")
+            self.notify(f"the theme was not saved: {e}", severity="warning")
+
+    def _save_sampling(self, changed: dict[str, object]) -> None:
+        """Remember the changed sampling fields for the next start (the theme is remembered the same way)."""
+        try:
+            config.save_sampling(changed, self.options.config_path)
+        except config.ConfigError as e:  # an unreadable file is never rewritten
+            self.notify(str(e), severity="warning")
+        except OSError as e:
+            self.notify(f"could not save the sampling settings: {e}", severity="warning")
 
     # -- engine events -------------------------------------------------------------
     def _start_engine(self) -> None:
@@ -150,8 +194,9 @@ class ChatApp(App[None]):
     def on_engine_started(self, message: EngineStarted) -> None:
         self.engine, self.sampling = message.engine, message.sampling
         self.part(TopKPanel).set_sampling(message.sampling)
-        if message.problem:
-            self._error(message.problem)
+        if message.problem:  # flags were checked before the app opened: these come from config.json
+            path = self.options.config_path or config.config_path()
+            self._error(f"sampling settings in {path}: {message.problem}")
         if self.options.remote:
             self.engine.connect(self.options.target())
         else:
@@ -183,6 +228,7 @@ class ChatApp(App[None]):
             case TurnFinished(stats, _, error):
                 await self.part(ChatLog).finish(turn_summary(stats, error))
                 self.part(PhasePanel).finish(stats)
+                self.part(KVCachePanel).finish(stats)
                 self.router.repaint_stats()
                 if stats.server is not None and stats.server.fingerprint:
                     self.part(StatusBar).fingerprint(stats.server.fingerprint)
@@ -235,8 +281,7 @@ class ChatApp(App[None]):
         if message.editing is not None:
             await self.history.submit_edit(message.editing, message.text)
             return
-        self.part(PromptInput).clear()
-        chat = self.part(ChatLog)
+        chat = self.part(ChatLog)  # the prompt box emptied itself when it sent the text
         await chat.add_user(message.text)
         await chat.expect_answer(self.turns.submit(message.text))
         self._pump()
@@ -293,8 +338,9 @@ class ChatApp(App[None]):
             self.engine.new_chat(self.options.system)
         self.history.new_chat()
         await self.part(ChatLog).clear()
-        for panel in (TokenStream, TopKPanel, KVCachePanel):
+        for panel in (TokenStream, TopKPanel, KVCachePanel, PhasePanel):
             self.part(panel).clear()
+        self.instruments.last_stats = None
         self.part(PromptInput).focus()
 
     async def action_regenerate(self) -> None:
@@ -338,11 +384,11 @@ class ChatApp(App[None]):
         if self.engine is not None:
             self.engine.set_sampling(message.settings)
         self.part(TopKPanel).set_sampling(message.settings)
-        changes = [
-            f"{k} {getattr(old, k)} → {v}" for k, v in vars(message.settings).items() if getattr(old, k) != v
-        ]
+        from tui.screens.settings import changes, describe_changes
+
         when = "from the next answer" if self.options.remote else "from the next token"
-        self.notify("; ".join(changes) + f" ({when})", title="Sampling")
+        self.notify(describe_changes(old, message.settings) + f" ({when})", title="Sampling")
+        self._save_sampling(changes(old, message.settings))
 
     def action_conversations(self) -> None:
         from tui.screens.conversations import ConversationsScreen
@@ -366,7 +412,13 @@ class ChatApp(App[None]):
         self.part(PromptInput).focus()
 
     def action_toggle_panels(self) -> None:
-        self.screen.toggle_class("-panels")
+        screen = self.screen_stack[0]
+        screen.toggle_class("-panels")
+        if screen.has_class("-narrow") or screen.has_class("-short"):  # the panels replace the chat
+            if screen.has_class("-panels"):
+                screen.query_one("#side").focus()  # so the arrow keys scroll them
+            else:
+                self.part(PromptInput).focus()
 
     def action_help(self) -> None:
         from tui.screens.help import HelpScreen
@@ -416,7 +468,8 @@ class ChatApp(App[None]):
 
     def on_unmount(self) -> None:
         if self.engine is not None:
-            self.engine.shutdown(timeout=2.0)
+            self.engine.shutdown(timeout=2.0)  # stops the answer; the engine saves it and the KV cache
+        self._restore_signals()
 
 
 def server_note(info: ModelInfo) -> str:
@@ -440,11 +493,22 @@ def run_app(**flags) -> None:
     """Entry point for `llmchat` with no subcommand: flags override the config file."""
     from tui.options import options_from
 
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # Textual would wait for keys that never come
+        print(
+            "llmchat: the chat app needs a terminal (stdin and stdout are not one); "
+            "for answers without one use `llmchat ask PROMPT`",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
     loaded, problem = config.load_config()
     app = make_app(options_from(loaded, **flags))
     if problem:
         app.call_later(app.notify, problem, severity="warning")
     app.run()
+    code = app.return_code or 0  # 143 after SIGTERM, 129 after SIGHUP
     compiled = sys.modules.get("engine.fast.compiled")  # only if torch was ever loaded
     if compiled is not None:
-        compiled.exit_if_compiling(app.return_code or 0)  # the engine has saved and stopped
+        compiled.exit_if_compiling(code)  # the engine has saved and stopped
+    if code:
+        sys.exit(code)

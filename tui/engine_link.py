@@ -7,20 +7,28 @@ and imports them on a background thread.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, TypeVar
 
 from engine.events import Event
+from engine.instruments.view import SessionView
 
 if TYPE_CHECKING:
     from engine.remote.target import RemoteTarget
     from engine.sampling import SamplingSettings
     from engine.saved.store import Store
+    from engine.session import ChatSession
 
 Emit = Callable[[Event], None]
+T = TypeVar("T")
 
 
 class Engine(Protocol):
     """The part of `engine.worker.InferenceWorker` the app uses; tests inject a fake."""
+
+    @property
+    def session(self) -> SessionView | None:
+        """What the UI thread may read of the running session; None until a model has loaded."""
 
     def load(self, spec: str, precision: str = "fp32", device: str = "auto") -> None: ...
     def connect(self, target: "RemoteTarget") -> None: ...
@@ -33,6 +41,14 @@ class Engine(Protocol):
     def cancel(self) -> None: ...
     def set_sampling(self, settings: "SamplingSettings") -> None: ...
     def shutdown(self, timeout: float = 5.0) -> None: ...
+
+    # -- the instruments -----------------------------------------------------------
+    def fork(self, step: int, token_id: int, answer: int | None = None) -> None: ...
+    def call(self, fn: Callable[[ChatSession], T]) -> Future[T]:
+        """Queue `fn(session)` for the inference thread: the way the app runs the model."""
+
+    def call_at_gate(self, fn: Callable[[ChatSession], T]) -> T:
+        """Run `fn(session)` now, while a step waits at the step gate (the inference thread is blocked)."""
 
 
 EngineFactory = Callable[[Emit, "SamplingSettings", "str | None", "int | None"], Engine]
@@ -61,17 +77,31 @@ def open_store(emit: Emit) -> "Store | None":
     from engine.saved.store import Store, StoreError
 
     try:
-        return Store()
+        store = Store()
     except StoreError as e:
         emit(Notice(f"conversations are not being saved: {e}"))
         return None
+    if store.damaged:  # never written again; `llmchat conversations` can still read it
+        emit(Notice(f"conversations are not being saved: {store.damaged}"))
+        store.close()
+        return None
+    return store
 
 
 def resolve_sampling(values: Mapping[str, Any]) -> tuple["SamplingSettings", str | None]:
-    """Settings from config and flags; on a bad value, the defaults and the reason."""
+    """Settings from config and flags; a bad value is dropped alone (its default used) and named."""
+    import dataclasses
+
     from engine.sampling import SamplingSettings
 
-    try:
-        return SamplingSettings(**values), None
-    except (ValueError, TypeError) as e:
-        return SamplingSettings(), f"sampling settings: {e}; using the defaults"
+    defaults = settings = SamplingSettings()
+    problems = []
+    for name, value in values.items():
+        if name not in SamplingSettings.names():
+            problems.append(f"{name} is not a sampling setting")
+            continue
+        try:
+            settings = dataclasses.replace(settings, **{name: value})
+        except (ValueError, TypeError) as e:
+            problems.append(f"{e}: using the default {getattr(defaults, name)}")
+    return settings, "; ".join(problems) or None

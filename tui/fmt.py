@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Sequence
 
 PROB_LEVELS = ((0.9, "success"), (0.5, "primary"), (0.2, "warning"), (0.0, "error"))
@@ -37,6 +38,17 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def count(n: int, word: str, plural: str | None = None) -> str:
+    """'1 token', '2 tokens', '1,024 tokens': the number and the word that agrees with it."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"
+
+
+def fixed(value: float, digits: int) -> str:
+    """`value` to `digits` decimals, never '-0.00': a value that rounds to zero is shown as zero."""
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
 def ms(seconds: float | None) -> str:
     if seconds is None:
         return "–"
@@ -53,6 +65,30 @@ def visible_piece(piece: str) -> str:
     if any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in piece):
         piece = "".join(f"<0x{ord(ch):02X}>" if ord(ch) < 32 or 127 <= ord(ch) < 160 else ch for ch in piece)
     return piece or "∅"
+
+
+def _visible(code: int) -> str:
+    if code < 32:
+        return chr(0x2400 + code)  # the Control Pictures block: ESC -> ␛, BEL -> ␇, LF -> ␊
+    return f"\\u{code:04x}"  # DEL and C1 (no pictures): \u009b, which also reads right inside a JSON string
+
+
+CONTROLS = {code: _visible(code) for code in (*range(32), *range(127, 160))}
+"""C0 controls, DEL and C1 controls, each as something visible and inert."""
+_LAYOUT = {code: shown for code, shown in CONTROLS.items() if chr(code) not in "\n\t"}
+_WHITESPACE_RUN = re.compile(r"\s+")
+
+
+def visible_controls(text: str, one_line: bool = False) -> str:
+    """Text from the store or the model, safe to print: its control characters shown, never obeyed.
+
+    An escape sequence in a title or an answer could otherwise retitle the window or clear the
+    screen. Newlines and tabs stay, for layout; `one_line` (a table cell, a title, a question)
+    turns each run of whitespace, newlines included, into one space instead.
+    """
+    if one_line:
+        return _WHITESPACE_RUN.sub(" ", text).translate(CONTROLS)
+    return text.translate(_LAYOUT)
 
 
 def entropy_bits(probs: Sequence[float]) -> float:

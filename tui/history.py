@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.events import ConversationLoaded, Event, MessageSaved
+from tui.fmt import visible_controls
 from tui.widgets.chat_log import ChatLog, UserMessage
 from tui.widgets.kv_cache import KVCachePanel
+from tui.widgets.phase import PhasePanel
 from tui.widgets.prompt_input import PromptInput
 from tui.widgets.token_stream import TokenStream
 from tui.widgets.top_k import TopKPanel
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 def heading(event: ConversationLoaded) -> str:
     turns = sum(1 for m in event.messages if m.role == "user")
-    title = event.title or "(untitled)"
+    title = visible_controls(event.title, one_line=True) or "(untitled)"
     return f"Conversation {event.conversation_id} · {title} · {turns} turn{'s' if turns != 1 else ''}"
 
 
@@ -135,9 +137,15 @@ class History:
             # The KV panel keeps its figures: the resumed cache's size (0, or loaded from disk)
             # follows as CacheChanged.
             self._resuming = False
-            for panel in (TokenStream, TopKPanel):
+            for panel in (TokenStream, TopKPanel, PhasePanel):
                 app.part(panel).clear()
             app.part(KVCachePanel).set_resumed()
+            app.instruments.last_stats = None  # F6 measures this conversation's turns, not the last one's
             if focus is None:
                 prompt.focus()
+        else:  # another version is shown: the panels' tokens were those of the version left
+            app.part(TokenStream).clear(
+                "another version is shown; the tokens of the next turn appear here (F2 inspects answers)"
+            )
+            app.part(TopKPanel).clear()
         await app.part(ChatLog).show_history(heading(event), event.messages, focus)

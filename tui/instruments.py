@@ -4,25 +4,31 @@ The app owns one `Instruments`. It opens each instrument's screen (tui/screens/)
 engine events an instrument reacts to (step mode, fork, a finished turn), and starts a fork.
 Instruments read the running session in two ways only:
 
-* plain reads of finished data (an answer's trace, the tokenizer) on the UI thread; the
-  step gate's pending step too, since the inference thread is blocked while it waits;
-* anything that runs the model goes through `engine.call(fn)`, on the inference thread.
+* plain reads of finished data (an answer's trace, the tokenizer) on the UI thread, through
+  `engine.session`, a `SessionView` (engine/instruments/view.py); the step gate's pending
+  step too, since the inference thread is blocked while it waits;
+* anything that runs the model goes through `engine.call(fn)`, on the inference thread (or
+  `engine.call_at_gate(fn)` while that thread waits at the step gate).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from textual.binding import Binding
 
 from engine.events import Event, Forked, StepPaused, TurnFinished, TurnStats
 
 if TYPE_CHECKING:
-    from textual.app import App, SystemCommand
+    from textual.app import SystemCommand
 
     from engine.instruments.trace import AnswerTrace
-    from engine.session import ChatSession
+    from engine.instruments.view import SessionView
+    from tui.app import ChatApp
+    from tui.engine_link import Engine
+    from tui.screens.instrument import InstrumentScreen
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,18 @@ INSTRUMENT_BINDINGS = [
 ]
 
 
+SCREENS = {
+    "inspector": ("tui.screens.inspector", "InspectorScreen"),
+    "stages": ("tui.screens.stages", "StagesScreen"),
+    "tokenizer": ("tui.screens.tokenizer", "TokenizerScreen"),
+    "phases": ("tui.screens.phases", "PhasesScreen"),
+    "attention": ("tui.screens.attention", "AttentionScreen"),
+    "precision": ("tui.screens.precision", "PrecisionScreen"),
+}
+"""Each instrument's screen: module and class, each taking `(link, step=None, answer=None)`.
+Step mode has none: its key toggles the gate, and the gate opens `StepScreen` when it pauses."""
+
+
 @dataclass(frozen=True)
 class AnswerRef:
     """One answer the instruments can look at."""
@@ -113,7 +131,7 @@ class AnswerRef:
     trace: AnswerTrace
 
 
-def answers(session: ChatSession) -> list[AnswerRef]:
+def answers(session: SessionView) -> list[AnswerRef]:
     """The answers generated in this session that have a token history, oldest first.
 
     Reads finished traces (never changed once the answer is in `messages`); the answer in
@@ -150,23 +168,24 @@ class PendingFork:
 
 
 class Instruments:
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: ChatApp) -> None:
         self.app = app
         self.last_stats: TurnStats | None = None
         """The newest finished turn's measurements (for the two phases)."""
-        self.probe: Any = None
-        """The attention probe, created on the inference thread when the view first opens."""
         self._fork: PendingFork | None = None
 
     # -- the engine ----------------------------------------------------------------
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine:
+        """The started engine; instruments open only once it has a session (see `_ready`)."""
+        if self.app.engine is None:
+            raise RuntimeError("the engine has not started")
         return self.app.engine
 
     @property
-    def session(self) -> ChatSession | None:
+    def session(self) -> SessionView | None:
         """The running session, once a model has loaded (the fake engines of some tests have none)."""
-        return getattr(self.app.engine, "session", None)
+        return None if self.app.engine is None else self.app.engine.session
 
     def _ready(self, name: str) -> bool:
         if self.app.options.remote and name not in REMOTE:  # weights, cache and decode loop: on the server
@@ -179,7 +198,7 @@ class Instruments:
                 timeout=8,
             )
             return False
-        if self.session is None or not hasattr(self.engine, "call"):
+        if self.session is None:
             self.app.notify(
                 "The instruments read the loaded model: wait until it has loaded.", severity="warning"
             )
@@ -202,33 +221,13 @@ class Instruments:
         else:
             self.app.push_screen(screen)
 
-    def _screen(self, name: str, step: int | None, answer: AnswerRef | None):
-        # Each screen imports torch-backed engine modules, so only once a model has loaded.
-        if name == "inspector":
-            from tui.screens.inspector import InspectorScreen
-
-            return InspectorScreen(self, step=step, answer=answer)
-        if name == "stages":
-            from tui.screens.stages import StagesScreen
-
-            return StagesScreen(self, step=step, answer=answer)
-        if name == "tokenizer":
-            from tui.screens.tokenizer import TokenizerScreen
-
-            return TokenizerScreen(self, answer=answer)
-        if name == "phases":
-            from tui.screens.phases import PhasesScreen
-
-            return PhasesScreen(self)
-        if name == "attention":
-            from tui.screens.attention import AttentionScreen
-
-            return AttentionScreen(self)
-        if name == "precision":
-            from tui.screens.precision import PrecisionScreen
-
-            return PrecisionScreen(self)
-        raise ValueError(f"no instrument {name!r}")
+    def _screen(self, name: str, step: int | None, answer: AnswerRef | None) -> InstrumentScreen:
+        if name not in SCREENS:
+            raise ValueError(f"no instrument {name!r}")
+        # Imported only now: each screen imports torch-backed engine modules, loaded with the model.
+        module, class_name = SCREENS[name]
+        screen_class = getattr(importlib.import_module(module), class_name)
+        return screen_class(self, step=step, answer=answer)
 
     def commands(self) -> Iterable[SystemCommand]:
         from textual.app import SystemCommand
@@ -288,14 +287,27 @@ class Instruments:
         """Step mode off; a waiting step takes its sampled token and decoding runs at full speed."""
         if self.session is not None:
             self.session.step_gate.resume()
+        self.answer_note("decoding… (Esc stops)")
         from tui.screens.step import StepScreen
 
         if isinstance(self.app.screen, StepScreen):
             self.app.pop_screen()
         self.app.notify("Decoding runs at full speed again.", title="Step mode off")
 
+    def answer_note(self, note: str) -> None:
+        """The line under the answer in progress, if one is."""
+        from tui.widgets.chat_log import ChatLog
+
+        current = self.app.part(ChatLog).current
+        if current is not None:
+            current.set_note(note)
+
     def _step_paused(self, event: StepPaused) -> None:
         from tui.screens.step import StepScreen
+        from tui.widgets.phase import PhasePanel
+
+        self.answer_note(f"⏸ step mode: token {event.index + 1} waits for your choice (F3 turns it off)")
+        self.app.part(PhasePanel).step_waiting(event.index)
 
         for screen in self.app.screen_stack:
             if isinstance(screen, StepScreen):
@@ -346,7 +358,6 @@ class Instruments:
         drops the old box, as for an edit; its arrows step back to the original). Otherwise
         the old box stays above, marked as the kept branch.
         """
-        from engine.detok import StreamingDetokenizer
         from tui.widgets.chat_log import Answer, ChatLog
 
         pending, self._fork = self._fork, None
@@ -373,7 +384,4 @@ class Instruments:
         )
         answer = await chat.expect_answer(f"⑂ forked: {event.reused} positions reused, {event.new} fed…")
         if pending is not None:
-            # The kept text plus the chosen token, decoded the way the engine decodes it.
-            detok = StreamingDetokenizer(session.tokenizer)
-            ids = [*pending.trace.ids[: event.step], event.token_id]
-            await answer.write("".join(detok.add(i) for i in ids if i not in session.stop_ids))
+            await answer.write(event.start_text)  # the kept text and the chosen token's

@@ -25,7 +25,7 @@ from engine.events import (
     TokenSampled,
     TurnStats,
 )
-from tui.fmt import ms
+from tui.fmt import count, ms
 from tui.widgets.chat_log import ChatLog
 from tui.widgets.kv_cache import KVCachePanel
 from tui.widgets.phase import PhasePanel
@@ -53,8 +53,8 @@ def turn_summary(stats: TurnStats, error: str = "") -> str:
     own = f" (server prefill {server.prompt_ms:.0f} ms)" if server and server.prompt_ms is not None else ""
     stop = f"{STOPS['error']}: {error}" if error else STOPS.get(stats.stop, stats.stop)
     return (
-        f"{stats.generated_tokens} tokens · TTFT {ms(stats.ttft_s)}{own} · {stats.decode_tok_s:.1f} tok/s"
-        f" · {stop}"
+        f"{count(stats.generated_tokens, 'token')} · TTFT {ms(stats.ttft_s)}{own}"
+        f" · {stats.decode_tok_s:.1f} tok/s · {stop}"
     )
 
 
@@ -63,8 +63,8 @@ def prefill_note(event: PhaseChanged) -> str:
     if event.tokens is None:
         return "the server is prefilling the prompt…"
     if event.reused is None:
-        return f"the server is prefilling {event.tokens} prompt tokens (cache reuse not reported)…"
-    return f"prefilling {event.tokens} new tokens ({event.reused} reused from the cache)…"
+        return f"the server is prefilling {count(event.tokens, 'prompt token')} (cache reuse not reported)…"
+    return f"prefilling {count(event.tokens, 'new token')} ({event.reused:,} reused from the cache)…"
 
 
 class Router:

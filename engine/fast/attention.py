@@ -9,28 +9,52 @@ sum (the measurements: BENCHMARKS.md, "ITL against context length").
 It is compiled with the C++ compiler torch.compile needs anyway, once per machine, into
 llmchat's cache directory, by the background job that compiles the decode step
 (engine/fast/compiled.py). Until it is loaded, or where it cannot be built, SDPA does the same sum.
+
+torch's builder guards the directory with a `lock` file that only the build that made it
+removes: a build killed mid-way (a closed terminal) left it, and every later build waited on it
+forever. So a build first takes a lock of our own (`flock`, which the OS drops when its holder
+dies); whoever holds that lock knows any `lock` file is stale and removes it. A build that
+waits longer than LOCK_WAIT_S on a live one gives up with the reason, and SDPA serves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import threading
+import time
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import platformdirs
 import torch
 
 from engine.errors import one_line
 
+try:
+    import fcntl
+except ImportError:  # not on Windows: no lock of ours there
+    fcntl = None
+
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 """-ffast-math lets the compiler vectorize exp and the reductions (BENCHMARKS.md)."""
+
+LOCK_FILE = "llmchat-build.lock"
+"""Our lock in the build directory: held (flock) by the process building, with its pid inside."""
+LOCK_WAIT_S = 180.0
+"""How long a build waits for another process's build of the kernel (~20 s) before giving up."""
 
 _lock = threading.Lock()
 _error: list[str] = []
 _loaded = threading.Event()
+_notes: list[str] = []
+
+
+class BuildBusy(Exception):
+    """Another live process kept building the kernel for longer than we wait."""
 
 
 def _build_directory() -> Path:
@@ -52,6 +76,45 @@ def _put_ninja_on_path() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+def take_notes() -> list[str]:
+    """What the builds so far met worth telling (a stale lock removed), each once."""
+    with _lock:
+        notes, _notes[:] = list(_notes), []
+        return notes
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path, wait_s: float) -> Iterator[None]:
+    """Hold our lock on the build directory (raises BuildBusy after `wait_s`); with it held, a
+    `lock` file of torch's is one a killed build left, and is removed."""
+    if fcntl is None:
+        yield
+        return
+    with open(directory / LOCK_FILE, "a+") as lock:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    lock.seek(0)
+                    holder = lock.read().strip() or "?"
+                    raise BuildBusy(
+                        f"the attention kernel's build waited {wait_s:.0f} s for another build "
+                        f"(pid {holder}) and gave up"
+                    ) from None
+                time.sleep(0.1)
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        baton = directory / "lock"
+        if baton.exists():
+            baton.unlink(missing_ok=True)
+            _notes.append("a killed kernel build had left a stale lock; removed it")
+        yield  # the lock goes with the file's closing, or with this process
+
+
 def load() -> str | None:
     """Build the kernel (or load the cached build) as torch.ops.llmchat.decode_attention;
     None once it is there, else why it is not (the caller keeps SDPA)."""
@@ -64,7 +127,7 @@ def load() -> str | None:
             _put_ninja_on_path()
             directory = _build_directory()
             directory.mkdir(parents=True, exist_ok=True)
-            with warnings.catch_warnings():
+            with _build_lock(directory, LOCK_WAIT_S), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 load_extension(
                     name="llmchat_decode_attention",
@@ -73,6 +136,8 @@ def load() -> str | None:
                     build_directory=str(directory),
                     is_python_module=False,
                 )
+        except BuildBusy as e:  # not remembered: the next load tries again
+            return str(e)
         except Exception as e:  # no compiler or ninja: SDPA serves
             _error.append(one_line(e, 200, named=True))
             return _error[0]

@@ -12,7 +12,9 @@ separate, lowest-priority process (`python -m engine.fast.compiled SPEC PRECISIO
 same step into that cache, then compiles here from it against scratch buffers, and the
 session switches to the compiled step at the first token after `ready`. Compiling in this
 process from scratch would hold the GIL and the cores for a minute while an answer streams.
-The eager fast path stays the reference; a test checks both pick the same tokens.
+The eager fast path stays the reference; a test checks both pick the same tokens. A model or
+precision switch `stop()`s the compile for the old one (its process killed, its result here
+dropped), so switches never leave several compiles running at once.
 
 The step takes each layer's whole cache buffer (capacity marked dynamic, so the cache growing
 does not recompile) and writes the new K/V at the position; attention reads the positions up
@@ -23,12 +25,16 @@ builds first, or SDPA with the slots past it masked.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
+from pathlib import Path
 from typing import Callable
 
 import platformdirs
@@ -69,37 +75,79 @@ class CompiledDecode:
         self.compile_s = 0.0
         self.attention_error: str | None = None
         """Why the decode-attention kernel (engine/fast/attention.py) is not used, if it is not."""
+        self.notes: list[str] = []
+        """What the background job met that the user should know (a stale build lock removed)."""
         self._listeners: list[Callable[["CompiledDecode"], None]] = []
         self._lock = threading.Lock()
+        self._stopped = False
+        self._child: subprocess.Popen | None = None
+        self._finished = threading.Event()
         self._step = torch.compile(FastLlama.step_on_buffers, dynamic=False, fullgraph=True)
-        thread = threading.Thread(target=self._warm_up, name="llmchat-compile", daemon=True)
-        _compiling[:] = [t for t in _compiling if t.is_alive()] + [thread]
-        thread.start()
+        self._thread = threading.Thread(target=self._warm_up, name="llmchat-compile", daemon=True)
+        _compiling[:] = [t for t in _compiling if t.is_alive()] + [self._thread]
+        self._thread.start()
 
     def _warm_up(self) -> None:
         """Fill the on-disk cache in a separate process, then compile here from it."""
         started = time.perf_counter()
-        if self.source is not None:
-            _fill_cache_in_a_subprocess(*self.source)  # best effort: on failure we compile here
-        self.attention_error = attention.load()  # before tracing, so the step calls the kernel
-        fast = self._fast()
-        if fast is None:
+        if self.source is not None and not self._stopped:
+            # best effort: on failure we compile here
+            self._note(_fill_cache_in_a_subprocess(*self.source, self._child_started))
+        if self._stopped:
             return
+        self.attention_error = attention.load()  # before tracing, so the step calls the kernel
+        self._note(attention.take_notes())
+        fast = self._fast()
+        if fast is None or self._stopped:
+            return
+        error = None
         try:
             compile_once(self._step, fast, self.cache_dtype)
         except Exception as e:  # no C++ compiler, an unsupported op: eager keeps serving
-            self.error = one_line(e, 200, named=True)
+            error = one_line(e, 200, named=True)
         self.compile_s = time.perf_counter() - started
         with self._lock:
+            if self._stopped:  # compiled for a model no longer in use: dropped
+                return
+            self.error = error
             if self.error is None:
                 self.ready.set()
+            self._finished.set()
             listeners, self._listeners = self._listeners, []
         for listener in listeners:
             listener(self)
 
+    def _note(self, notes: list[str]) -> None:
+        self.notes += [note for note in notes if note not in self.notes]
+
+    def _child_started(self, child: subprocess.Popen) -> None:
+        with self._lock:
+            self._child = child
+            stopped = self._stopped
+        if stopped:
+            _kill(child)
+
+    def stop(self) -> None:
+        """Abandon this compile (its model or precision is being replaced): the child process is
+        killed at once, the compile here is skipped or its result dropped, no listener is called."""
+        with self._lock:
+            if self.done:
+                return
+            self._stopped = True
+            self.error = "stopped: the model or precision changed"
+            self._listeners = []
+            child = self._child
+            self._finished.set()
+        if child is not None:
+            _kill(child)  # the compiling thread's wait() reaps it
+
     @property
     def done(self) -> bool:
         return self.ready.is_set() or self.error is not None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until compilation has finished, failed or was stopped; whether it has."""
+        return self._finished.wait(timeout)
 
     def when_done(self, listener: Callable[["CompiledDecode"], None]) -> None:
         """Call `listener(self)` once compilation has finished or failed (now, if it has)."""
@@ -122,12 +170,14 @@ class CompiledDecode:
         return logits
 
     def describe(self) -> str:
+        """One line for the chat: what decodes now, and why not the compiled step or the kernel."""
+        notes = "".join(f"; {note}" for note in self.notes)
         if self.error:
-            return f"compiled decode unavailable ({self.error}); the eager fast path serves"
+            return f"compiled decode unavailable ({self.error}); the eager fast path serves{notes}"
         kernel = f"; attention by SDPA ({self.attention_error})" if self.attention_error else ""
         return (
             f"decode now runs the compiled step (torch.compile, ready after {self.compile_s:.0f} s "
-            f"in the background){kernel}"
+            f"in the background){kernel}{notes}"
         )
 
 
@@ -143,33 +193,76 @@ def compile_once(step, fast: FastLlama, cache_dtype: torch.dtype) -> None:
 
 
 _children: list[subprocess.Popen] = []
+CHILD_TIMEOUT_S = 900
+"""The compile child is killed past this (a first compile takes ~60 s; at nice 19 on busy cores more)."""
+NOTE = "llmchat-note: "
+"""The compile child's lines for the user start with this (on its stdout)."""
 
 
-def _fill_cache_in_a_subprocess(spec: str, precision: str) -> bool:
+def _child_command(spec: str, precision: str) -> list[str]:
+    return [sys.executable, "-m", "engine.fast.compiled", spec, precision]
+
+
+def _fill_cache_in_a_subprocess(
+    spec: str, precision: str, started: Callable[[subprocess.Popen], None] | None = None
+) -> list[str]:
     """Compile in another process at the lowest priority: a first compile there never competes
     with the chat for the GIL (in-process it slows an answer several-fold for a minute), and
-    leaves artifacts that make the compile here take seconds. Killed if llmchat exits first."""
-    command = [sys.executable, "-m", "engine.fast.compiled", spec, precision]
-    try:
-        child = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(19)
-        )
-    except OSError:
-        return False
-    _children.append(child)
-    try:
-        return child.wait(timeout=900) == 0
-    except subprocess.TimeoutExpired:
-        child.kill()
-        return False
-    finally:
-        _children.remove(child)
+    leaves artifacts that make the compile here take seconds. Killed if llmchat exits first or
+    it runs past CHILD_TIMEOUT_S; `started(child)` may kill it sooner. Returns its notes."""
+    with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: nothing it leaves can block us
+        try:
+            child = subprocess.Popen(
+                _child_command(spec, precision),
+                stdout=out,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=lambda: os.nice(19),
+            )
+        except OSError:
+            return []
+        _children.append(child)
+        try:
+            if started is not None:
+                started(child)
+            child.wait(timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _kill(child)
+            return [f"the background compile process was stopped after {CHILD_TIMEOUT_S:.0f} s"]
+        finally:
+            _children.remove(child)
+        out.seek(0)
+        return [line[len(NOTE) :] for line in out.read().splitlines() if line.startswith(NOTE)]
+
+
+def _kill(child: subprocess.Popen) -> None:
+    """Kill the compile child and what it started (ninja, the C++ compiler, Inductor's workers,
+    which would go on building into the same directories), then reap it: no zombie."""
+    if child.poll() is None:  # not reaped yet: its pid is still its own
+        for pid in _descendants(child.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    child.kill()
+    child.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid`, from /proc's parent ids (none where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(stat.parent.name))
+    found, below = [], children.get(pid, [])
+    while below:
+        found += below
+        below = [grandchild for child in below for grandchild in children.get(child, [])]
+    return found
 
 
 @atexit.register
 def _stop_children() -> None:
     for child in list(_children):
-        child.kill()
+        _kill(child)
 
 
 _compiling: list[threading.Thread] = []
@@ -196,7 +289,7 @@ def compiled_decode(fast: FastLlama, info: ModelInfo) -> CompiledDecode | None:
     if supports(fast) is not None:
         return None
     compiled = _built.get(fast)
-    if compiled is None:
+    if compiled is None or compiled._stopped:
         if not _built:  # no live model has compiled code: forget that of models that are gone
             torch._dynamo.reset()
         source = (info.spec, info.precision)
@@ -212,7 +305,9 @@ def main(spec: str, precision: str) -> None:
     loaded = models.load(spec, precision, "cpu")
     fast = fused.for_model(loaded.model, compiled=True)
     if supports(fast) is None:
-        attention.load()
+        attention.load()  # a problem with it: the app's own load meets it again and says so
+        for note in attention.take_notes():
+            print(f"{NOTE}{note}", flush=True)
         step = torch.compile(FastLlama.step_on_buffers, dynamic=False, fullgraph=True)
         compile_once(step, fast, getattr(torch, loaded.info.cache_dtype))
 

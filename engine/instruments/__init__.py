@@ -11,6 +11,10 @@ message spans |
 | `attention.py` | attention view: one layer's (or the mean) attention row over the context, by message |
 | `precision_compare.py` | precision compare: the same turn at two precisions, teacher-forced |
 | `explain.py` | the paragraph a student opens in place for each instrument |
+| `view.py` | `SessionView`: what the UI thread may read of the running session |
+
+Whatever runs the model lives here too (the attention probe of a session, the second
+precision's load), so the app only hands these functions to the engine's `call`.
 
 `ChatSession.fork` and the step-mode hook in `ChatSession._decode` live in `engine/session.py`.
 """

@@ -125,3 +125,41 @@ class AttentionProbe:
             weights=tuple(weights),
             spans=tuple(SpanWeight(s, sum(weights[s.start : s.end])) for s in spans),
         )
+
+
+# -- the view's calls: run them on the thread that owns the model (`engine.call`), or at the
+# -- step gate (`engine.call_at_gate`), where that thread waits between two forward passes.
+def probe_of(session: ChatSession) -> AttentionProbe:
+    """The session's one probe, made when the view first opens."""
+    if session.attention_probe is None:
+        session.attention_probe = AttentionProbe(session)
+    return session.attention_probe
+
+
+def enabled_view(session: ChatSession, layer: int | None, head: int | None) -> AttentionView | None:
+    """Switch the probe on and read what it holds (at the gate: recorded from the next step on)."""
+    probe = probe_of(session)
+    probe.enable()
+    return probe.view(layer, head)
+
+
+def enable_and_view(session: ChatSession, layer: int | None, head: int | None) -> AttentionView | None:
+    """Switch the probe on and read it; with nothing recorded yet, run the last pass again."""
+    view = enabled_view(session, layer, head)
+    if view is None and len(session.cache):
+        rerun_last_pass(session)
+        view = probe_of(session).view(layer, head)
+    return view
+
+
+def rerun_last_pass(session: ChatSession) -> None:
+    """The forward pass that produced the last token, without touching the cache: the hooks record it."""
+    with torch.inference_mode():
+        inputs = torch.tensor([session.cache.ids], device=session.device)
+        session.model(input_ids=inputs, use_cache=False, logits_to_keep=1)
+
+
+def switch_off(session: ChatSession) -> None:
+    """Back to the model's own attention and the session's fast path (nothing if the view never opened)."""
+    if session.attention_probe is not None:
+        session.attention_probe.disable()

@@ -205,6 +205,12 @@ def measure_matmul(device: str, dtype: torch.dtype, size: int, repeats: int = 5)
     return 2 * size**3 / best
 
 
+def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype a `ModelInfo.compute_dtype` names ("bfloat16"), float32 for anything else."""
+    dtype = getattr(torch, name, None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
 def calibrate(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,

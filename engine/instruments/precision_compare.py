@@ -13,6 +13,7 @@ own KV cache. This is an instrument, not the chat loop: it syncs with the host e
 
 from __future__ import annotations
 
+import gc
 import statistics
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from engine import models
 from engine.fast import fused
 from engine.kvcache import KVCache
 from engine.models import LoadedModel
@@ -181,3 +183,17 @@ def compare_turn(
     return compare_precisions(
         session.loaded, other, turn_ids(session), max_new_tokens, session.stop_ids, cancel
     )
+
+
+def compare_turn_at(
+    session: ChatSession, precision: str, max_new_tokens: int = 32, cancel: threading.Event | None = None
+) -> PrecisionComparison:
+    """For `engine.call`: load the session's model at `precision`, compare the last turn, free it again."""
+    if cancel is not None and cancel.is_set():
+        raise RuntimeError("cancelled")
+    other = models.load(session.info.spec, precision, session.info.device)
+    try:
+        return compare_turn(session, other, max_new_tokens, cancel)
+    finally:
+        del other
+        gc.collect()  # the second model's weights go before the chat's next turn

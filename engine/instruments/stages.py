@@ -29,6 +29,7 @@ from engine.sampling import (
 
 if TYPE_CHECKING:
     from engine.instruments.trace import AnswerTrace
+    from engine.instruments.view import SessionView
     from engine.session import ChatSession
 
 PieceName = Callable[[int], str]
@@ -164,7 +165,7 @@ def stages_at(session: ChatSession, step: int, answer: int | None = None, show: 
     return sampler_stages(logits, seen, session.sampling, session.namer.piece, show)
 
 
-def pending_stages(session: ChatSession, show: int = 10) -> SamplerStages | None:
+def pending_stages(session: SessionView, show: int = 10) -> SamplerStages | None:
     """The stages of the step waiting in step mode (from its own logits), or None if none waits.
 
     Safe from any thread while the step waits: the inference thread is blocked at the gate.

@@ -16,7 +16,7 @@ from engine.detok import PieceNamer
 from engine.kvcache import common_prefix
 
 if TYPE_CHECKING:
-    from engine.session import ChatSession
+    from engine.instruments.view import SessionView
 
 Source = Literal["cached", "prefilled", "generated", "text"]
 
@@ -63,6 +63,9 @@ class Span:
     end: int
     message: int | None
     """Index in `session.messages`; None for the system prompt and the answer being written."""
+    default: bool = False
+    """The chat template's own system prompt, put in when the conversation has none (SmolLM2's
+    "You are a helpful AI assistant named SmolLM...")."""
 
     @property
     def tokens(self) -> int:
@@ -122,7 +125,7 @@ def decode(tokenizer, ids: Sequence[int]) -> str:
 
 
 def tokenizer_view(
-    session: ChatSession, prompt_ids: Sequence[int], reused: int, answer_ids: Sequence[int] = ()
+    session: SessionView, prompt_ids: Sequence[int], reused: int, answer_ids: Sequence[int] = ()
 ) -> TokenizerView:
     """The view of one turn, from its `PromptTokens` event (ids, reused) and the answer's ids."""
     ids = [*prompt_ids, *answer_ids]
@@ -138,12 +141,33 @@ def tokenizer_view(
     )
 
 
-def _template_ids(session: ChatSession, chat: list[dict]) -> list[int]:
+def _template_ids(session: SessionView, chat: list[dict]) -> list[int]:
     text = session.tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
     return session.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def message_spans(session: ChatSession, ids: Sequence[int]) -> tuple[Span, ...]:
+def default_system_tokens(session: SessionView, first: dict) -> int:
+    """How many tokens the chat template puts before `first` on its own (a default system prompt); 0 if none.
+
+    The first message's own tokens are found as what follows a system message in the template
+    of [system, first]; whatever the template of [first] alone has before them, it added itself.
+    """
+    probe = {"role": "system", "content": "x"}
+    try:
+        alone = _template_ids(session, [first])
+        system = _template_ids(session, [probe])
+        both = _template_ids(session, [probe, first])
+    except Exception:  # a template without a system role: nothing to find
+        return 0
+    if both[: len(system)] != system:
+        return 0
+    own = both[len(system) :]
+    if not own or len(alone) <= len(own) or alone[-len(own) :] != own:
+        return 0
+    return len(alone) - len(own)
+
+
+def message_spans(session: SessionView, ids: Sequence[int]) -> tuple[Span, ...]:
     """Cut `ids` (a templated conversation, maybe with an answer) into one span per message.
 
     The boundary after each message is the common prefix of `ids` with the template of the
@@ -158,6 +182,10 @@ def message_spans(session: ChatSession, ids: Sequence[int]) -> tuple[Span, ...]:
         chat.append((m.role, i, {"role": m.role, "content": m.content}))
     spans: list[Span] = []
     start = 0
+    default = default_system_tokens(session, chat[0][2]) if chat and chat[0][0] != "system" else 0
+    if default and len(ids) > default:
+        spans.append(Span("system", 0, default, None, default=True))
+        start = default
     for k, (role, message, _) in enumerate(chat):
         end = common_prefix(_template_ids(session, [c for _, _, c in chat[: k + 1]]), ids)
         if end <= start:

@@ -55,6 +55,24 @@ class RemoteBenchConfig:
     turns: int = 3
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
 
+    def __post_init__(self) -> None:
+        """Raise ValueError, starting with the field's name, for a value no measurement can use
+        (as engine/bench.py's BenchConfig does)."""
+        for name in ("prompt_lengths", "concurrency"):
+            values = getattr(self, name)
+            if not values:
+                raise ValueError(f"{name} needs at least one value")
+            for value in values:
+                _at_least(name, value, 1)
+        _at_least("decode_tokens", self.decode_tokens, 2)  # the inter-token latency needs two tokens
+        _at_least("repeats", self.repeats, 1)
+        _at_least("turns", self.turns, 1)
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}")
+
 
 def run(config: RemoteBenchConfig, report: Report = lambda line: None) -> dict:
     """Every measurement, as plain data (the CLI prints tables or JSON)."""

@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 class CancelEvent(threading.Event):
     def __init__(self) -> None:
         super().__init__()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # `set` may run in a signal handler on the thread inside `cutting`
         self._abort: Callable[[], None] | None = None
 
     def set(self) -> None:

@@ -40,6 +40,7 @@ from engine.remote.target import RemoteTarget
 from engine.remote.turn import Prompt, RemoteTurn
 from engine.sampling import SamplingSettings
 from engine.session import Message
+from engine.text import utf8_problem
 
 NEEDS_LOCAL = "needs the local engine (the server keeps the weights and the KV cache)"
 
@@ -126,8 +127,14 @@ class RemoteSession:
         """More request fields for this server (the benchmark's `ignore_eos`)."""
 
     # -- conversation (the same calls as ChatSession) -------------------------------------------
-    def send(self, text: str, saved_id: int | None = None) -> Iterator[Event]:
-        self.messages.append(Message("user", text, saved_id=saved_id))
+    def send(self, text: str) -> Iterator[Event]:
+        """Add a user message and answer it; text that is not UTF-8 is refused (Failed), as locally."""
+        system = self.system_prompt or ""
+        problem = utf8_problem(text, "the message") or utf8_problem(system, "the system prompt")
+        if problem:
+            yield Failed(problem)
+            return
+        self.messages.append(Message("user", text))
         yield from self.answer()
 
     def regenerate(self) -> Iterator[Event]:
@@ -138,12 +145,12 @@ class RemoteSession:
             return
         yield from self.answer()
 
-    def edit(self, index: int, text: str, saved_id: int | None = None) -> Iterator[Event]:
+    def edit(self, index: int, text: str) -> Iterator[Event]:
         if not self.is_user_message(index):
             yield Failed(f"message {index} is not a user message")
             return
         del self.messages[index:]
-        yield from self.send(text, saved_id)
+        yield from self.send(text)
 
     def fork(self, step: int, token_id: int, answer: int | None = None) -> Iterator[Event]:
         yield Failed(f"forking from a token {NEEDS_LOCAL}")
@@ -197,11 +204,11 @@ class RemoteSession:
     def answer(self) -> Iterator[Event]:
         """Stream an answer to the conversation; the partial answer stays whatever happens."""
         self.cancel.clear()
-        yield from self._note_unsupported()
         prompt, trimmed = self._fit()
-        if prompt is None:
+        if prompt is None:  # refused before any other event, so SavedChat saves nothing
             yield self._refuse()
             return
+        yield from self._note_unsupported()
         if trimmed:
             yield trimmed
         waits = "return_progress" in self.server.dialect.reporting

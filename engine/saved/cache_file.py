@@ -2,30 +2,37 @@
 
 The file holds each layer's K and V for the positions in use, plus string metadata: the
 token ids those positions hold, the model (spec, name and a fingerprint of its weights),
-the precision, the dtype and the shapes. A load checks every one of them against the
-model in memory and hands back a cache only when all match; anything else (another model
-or precision, a damaged or truncated file) is ignored with a notice, never trusted. A
-cache is a pure function of its token ids and the model, so a matching file is as good as
-prefilling those ids again.
+the precision, the dtype, the shapes, and a sha256 checksum over all of that and every
+tensor byte. A load checks every one of them against the model in memory and hands back a
+cache only when all match; anything else (another model or precision, a damaged or
+truncated file, values changed after saving, a file without a checksum) is ignored with a
+notice, never trusted. A cache is a pure function of its token ids and the model, so a
+matching file is as good as prefilling those ids again.
 
 The file is written to a temporary name and renamed over the old one, so a crash leaves
-either the old file or the new one, never half of one.
+either the old file or the new one, never half of one; the temporary file of a writer that
+was killed is removed by the next save or load in that directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from engine.errors import one_line
-from engine.kvcache import KVCache
+from engine.kvcache import KVCache, common_prefix
 from engine.models import LoadedModel
 
 FORMAT = "llmchat-kv-cache"
@@ -59,24 +66,93 @@ def describe(loaded: LoadedModel) -> dict[str, str]:
     }
 
 
+def checksum(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str:
+    """sha256 over the metadata (all but this field) and the sha256 of each tensor's name, dtype,
+    shape and bytes; the tensors are hashed in parallel (hashlib lets go of the GIL)."""
+    fields = {key: value for key, value in metadata.items() if key != "checksum"}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
+    names = sorted(tensors)
+    with ThreadPoolExecutor(min(len(names), os.cpu_count() or 1, 8)) as pool:
+        for part in pool.map(lambda name: _tensor_digest(name, tensors[name]), names):
+            digest.update(part)
+    return "sha256:" + digest.hexdigest()
+
+
+def _tensor_digest(name: str, tensor: torch.Tensor) -> bytes:
+    tensor = tensor.contiguous()
+    digest = hashlib.sha256(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
+    digest.update(tensor.view(torch.uint8).numpy())  # the raw bytes, whatever the dtype; no copy
+    return digest.digest()
+
+
 def save_cache(cache: KVCache, loaded: LoadedModel, path: Path) -> int:
     """Write the cache's used positions and ids to `path` atomically; returns the file size in bytes."""
     if len(cache) == 0:
         raise CacheFileError("the KV cache is empty; nothing to save")
     tensors = _tensors(cache)
     metadata = {**describe(loaded), "tokens": str(len(cache)), "token_ids": json.dumps(cache.ids)}
+    metadata["checksum"] = checksum(tensors, metadata)
     path = Path(path)
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(path.parent)
         save_file(tensors, str(staging), metadata=metadata)
         _fsync(staging)
         os.replace(staging, path)
         return path.stat().st_size
-    except (OSError, RuntimeError) as e:
+    except Exception as e:  # safetensors raises its own SafetensorError for I/O errors too
         with contextlib.suppress(OSError):
             staging.unlink(missing_ok=True)
-        raise CacheFileError(f"cannot save the KV cache to {path}: {one_line(e, 200)}") from None
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        raise CacheFileError(f"cannot save the KV cache to {path}: {_why(e, size)}") from None
+
+
+def _why(error: BaseException, size: int) -> str:
+    """One line; a full disk (which safetensors reports as text) said plainly."""
+    text = one_line(error, 200)
+    needed = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.0f} kB"
+    if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in text:
+        return f"the disk is full ({needed} needed)"
+    if getattr(error, "errno", None) == errno.EDQUOT or "Disk quota exceeded" in text:
+        return f"the disk quota is used up ({needed} needed)"
+    return text
+
+
+_TEMP_NAME = re.compile(r"^\..+\.safetensors\.(\d+)\.tmp$")
+"""What save_cache names the file it is writing: `.<name>.<writer pid>.tmp`."""
+
+STALE_AFTER_S = 30.0
+"""A temporary file untouched this long whose writer is gone is litter (a writer seen from another
+PID namespace may look gone, but a live one keeps its file fresh: it is renamed right after writing)."""
+
+
+def remove_stale_temp_files(directory: Path) -> list[Path]:
+    """Delete the temporary files of cache writers that are gone (killed mid-save); returns them."""
+    removed = []
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            match = _TEMP_NAME.match(entry.name)
+            if match is None or _running(int(match.group(1))):
+                continue
+            with contextlib.suppress(OSError):
+                if now - entry.stat().st_mtime >= STALE_AFTER_S:
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but is not ours (EPERM), or the check is not possible: keep its file
+        return True
+    return True
 
 
 def _tensors(cache: KVCache) -> dict[str, torch.Tensor]:
@@ -86,8 +162,8 @@ def _tensors(cache: KVCache) -> dict[str, torch.Tensor]:
             raise CacheFileError(
                 f"layer {i} holds {layer.get_seq_length()} positions, the cache {len(cache)} ids"
             )
-        tensors[f"layers.{i}.keys"] = layer.keys.contiguous()
-        tensors[f"layers.{i}.values"] = layer.values.contiguous()
+        tensors[f"layers.{i}.keys"] = layer.keys.contiguous().cpu()  # hashed here, then written
+        tensors[f"layers.{i}.values"] = layer.values.contiguous().cpu()
     return tensors
 
 
@@ -99,12 +175,18 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def load_cache(path: Path, loaded: LoadedModel) -> tuple[KVCache | None, str]:
+def load_cache(
+    path: Path, loaded: LoadedModel, history: Sequence[int] | None = None, needed: int | None = None
+) -> tuple[KVCache | None, str]:
     """A KVCache from `path` if it was made by this very model, precision and dtype; else (None, why).
 
-    The second value is a one-line notice for the user either way.
+    `history` is the templated conversation the cache is for (default: the file's own ids): the
+    cache keeps only its longest common prefix with it. `needed` is how many of those tokens it
+    must hold for the next turn to prefill nothing of the history (default: all of them). The
+    second value is a one-line notice for the user either way, saying how many tokens are reused.
     """
     path = Path(path)
+    remove_stale_temp_files(path.parent)
     if not path.is_file():
         return None, "no saved KV cache: the history will be prefilled"
     try:
@@ -113,12 +195,25 @@ def load_cache(path: Path, loaded: LoadedModel) -> tuple[KVCache | None, str]:
             ids = _check_metadata(metadata, loaded)
             tensors = {name: f.get_tensor(name) for name in f.keys()}
         _check_tensors(tensors, ids, loaded)
+        _check_checksum(tensors, metadata)
     except _Mismatch as e:
         return None, f"saved KV cache ignored ({e}): the history will be prefilled"
     except Exception as e:  # safetensors raises several types for a damaged file
         return None, f"saved KV cache ignored (unreadable: {one_line(e, 200)}): the history will be prefilled"
+    history = ids if history is None else list(history)
+    needed = len(history) if needed is None else needed
+    reused = common_prefix(ids, history)
+    if reused == 0:
+        why = "none of its tokens match this conversation"
+        return None, f"saved KV cache ignored ({why}): the history will be prefilled"
     cache = _fill(tensors, ids, loaded)
-    return cache, f"KV cache loaded from disk: {len(ids)} tokens, no prefill needed"
+    cache.crop(reused)
+    if reused >= needed:
+        return cache, f"KV cache loaded from disk: {reused} tokens, no prefill needed"
+    return cache, (
+        f"KV cache loaded from disk: {reused} of its {len(ids)} tokens match this conversation; "
+        f"the rest of the history ({needed - reused} tokens) will be prefilled"
+    )
 
 
 class _Mismatch(ValueError):
@@ -161,6 +256,15 @@ def _check_tensors(tensors: dict[str, torch.Tensor], ids: list[int], loaded: Loa
             raise _Mismatch(f"{name} is {tensor.dtype}, this model's cache holds {info.cache_dtype}")
         if not torch.isfinite(tensor).all():
             raise _Mismatch(f"{name} holds NaN or infinite values")
+
+
+def _check_checksum(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Any change to the file since it was saved (a zeroed tensor, swapped layers, other ids) shows here."""
+    stored = metadata.get("checksum")
+    if stored is None:
+        raise _Mismatch("it has no checksum (written by an older llmchat), so it cannot be verified")
+    if checksum(tensors, metadata) != stored:
+        raise _Mismatch("its checksum does not match its contents: it was changed or damaged after saving")
 
 
 def _fill(tensors: dict[str, torch.Tensor], ids: list[int], loaded: LoadedModel) -> KVCache:

@@ -11,19 +11,29 @@ The session is either kind: a local `ChatSession` or a `RemoteSession` (engine/r
 whose record names the server URL and model and which has no KV cache file (`saves_cache`).
 
 Resuming restores the messages and, when the saved KV cache file was made by this very
-model and precision, the cache too: the next turn then reuses the whole history instead
-of prefilling it. Without a usable file the next turn prefills the history once.
+model and precision and is intact, the cache too, as far as it matches the conversation:
+the next turn then reuses that much of the history instead of prefilling it, and the notice
+says how much. Without a usable file the next turn prefills the history once.
 
 If the store fails mid-conversation (disk full, a lock held too long) saving turns off
 with a notice and the chat goes on.
+
+Another llmchat may write to the same conversation. Each turn holds the conversation from
+its question to its answer (`Store.turn`), and each save expects the conversation's leaf to
+be `head`, the one this chat last read or wrote. A turn that finds the conversation held, or
+changed since it was loaded here, is refused before anything is saved or answered: one
+Failed event says so (resuming it again picks up the latest messages). An answer that finds
+its conversation changed (someone switched its branch meanwhile) is kept as a side version.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Generator, Iterator
 
 from engine.events import (
+    ContextTrimmed,
     ConversationLoaded,
     Event,
     Failed,
@@ -34,9 +44,17 @@ from engine.events import (
     TurnFinished,
     TurnStats,
 )
+from engine.kvcache import common_prefix
 from engine.sampling import SamplingSettings
 from engine.saved.cache_file import CacheFileError, load_cache, save_cache
-from engine.saved.store import AnswerRecord, Store, StoredMessage, StoreError
+from engine.saved.store import (
+    AnswerRecord,
+    ConversationBusy,
+    ConversationChanged,
+    Store,
+    StoredMessage,
+    StoreError,
+)
 from engine.session import ChatSession, Message
 
 if TYPE_CHECKING:
@@ -61,6 +79,15 @@ def answer_record(info: ModelInfo, sampling: SamplingSettings, stats: TurnStats)
     )
 
 
+def binary_size(n: float) -> str:
+    """Bytes in the binary units the app's panels use (as tui.fmt.human_bytes), so figures compare."""
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 class SavedChat:
     """A session whose finished messages are committed to a store as they happen."""
 
@@ -70,6 +97,11 @@ class SavedChat:
         """None when saving is off (no store, or it failed)."""
         self.conversation_id: int | None = None
         """Created with the first message."""
+        self.head: int | None = None
+        """The conversation's leaf as this chat last read or wrote it; every save expects it still."""
+        self.refused: str | None = None
+        """Why the last turn was refused before it began (another turn held the conversation, or it
+        changed since it was loaded here); None when it went ahead."""
 
     @property
     def message_ids(self) -> list[int | None]:
@@ -78,31 +110,28 @@ class SavedChat:
 
     # -- the conversation calls (same as ChatSession's) ------------------------------
     def send(self, text: str) -> Iterator[Event]:
-        """Save the user message, answer it, save the answer."""
-        messages = self.session.messages
-        asked = yield from self._save("user", text, self._leaf(), index=len(messages))
-        yield from self._answered(self.session.send(text, asked), asked)
+        """Save the user message once the session takes it, answer it, save the answer."""
+        yield from self._held(self._answered(self.session.send(text), asking=True, parent=self._leaf()))
 
     def regenerate(self) -> Iterator[Event]:
         """Answer the last user message again; the old answer stays as another version."""
-        yield from self._answered(self.session.regenerate())
+        yield from self._held(self._answered(self.session.regenerate()))
 
     def edit(self, index: int, text: str) -> Iterator[Event]:
         """Replace user message `index` with a new version and answer it; the old branch stays."""
-        asked = None
-        if self.session.is_user_message(index):
-            parent = self.session.messages[index - 1].saved_id if index > 0 else None
-            asked = yield from self._save("user", text, parent, index=index)
-        yield from self._answered(self.session.edit(index, text, asked), asked)
+        asking = self.session.is_user_message(index)
+        parent = self.session.messages[index - 1].saved_id if asking and index > 0 else None
+        yield from self._held(self._answered(self.session.edit(index, text), asking, parent))
 
     def fork(self, step: int, token_id: int, answer: int | None = None) -> Iterator[Event]:
         """ChatSession.fork, saved: the forked answer becomes a new version of that answer."""
-        yield from self._answered(self.session.fork(step, token_id, answer))
+        yield from self._held(self._answered(self.session.fork(step, token_id, answer)))
 
     def new(self, system_prompt: str | None = None) -> None:
         """Start a fresh conversation (created in the store with its first message)."""
         self.session.reset(system_prompt)
         self.conversation_id = None
+        self.head = None
 
     # -- resume and branches ------------------------------------------------------------
     def resume(self, ref: int | str, use_cache: bool = True) -> Iterator[Event]:
@@ -125,11 +154,27 @@ class SavedChat:
         self._show(path)
         yield loaded
         if use_cache and self.session.saves_cache:
-            cache, notice = load_cache(self.store.cache_path(conversation.id), self.session.loaded)
+            history, needed = self._history()
+            path = self.store.cache_path(conversation.id)
+            cache, notice = load_cache(path, self.session.loaded, history, needed)
             if cache is not None:
                 self.session.cache = cache
             yield Notice(notice)
         yield self.session.cache_event()
+
+    def _history(self) -> tuple[list[int], int]:
+        """The conversation templated, and how many of its tokens a cache must hold so that the next
+        turn prefills nothing of the history: all up to the end of the last message, less the last
+        token of an answer (sampled and shown, but never fed to the model)."""
+        messages = self.session.messages
+        ids = self.session.template(messages)
+        if not messages:
+            return ids, 0
+        last = messages[-1]
+        # Where the last message's text ends: the first token that differs once it is extended.
+        extended = self.session.template([*messages[:-1], Message(last.role, last.content + "\x00")])
+        end = common_prefix(ids, extended)
+        return ids, end - 1 if last.role == "assistant" else end
 
     def step_version(self, index: int, step: int) -> Iterator[Event]:
         """Show the previous (-1) or next (+1) version of message `index` and the branch below it."""
@@ -155,6 +200,7 @@ class SavedChat:
     def _show(self, path: list[StoredMessage]) -> None:
         """Make `path` the session's messages; the cache stays (the next turn reuses the common prefix)."""
         self.session.messages[:] = [Message(m.role, m.content, saved_id=m.id) for m in path]
+        self.head = path[-1].id if path else None
 
     def _loaded_event(
         self, conversation_id: int, title: str, path: list[StoredMessage]
@@ -177,42 +223,87 @@ class SavedChat:
         path = self.store.cache_path(self.conversation_id)
         try:
             size = save_cache(self.session.cache, self.session.loaded, path)
-        except CacheFileError as e:
-            return Notice(str(e))
-        return Notice(f"KV cache saved: {len(self.session.cache)} tokens, {size / 1e6:.1f} MB")
+        except CacheFileError as e:  # the turns are in the store; only the fast resume is lost
+            return Notice(f"{e}; the conversation itself is saved")
+        return Notice(f"KV cache saved: {len(self.session.cache)} tokens, {binary_size(size)}")
 
     # -- saving ---------------------------------------------------------------------------
+    def _held(self, turn: Iterator[Event]) -> Iterator[Event]:
+        """Run one turn holding the conversation against other turns, other processes' included."""
+        self.refused = None
+        with ExitStack() as held:
+            if self.store is not None and self.conversation_id is not None:
+                try:
+                    held.enter_context(self.store.turn(self.conversation_id))
+                except ConversationBusy as e:
+                    yield from self._refuse(str(e))
+                    return
+                except StoreError as e:  # the lock file cannot be made
+                    yield from self._saving_off(e)
+            yield from turn
+
+    def _refuse(self, reason: str) -> Iterator[Event]:
+        self.refused = reason
+        yield Failed(reason)
+
+    def _saving_off(self, error: StoreError) -> Iterator[Event]:
+        self.store = None
+        yield Notice(f"saving is off for the rest of this conversation: {error}")
+
     def _leaf(self) -> int | None:
         messages = self.session.messages
         return messages[-1].saved_id if messages else None
 
-    def _answered(self, events: Iterator[Event], asked: int | None = None) -> Iterator[Event]:
+    def _answered(
+        self, events: Iterator[Event], asking: bool = False, parent: int | None = None
+    ) -> Iterator[Event]:
         """Pass the session's events through, saving the answer before its TurnFinished goes out.
 
-        `asked` is the user message saved for this turn: if the session refuses it, it goes."""
+        `asking`: the turn's user message (the session's last) is saved, under `parent`, once the
+        session has taken it: a prompt it cannot take (too long, not UTF-8) leaves no message,
+        conversation or title behind.
+        """
         for event in events:
-            if isinstance(event, Failed):
-                self._take_back_refused(asked)
-            elif isinstance(event, TurnFinished):
+            if asking and not isinstance(event, (Failed, ContextTrimmed)):
+                asking = False
+                if not (yield from self._save_prompt(parent)):  # the conversation changed: no turn
+                    self.session.messages.pop()
+                    return
+            if isinstance(event, TurnFinished):
                 yield from self._save_answer(event)
             yield event
+
+    def _save_prompt(self, parent: int | None) -> Generator[Event, None, bool]:
+        """Save the user message the session just took, and give it its id; False when the
+        conversation changed since this chat read it (the turn must not go on)."""
+        messages = self.session.messages
+        try:
+            saved_id = yield from self._save("user", messages[-1].content, parent, index=len(messages) - 1)
+        except ConversationChanged:
+            yield from self._refuse(
+                f"conversation {self.conversation_id} changed since it was loaded here (another llmchat "
+                "wrote to it); this message was not saved or answered: load the conversation again "
+                "to continue from its latest message"
+            )
+            return False
+        messages[-1] = dataclasses.replace(messages[-1], saved_id=saved_id)
+        return True
 
     def _save_answer(self, finished: TurnFinished) -> Iterator[Event]:
         """Save the answer the session just appended, and give it its id."""
         messages = self.session.messages
         record = answer_record(self.session.info, self.session.sampling, finished.stats)
         parent = messages[-2].saved_id if len(messages) > 1 else None
-        saved_id = yield from self._save("assistant", finished.text, parent, record, len(messages) - 1)
-        messages[-1] = dataclasses.replace(messages[-1], saved_id=saved_id)
-
-    def _take_back_refused(self, asked: int | None) -> None:
-        """The session dropped a prompt it could not fit: drop it from the store too."""
-        if self.store is None or asked is None or asked in self.message_ids:
-            return
+        index = len(messages) - 1
         try:
-            self.store.delete_message(asked)
-        except StoreError:
-            pass  # a stray unanswered message is harmless; the next save reports a broken store
+            saved_id = yield from self._save("assistant", finished.text, parent, record, index)
+        except ConversationChanged:  # someone moved the branch meanwhile: keep the answer aside
+            saved_id = yield from self._save("assistant", finished.text, parent, record, index, side=True)
+            yield Notice(
+                f"conversation {self.conversation_id} changed while this answer was generated (another "
+                "llmchat moved its branch); the answer is saved as another version of its turn"
+            )
+        messages[-1] = dataclasses.replace(messages[-1], saved_id=saved_id)
 
     def _save(
         self,
@@ -221,20 +312,35 @@ class SavedChat:
         parent: int | None,
         record: AnswerRecord | None = None,
         index: int = 0,
+        side: bool = False,
     ) -> Generator[Event, None, int | None]:
-        """Save one message as message `index` of the conversation; its id (None if not saved)."""
+        """Save one message as message `index` of the conversation, after `head` (ConversationChanged
+        if the leaf moved since); its id (None if not saved). `side`: a version that leaves the
+        current branch as it is."""
         if self.store is None:
             return None
         try:
-            if self.conversation_id is None:
+            if self.conversation_id is None:  # created with its first message, or not at all
                 info = self.session.info
-                self.conversation_id = self.store.create_conversation(
-                    info.spec, info.precision, self.session.system_prompt
-                ).id
-            saved = self._saved(self.store.add_message(self.conversation_id, role, content, parent, record))
+                stored = self.store.start_conversation(
+                    role, content, info.spec, info.precision, self.session.system_prompt, record
+                )
+                self.conversation_id = stored.conversation_id
+            elif side:
+                stored = self.store.add_message(
+                    self.conversation_id, role, content, parent, record, make_leaf=False
+                )
+            else:
+                stored = self.store.add_message(
+                    self.conversation_id, role, content, parent, record, expected_leaf=self.head
+                )
+            saved = self._saved(stored)
+        except ConversationChanged:
+            raise
         except StoreError as e:
-            self.store = None
-            yield Notice(f"saving is off for the rest of this conversation: {e}")
+            yield from self._saving_off(e)
             return None
+        if not side:
+            self.head = stored.id
         yield MessageSaved(self.conversation_id, index, saved)
         return saved.id

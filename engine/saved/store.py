@@ -7,25 +7,45 @@ conversation's `leaf_id` says which branch is current. A file this version canno
 corrupt one, one written by a newer llmchat, a foreign database) raises StoreError and is
 never modified: callers show the one-line message and carry on without a store.
 
+A file that opens but is damaged (SQLite's quick check fails on opening, or any statement
+later reports corruption) is never written again: `damaged` says why, every write raises
+StoreError, and reading goes on as far as the file allows. A new conversation and its first
+message are one transaction, so a write refused halfway leaves nothing behind.
+
+Two writers on one conversation (two `llmchat ask --conversation last`, the app and a
+command) are serialised against its head: a writer passes the leaf it last saw
+(`expected_leaf`), and a write to a conversation whose leaf moved since fails whole with
+ConversationChanged. A turn holds its conversation from the question to the answer
+(`turn()`, an OS file lock the kernel lets go of if the process dies), so nobody puts a
+question after one still being answered.
+
 Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import sqlite3
 import threading
 import time
-from contextlib import contextmanager
+import unicodedata
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, ContextManager, Iterator
 
 import platformdirs
 
 from engine.errors import one_line
+
+try:
+    import fcntl
+except ImportError:  # Windows: turns are not held (see Store.turn)
+    fcntl = None
 
 DATA_DIR_ENV = "LLMCHAT_DATA_DIR"
 """Environment variable that moves the data directory (tests point it at a tmp dir)."""
@@ -36,6 +56,9 @@ SCHEMA_VERSION = 1
 
 EXPORT_FORMAT = "llmchat-conversation"
 TITLE_CHARS = 60
+"""A title made from the first message is cut to this many characters."""
+TITLE_MAX = 200
+"""The longest title a rename may give (a title is shown on one line of a list)."""
 
 _SCHEMA_V1 = """
 CREATE TABLE conversations (
@@ -94,6 +117,14 @@ _RECORD_FIELDS = (
 
 class StoreError(RuntimeError):
     """The store cannot be used; the message is one line for the user."""
+
+
+class ConversationChanged(StoreError):
+    """Another writer moved the conversation's leaf since this one read it; nothing was written."""
+
+
+class ConversationBusy(StoreError):
+    """Another turn (in this process or another) holds the conversation; nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -162,8 +193,13 @@ class SearchHit:
     title: str
     message_id: int
     role: str
-    snippet: str
-    """The matching text with the match wrapped in [ and ]."""
+    parts: tuple[tuple[str, bool], ...]
+    """The matching text in pieces, each with whether it is a match (brackets in a message stay text)."""
+
+    @property
+    def snippet(self) -> str:
+        """The matching text with each match wrapped in [ and ], for plain output."""
+        return "".join(f"[{text}]" if matched else text for text, matched in self.parts)
 
 
 def data_dir(override: str | os.PathLike | None = None) -> Path:
@@ -175,15 +211,39 @@ def data_dir(override: str | os.PathLike | None = None) -> Path:
     return Path(platformdirs.user_data_dir("llmchat"))
 
 
+_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 11, 13, 26
+_DAMAGE_WORDS = ("malformed", "not a database", "corrupt", "vtable constructor failed", "invalid fts5")
+
+
+def _is_damage(error: sqlite3.Error) -> bool:
+    """Does the error say the file itself is damaged (rather than busy, full or unwritable)?"""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return True
+    return any(word in str(error).lower() for word in _DAMAGE_WORDS)
+
+
+def _damaged(path: Path, reason: str) -> str:
+    return (
+        f"conversation store {path} is damaged ({reason}); it was left untouched and nothing more "
+        "is saved to it: move it away to start afresh"
+    )
+
+
 def _explain(error: sqlite3.Error, path: Path) -> StoreError:
     """A one-line StoreError that says what is wrong and that nothing was changed."""
     text = one_line(error)
     lowered = text.lower()
+    code = getattr(error, "sqlite_errorcode", None)
     if "not a database" in lowered or "malformed" in lowered:
         reason = (
             "is not a readable llmchat database (corrupt?); it was left untouched, "
             "move it away to start afresh"
         )
+    elif _is_damage(error):
+        return StoreError(_damaged(path, text))
+    elif (code is not None and code & 0xFF == _SQLITE_FULL) or "disk is full" in lowered:
+        reason = "cannot be written: the disk is full (what was saved before is intact); free some space"
     elif "locked" in lowered or "busy" in lowered:
         reason = "is locked by another process; try again in a moment"
     elif "readonly" in lowered or "unable to open" in lowered:
@@ -196,6 +256,28 @@ def _explain(error: sqlite3.Error, path: Path) -> StoreError:
 def _title_from(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def check_title(title: str) -> str:
+    """`title` without surrounding spaces, or a StoreError if it is not one line of at most TITLE_MAX."""
+    title = title.strip()
+    if any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in title):
+        raise StoreError(
+            "a title must be one line of text, without control characters (newline, tab, escape)"
+        )
+    if len(title) > TITLE_MAX:
+        raise StoreError(f"a title must be at most {TITLE_MAX} characters; this one has {len(title)}")
+    return title
+
+
+def snippet_parts(snippet: str, start: str, end: str) -> tuple[tuple[str, bool], ...]:
+    """Split an FTS snippet whose matches sit between `start` and `end` into (text, is_match) pieces."""
+    first, *marked = snippet.split(start)
+    parts = [(first, False)]
+    for piece in marked:
+        match, _, rest = piece.partition(end)
+        parts += [(match, True), (rest, False)]
+    return tuple(part for part in parts if part[0])
 
 
 def fts_query(text: str) -> str:
@@ -214,6 +296,8 @@ class Store:
     def __init__(self, directory: str | os.PathLike | None = None, timeout_s: float = 5.0):
         self.directory = data_dir(directory)
         self.db_path = self.directory / DB_NAME
+        self.damaged: str | None = None
+        """Why the file cannot be trusted, once that is known; from then on every write is refused."""
         self._lock = threading.RLock()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -249,6 +333,11 @@ class Store:
             )
         if version == 0 and self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
             raise StoreError(f"{self.db_path} is a database llmchat did not write; it was left untouched")
+        problem = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+        if problem != "ok":
+            found = [line for line in problem.splitlines() if not line.startswith("*** in database")]
+            self._refuse_writes(_damaged(self.db_path, f"quick check: {(found or [problem])[0]}"))
+            return  # not even the journal mode: not one byte of the file changes
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = FULL")
         self._db.execute("PRAGMA foreign_keys = ON")
@@ -263,6 +352,19 @@ class Store:
                 for statement in _statements(script):
                     db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _refuse_writes(self, reason: str) -> None:
+        """From now on nothing is written to the file: our writes raise, and SQLite's own guard is on."""
+        self.damaged = self.damaged or reason
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA query_only = ON")
+
+    def _failed(self, error: sqlite3.Error) -> StoreError:
+        """The StoreError for a failed statement; damage found by it also stops every later write."""
+        explained = _explain(error, self.db_path)
+        if _is_damage(error):
+            self._refuse_writes(str(explained))
+        return explained
 
     def close(self) -> None:
         with self._lock:
@@ -279,16 +381,21 @@ class Store:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, committed (durably) before the block's caller goes on."""
         with self._lock:
+            if self.damaged:
+                raise StoreError(self.damaged)
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     yield self._db
                     self._db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    # SQLite may have rolled back already (a full disk does): keep the first error.
+                    if self._db.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            self._db.execute("ROLLBACK")
                     raise
             except sqlite3.Error as e:
-                raise _explain(e, self.db_path) from None
+                raise self._failed(e) from None
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -296,7 +403,7 @@ class Store:
             try:
                 yield self._db
             except sqlite3.Error as e:
-                raise _explain(e, self.db_path) from None
+                raise self._failed(e) from None
 
     # -- conversations ----------------------------------------------------------------
     def create_conversation(
@@ -307,15 +414,26 @@ class Store:
         title: str = "",
     ) -> Conversation:
         """A new, empty conversation (its title comes from the first user message if not given)."""
-        now = time.time()
+        title = check_title(title)
         with self._write() as db:
-            cursor = db.execute(
-                "INSERT INTO conversations (title, created, updated, model, precision, system_prompt)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (title, now, now, model, precision, system_prompt),
-            )
-            conversation_id = cursor.lastrowid
+            conversation_id = _insert_conversation(db, model, precision, system_prompt, title)
         return self.conversation(conversation_id)
+
+    def start_conversation(
+        self,
+        role: str,
+        content: str,
+        model: str | None = None,
+        precision: str | None = None,
+        system_prompt: str | None = None,
+        record: AnswerRecord | None = None,
+    ) -> StoredMessage:
+        """A new conversation with its first message, in one transaction: a failure leaves neither."""
+        _check_role(role)
+        with self._write() as db:
+            conversation_id = _insert_conversation(db, model, precision, system_prompt, "")
+            message_id = self._append(db, conversation_id, role, content, None, record)
+        return self.message(message_id)
 
     def conversation(self, conversation_id: int) -> Conversation:
         with self._read() as db:
@@ -338,6 +456,8 @@ class Store:
             conversation_id = int(ref)
         except ValueError:
             raise StoreError(f"{ref!r} is not a conversation id; use a number or 'last'") from None
+        if not 0 < conversation_id < 2**63:  # SQLite's ids; a bigger number cannot even be looked up
+            raise StoreError(f"no conversation {conversation_id}")
         return self.conversation(conversation_id).id
 
     def list_conversations(self, limit: int | None = None) -> list[ConversationSummary]:
@@ -354,10 +474,12 @@ class Store:
         return [ConversationSummary(**dict(row)) for row in rows]
 
     def rename(self, conversation_id: int, title: str) -> None:
+        """A new title: one line of at most TITLE_MAX characters (StoreError says what is wrong)."""
+        title = check_title(title)
         with self._write() as db:
             changed = db.execute(
                 "UPDATE conversations SET title = ?, updated = ? WHERE id = ?",
-                (title.strip(), time.time(), conversation_id),
+                (title, time.time(), conversation_id),
             ).rowcount
         if not changed:
             raise StoreError(f"no conversation {conversation_id}")
@@ -368,6 +490,8 @@ class Store:
             changed = db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount
         if not changed:
             raise StoreError(f"no conversation {conversation_id}")
+        with suppress(OSError):  # ids are never reused, so its lock file is of no more use
+            self._lock_path(conversation_id).unlink(missing_ok=True)
         try:
             self.cache_path(conversation_id).unlink(missing_ok=True)
         except OSError as e:
@@ -375,6 +499,18 @@ class Store:
             raise StoreError(
                 f"deleted conversation {conversation_id}, but not its cache file: {reason}"
             ) from None
+
+    def turn(self, conversation_id: int) -> ContextManager[None]:
+        """Hold the conversation for one turn, question to answer; ConversationBusy if another turn holds it.
+
+        An advisory lock on a file next to the database (flock), released when the block ends
+        or the process dies. Where the OS has no flock, nothing is held and `expected_leaf`
+        alone guards the writes.
+        """
+        return _held(self._lock_path(conversation_id), conversation_id)
+
+    def _lock_path(self, conversation_id: int) -> Path:
+        return self.directory / "locks" / f"conversation-{conversation_id}.lock"
 
     def cache_path(self, conversation_id: int) -> Path:
         """Where the conversation's KV cache file lives: next to the database."""
@@ -388,40 +524,70 @@ class Store:
         content: str,
         parent_id: int | None | str = "leaf",
         record: AnswerRecord | None = None,
+        expected_leaf: int | None | str = "any",
+        make_leaf: bool = True,
     ) -> StoredMessage:
         """Append a finished message and make it the current leaf; committed when this returns.
 
         `parent_id` defaults to the current leaf (read in the same transaction, so two writers
         extend the branch one after the other); pass an id, or None for a new first message,
-        to start a sibling branch (an edit or a regeneration).
+        to start a sibling branch (an edit or a regeneration). With `expected_leaf` (the leaf
+        the writer last saw) the write happens only if the leaf is still that one, else
+        ConversationChanged. `make_leaf=False` adds the message as a side version and leaves
+        the current branch as it is.
         """
-        if role not in ("user", "assistant"):
-            raise StoreError(f"role must be user or assistant, got {role!r}")
-        now = time.time()
-        values = _record_values(record)
+        _check_role(role)
         with self._write() as db:
-            conversation = db.execute(
-                "SELECT * FROM conversations WHERE id = ?", (conversation_id,)
-            ).fetchone()
-            if conversation is None:
-                raise StoreError(f"no conversation {conversation_id}")
-            parent = conversation["leaf_id"] if parent_id == "leaf" else parent_id
-            self._check_parent(db, conversation_id, parent)
-            message_id = db.execute(
-                "INSERT INTO messages (conversation_id, parent_id, role, content, created, "
-                f"{', '.join(_RECORD_FIELDS)}) "
-                f"VALUES (?, ?, ?, ?, ?, {', '.join('?' * len(_RECORD_FIELDS))})",
-                (conversation_id, parent, role, content, now, *values),
-            ).lastrowid
-            title = conversation["title"] or (_title_from(content) if role == "user" else "")
-            model = record.model if record else conversation["model"]
-            precision = record.precision if record else conversation["precision"]
-            db.execute(
-                "UPDATE conversations SET leaf_id = ?, updated = ?, title = ?, model = ?, precision = ? "
-                "WHERE id = ?",
-                (message_id, now, title, model, precision, conversation_id),
+            message_id = self._append(
+                db, conversation_id, role, content, parent_id, record, expected_leaf, make_leaf
             )
         return self.message(message_id)
+
+    def _append(
+        self,
+        db: sqlite3.Connection,
+        conversation_id: int,
+        role: str,
+        content: str,
+        parent_id: int | None | str,
+        record: AnswerRecord | None,
+        expected_leaf: int | None | str = "any",
+        make_leaf: bool = True,
+    ) -> int:
+        """Insert a message inside the caller's transaction (and make it the leaf); its id."""
+        now = time.time()
+        conversation = db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        if conversation is None:
+            raise StoreError(f"no conversation {conversation_id}")
+        if expected_leaf != "any" and conversation["leaf_id"] != expected_leaf:
+            raise ConversationChanged(
+                f"conversation {conversation_id} changed: its last message is now "
+                f"{conversation['leaf_id']}, not {expected_leaf}"
+            )
+        parent = conversation["leaf_id"] if parent_id == "leaf" else parent_id
+        self._check_parent(db, conversation_id, parent)
+        message_id = db.execute(
+            "INSERT INTO messages (conversation_id, parent_id, role, content, created, "
+            f"{', '.join(_RECORD_FIELDS)}) "
+            f"VALUES (?, ?, ?, ?, ?, {', '.join('?' * len(_RECORD_FIELDS))})",
+            (conversation_id, parent, role, content, now, *_record_values(record)),
+        ).lastrowid
+        title = conversation["title"] or (_title_from(content) if role == "user" else "")
+        model = record.model if record else conversation["model"]
+        precision = record.precision if record else conversation["precision"]
+        db.execute(
+            "UPDATE conversations SET leaf_id = ?, updated = ?, title = ?, model = ?, precision = ? "
+            "WHERE id = ?",
+            (
+                message_id if make_leaf else conversation["leaf_id"],
+                now,
+                title,
+                model,
+                precision,
+                conversation_id,
+            ),
+        )
+        return message_id
 
     @staticmethod
     def _check_parent(db: sqlite3.Connection, conversation_id: int, parent_id: int | None) -> None:
@@ -510,16 +676,28 @@ class Store:
         query = fts_query(text)
         if not query:
             return []
+        # Match markers no message can forge (a fresh nonce each search): "[docs]" in a message stays text.
+        nonce = secrets.token_hex(8)
+        start, end = f"\ue000{nonce}", f"\ue001{nonce}"
         with self._read() as db:
             rows = db.execute(
                 """SELECT m.conversation_id, c.title, m.id AS message_id, m.role,
-                          snippet(messages_fts, 0, '[', ']', '…', 12) AS snippet
+                          snippet(messages_fts, 0, ?, ?, '…', 12) AS snippet
                    FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid
                    JOIN conversations c ON c.id = m.conversation_id
                    WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?""",
-                (query, limit),
+                (start, end, query, limit),
             ).fetchall()
-        return [SearchHit(**dict(row)) for row in rows]
+        return [
+            SearchHit(
+                row["conversation_id"],
+                row["title"],
+                row["message_id"],
+                row["role"],
+                snippet_parts(row["snippet"], start, end),
+            )
+            for row in rows
+        ]
 
     def export_json(self, conversation_id: int) -> dict[str, Any]:
         """Everything, every branch included: the conversation, its messages with parents,
@@ -548,6 +726,29 @@ class Store:
         return "\n".join(lines)
 
 
+@contextmanager
+def _held(path: Path, conversation_id: int) -> Iterator[None]:
+    if fcntl is None:
+        yield
+        return
+    try:
+        path.parent.mkdir(exist_ok=True)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise StoreError(f"cannot lock conversation {conversation_id}: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConversationBusy(
+                f"conversation {conversation_id} is being answered by another llmchat; "
+                "try again when that answer has finished"
+            ) from None
+        yield
+    finally:
+        os.close(descriptor)  # lets go of the lock
+
+
 def describe_record(record: AnswerRecord) -> str:
     """One line: model, precision, sampling, speed and why the answer stopped."""
     sampling = ", ".join(f"{k} {v}" for k, v in record.sampling.items() if v is not None)
@@ -559,6 +760,22 @@ def describe_record(record: AnswerRecord) -> str:
 
 def _date(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
+
+
+def _check_role(role: str) -> None:
+    if role not in ("user", "assistant"):
+        raise StoreError(f"role must be user or assistant, got {role!r}")
+
+
+def _insert_conversation(
+    db: sqlite3.Connection, model: str | None, precision: str | None, system_prompt: str | None, title: str
+) -> int:
+    now = time.time()
+    return db.execute(
+        "INSERT INTO conversations (title, created, updated, model, precision, system_prompt)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (title, now, now, model, precision, system_prompt),
+    ).lastrowid
 
 
 def _record_values(record: AnswerRecord | None) -> tuple:

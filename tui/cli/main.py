@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 
 from engine import DEFAULT_MODEL
 from tui.cli import remote
 from tui.cli.conversations import conversations_app
+from tui.fmt import visible_controls
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="See LLM inference happen, live.")
 app.add_typer(conversations_app, name="conversations")
@@ -48,9 +49,25 @@ def sampling_from(**flags):
         fail(str(e))
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     typer.echo(f"llmchat: {message}", err=True)
     raise typer.Exit(2)
+
+
+def check_context(context: int | None) -> None:
+    """Exit with the reason if `--context` is given and not a positive number of tokens."""
+    if context is not None and context < 1:
+        fail(f"--context must be a positive number of tokens, got {context}")
+
+
+def text_problem(system: str | None, prompts: list[str] = ()) -> str | None:
+    """Why the system prompt or a prompt cannot be sent (not UTF-8: bytes from argv), or None."""
+    from engine.text import utf8_problem
+
+    named = [(system, "--system")] if system is not None else []
+    single = len(prompts) == 1
+    named += [(p, "the prompt" if single else f"prompt {i}") for i, p in enumerate(prompts, 1)]
+    return next((problem for text, what in named if (problem := utf8_problem(text, what))), None)
 
 
 @app.callback(invoke_without_command=True)
@@ -112,6 +129,10 @@ def main(
         sampling_from(**given)  # fail fast on a bad flag (this imports torch, so only when flags are given)
     if server is not None and (precision is not None or device is not None):
         fail("--precision and --device: the server decides where and at what precision its model runs")
+    check_context(context)
+    problem = text_problem(system)
+    if problem:
+        fail(problem)
     resume_id = resolve_resume(resume) if resume is not None else None
     if no_compile:
         os.environ["LLMCHAT_COMPILE"] = "0"
@@ -130,6 +151,16 @@ def main(
         api_key_env=api_key_env,
         read_timeout=read_timeout,
     )
+
+
+def refuse(message: str, as_json: bool) -> NoReturn:
+    """`fail`, after an `error` event when the output is JSON Lines (so a reader sees why it ended)."""
+    if as_json:
+        from engine.events import Failed, to_json
+
+        sys.stdout.write(json.dumps(to_json(Failed(message))) + "\n")
+        sys.stdout.flush()
+    fail(message)
 
 
 def resolve_resume(ref: str) -> int:
@@ -173,15 +204,24 @@ def ask(
     api_key_env: Optional[str] = remote.ApiKeyEnvOpt,
     read_timeout: float = remote.ReadTimeoutOpt,
 ) -> None:
-    """Answer PROMPTS headless: the answer on stdout, a stats line per turn on stderr; every turn is saved."""
-    import signal
+    """Answer PROMPTS headless: the answer on stdout, a stats line per turn on stderr; every turn is saved.
+
+    Ctrl+C, SIGTERM or a closed terminal stop the answer and save its part so far (exit 130, 143,
+    129); so does a closed stdout, e.g. `| head` (exit 141).
+    """
+    if conversation is not None and system is not None:
+        fail("--system cannot change a saved conversation; it keeps the system prompt it was started with")
+    if server is not None and (precision != "fp32" or device != "auto"):
+        fail("--precision and --device: the server decides where and at what precision its model runs")
+    check_context(context)
+    problem = text_problem(system, prompts)
+    if problem:  # before a model loads or anything is saved
+        refuse(problem, as_json)
 
     from engine.events import Failed, ModelReady, Notice, TokenSampled, TurnFinished, to_json
     from engine.saved.chat import SavedChat
     from engine.saved.store import Store, StoreError
-
-    if conversation is not None and system is not None:
-        fail("--system cannot change a saved conversation; it keeps the system prompt it was started with")
+    from tui.cli.stops import Stops
 
     sampling = sampling_from(
         temperature=temperature,
@@ -192,30 +232,34 @@ def ask(
         seed=seed,
         max_new_tokens=max_new_tokens,
     )
+    stops = Stops()
+    write = stops.write  # a closed output stops the answer instead of failing it
+
+    on_terminal = sys.stdout.isatty()
+
+    def out(text: str) -> None:
+        """Byte-exact into a file or a pipe; on a terminal the model's control characters are shown."""
+        write(sys.stdout, visible_controls(text) if on_terminal else text)
 
     def emit(event) -> None:
         if as_json:
-            sys.stdout.write(json.dumps(to_json(event), ensure_ascii=False) + "\n")
-            sys.stdout.flush()
+            out(json.dumps(to_json(event), ensure_ascii=False) + "\n")
         elif isinstance(event, TokenSampled) and event.text:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
+            out(event.text)
         elif isinstance(event, TurnFinished):
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-            typer.echo(stats_line(event.stats), err=True)
+            out("\n")
+            write(sys.stderr, stats_line(event.stats) + "\n")
             if event.error:
-                typer.echo(f"llmchat: {event.error}", err=True)
+                write(sys.stderr, f"llmchat: {visible_controls(event.error, one_line=True)}\n")
         elif isinstance(event, Notice):
-            typer.echo(f"llmchat: {event.message}", err=True)
+            write(sys.stderr, f"llmchat: {event.message}\n")
         elif isinstance(event, ModelReady) and event.info.server is not None:
-            typer.echo(f"llmchat: {remote.server_line(event.info)}", err=True)
+            write(sys.stderr, f"llmchat: {remote.server_line(event.info)}\n")
 
     if server is not None:
-        if precision != "fp32" or device != "auto":
-            fail("--precision and --device: the server decides where and at what precision its model runs")
         where = remote.target(server, model, api_key_env, read_timeout)
-        session = remote.connect_or_fail(where, sampling, system, context)
+        session = remote.connect_or_fail(where, sampling, system, context, lambda e: refuse(e, as_json))
+        stops.on_stop = session.cancel.set  # a silent server would hold the stop until it spoke
     else:
         session = local_session(
             model or DEFAULT_MODEL, precision, device, sampling, system, context, emit, as_json
@@ -229,56 +273,56 @@ def ask(
             if conversation is not None:
                 fail(str(e))
             emit(Notice(f"not saving this conversation: {e}"))
+    read_only = store is not None and store.damaged is not None
+    if read_only:  # a damaged store is only read (to resume from), never written
+        emit(Notice(f"not saving this conversation: {store.damaged}"))
+        if conversation is None:
+            store.close()
+            store = None
     chat = SavedChat(session, store)
     if conversation is not None:
         for event in chat.resume(conversation):
             emit(event)
             if isinstance(event, Failed):
                 fail(event.message)
-        if no_save:
+        if no_save or read_only:
             chat.store = None
 
-    interrupted = []
-
-    def stop_answer(signum, frame) -> None:
-        """The first Ctrl-C stops the answer (its part so far is saved); a second one quits at once."""
-        if interrupted:
-            raise KeyboardInterrupt
-        interrupted.append(True)
-        session.cancel.set()
-
-    previous_handler = signal.signal(signal.SIGINT, stop_answer)
     failed = False
-    try:
-        for prompt in prompts:
-            for event in chat.send(prompt):
-                emit(event)
-                if isinstance(event, Failed):
-                    failed = True
-                    if not as_json:
-                        typer.echo(f"llmchat: {event.message}", err=True)
-                elif isinstance(event, TurnFinished) and event.error:
-                    failed = True  # the partial answer is saved; the exit status says it is cut
-            if interrupted:
-                break
-    except KeyboardInterrupt:
-        typer.echo("\nllmchat: interrupted", err=True)
-        raise typer.Exit(130)
-    finally:
-        signal.signal(signal.SIGINT, previous_handler)
-    if chat.store is not None and chat.conversation_id is not None:
-        saved = chat.save_cache()
-        if saved is not None:
-            emit(saved)
-        emit(
-            Notice(
-                f"saved as conversation {chat.conversation_id}; "
-                f"continue it with --conversation {chat.conversation_id}"
+    # Held to the end: a signal while the cache is saved is answered, not fatal.
+    with stops:
+        try:
+            for prompt in prompts:
+                if stops.code is not None:
+                    break
+                for event in chat.send(prompt):
+                    emit(event)
+                    if isinstance(event, Failed):
+                        failed = True
+                        if not as_json:
+                            write(sys.stderr, f"llmchat: {event.message}\n")
+                    elif isinstance(event, TurnFinished) and event.error:
+                        failed = True  # the partial answer is saved; the exit status says it is cut
+                    if stops.code is not None:
+                        session.cancel.set()  # the answer stops after this token; its part so far is saved
+                if chat.refused:  # another llmchat is writing to the conversation: follow-ups make no sense
+                    break
+        except KeyboardInterrupt:
+            write(sys.stderr, "\nllmchat: interrupted\n")
+            raise typer.Exit(130)
+        if chat.store is not None and chat.conversation_id is not None and not chat.refused:
+            saved = chat.save_cache()
+            if saved is not None:
+                emit(saved)
+            emit(
+                Notice(
+                    f"saved as conversation {chat.conversation_id}; "
+                    f"continue it with --conversation {chat.conversation_id}"
+                )
             )
-        )
-    if interrupted:
-        typer.echo("llmchat: interrupted", err=True)
-        raise typer.Exit(130)
+        if stops.code is not None:
+            write(sys.stderr, f"llmchat: {stops.reason}\n")
+            raise typer.Exit(stops.code)
     if failed:
         raise typer.Exit(1)
 
@@ -321,25 +365,31 @@ def bench(
         where = remote.target(server, model, api_key_env, read_timeout)
         lengths = numbers(prompt_lengths or "64,256,1024", "--prompt-lengths")
         streams = numbers(concurrency, "--concurrency")
-        result = remote.bench(where, lengths, decode_tokens, repeats, turns, streams)
-        emit_result(result, as_json, "tui.cli.remote_bench_table", "print_remote_tables")
+        try:
+            config = remote.bench_config(where, lengths, decode_tokens, repeats, turns, streams)
+        except ValueError as e:
+            fail(flag_named(e))
+        emit_result(remote.bench(config), as_json, "tui.cli.remote_bench_table", "print_remote_tables")
         return
     from engine import bench as bench_engine
     from engine.models import ModelError
     from engine.quant.precision import PrecisionError
 
-    config = bench_engine.BenchConfig(
-        model=model or DEFAULT_MODEL,
-        precisions=tuple(precision),
-        device=device,
-        prompt_lengths=numbers(prompt_lengths or "16,128,512", "--prompt-lengths"),
-        decode_tokens=decode_tokens,
-        repeats=repeats,
-        turns=turns,
-        long_context=long_context,
-        random_weights=random_weights,
-        compile=not no_compile,
-    )
+    try:
+        config = bench_engine.BenchConfig(
+            model=model or DEFAULT_MODEL,
+            precisions=tuple(precision),
+            device=device,
+            prompt_lengths=numbers(prompt_lengths or "16,128,512", "--prompt-lengths"),
+            decode_tokens=decode_tokens,
+            repeats=repeats,
+            turns=turns,
+            long_context=long_context,
+            random_weights=random_weights,
+            compile=not no_compile,
+        )
+    except ValueError as e:
+        fail(flag_named(e))
     try:
         result = bench_engine.run(config, report=lambda line: typer.echo(line, err=True))
     except (ModelError, PrecisionError) as e:
@@ -348,14 +398,18 @@ def bench(
 
 
 def numbers(text: str, flag: str) -> tuple[int, ...]:
-    """'1,2,4' -> (1, 2, 4); exits with the reason on anything else."""
+    """'1,2,4' -> (1, 2, 4); exits with the reason if a part is not a whole number (the bench
+    config checks the values)."""
     try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
+        return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        fail(f"{flag}: expected comma-separated whole numbers, got {text!r}")
-    if not values or min(values) < 1:
-        fail(f"{flag}: expected positive whole numbers, got {text!r}")
-    return values
+        fail(f"{flag} must be comma-separated whole numbers, got {text!r}")
+
+
+def flag_named(error: ValueError) -> str:
+    """A bench config's "repeats must be ...": the field, named as its flag."""
+    field, _, rest = str(error).partition(" ")
+    return f"--{field.replace('_', '-')} {rest}"
 
 
 def emit_result(result: dict, as_json: bool, module: str, printer: str) -> None:
@@ -380,7 +434,7 @@ def local_session(model, precision, device, sampling, system, context, emit, as_
             model, precision, device, progress=lambda s, f: emit(ModelLoading(s, f)) if as_json else None
         )
     except (models.ModelError, PrecisionError) as e:
-        fail(str(e))
+        refuse(str(e), as_json)
     return ChatSession(loaded, sampling, system, context)
 
 

@@ -3,12 +3,15 @@ describe the server and its own timings. (The app reaches the same through the w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, NoReturn, Optional
 
 import typer
 
+from tui.fmt import visible_controls
+
 if TYPE_CHECKING:
     from engine.events import ModelInfo, ServerTimings
+    from engine.remote.bench import RemoteBenchConfig
     from engine.remote.session import RemoteSession
     from engine.remote.target import RemoteTarget
     from engine.sampling import SamplingSettings
@@ -34,21 +37,25 @@ def target(url: str, model: Optional[str], api_key_env: Optional[str], read_time
 
 
 def connect_or_fail(
-    where: RemoteTarget, sampling: SamplingSettings, system: str | None, context: int | None
+    where: RemoteTarget,
+    sampling: SamplingSettings,
+    system: str | None,
+    context: int | None,
+    fail: Callable[[str], NoReturn],
 ) -> RemoteSession:
-    """A session on the server, or exit 2 with the one-line reason."""
+    """A session on the server, or `fail` with the one-line reason (it exits)."""
     from engine.remote.client import RemoteError
     from engine.remote.session import connect
 
     try:
         return connect(where, sampling, system, context)
-    except RemoteError as e:
-        typer.echo(f"llmchat: {e}", err=True)
-        raise typer.Exit(2)
+    except RemoteError as e:  # it may quote the server (its model names): shown, never obeyed
+        fail(visible_controls(str(e), one_line=True))
 
 
 def server_line(info: ModelInfo) -> str:
-    """Which server, its version and parallelism, and the model: the header of a remote chat."""
+    """Which server, its version and parallelism, and the model: the header of a remote chat (the
+    server's own words with their control characters shown)."""
     server = info.server
     parts = [
         f"{server.kind} {server.version or '(version not reported)'} at {server.url}",
@@ -60,7 +67,7 @@ def server_line(info: ModelInfo) -> str:
         parts.append(server.quantization)
     if info.context:
         parts.append(f"context {info.context:,}")
-    return " · ".join(parts)
+    return visible_controls(" · ".join(parts), one_line=True)
 
 
 def server_figures(timings: ServerTimings | None) -> str:
@@ -77,21 +84,27 @@ def server_figures(timings: ServerTimings | None) -> str:
     return f" | server: {', '.join(parts)}" if parts else ""
 
 
-def bench(
+def bench_config(
     where: RemoteTarget,
     prompt_lengths: tuple[int, ...],
     decode_tokens: int,
     repeats: int,
     turns: int,
     concurrency: tuple[int, ...],
-) -> dict:
+) -> RemoteBenchConfig:
+    """`bench --server`'s settings; ValueError, starting with the field's name, for a bad one."""
+    from engine.remote.bench import RemoteBenchConfig
+
+    return RemoteBenchConfig(where, prompt_lengths, decode_tokens, repeats, turns, concurrency)
+
+
+def bench(config: RemoteBenchConfig) -> dict:
     """`bench --server`: the measurements as data; a server that fails one exits 2 with why."""
-    from engine.remote.bench import BenchError, RemoteBenchConfig, run
+    from engine.remote.bench import BenchError, run
     from engine.remote.client import RemoteError
 
-    config = RemoteBenchConfig(where, prompt_lengths, decode_tokens, repeats, turns, concurrency)
     try:
         return run(config, report=lambda line: typer.echo(line, err=True))
     except (RemoteError, BenchError) as e:
-        typer.echo(f"llmchat: {e}", err=True)
+        typer.echo(f"llmchat: {visible_controls(str(e), one_line=True)}", err=True)
         raise typer.Exit(2)

@@ -6,22 +6,27 @@ one forward pass over the cached context (the pass that produced the last token)
 answer it updates at each step in step mode, and when the answer ends.
 
 While a step waits in step mode the inference thread is blocked at the gate, between two
-forward passes, so the probe is switched on and read from here (as `pending_stages` is).
+forward passes, so the probe is switched on and read at once (`engine.call_at_gate`).
+The probe itself belongs to the session (engine/instruments/attention.py `probe_of`).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.content import Content
 from textual.widgets import Static
 
 from engine.events import Event, StepPaused, TurnFinished
-from engine.instruments.attention import AttentionProbe, AttentionView
+from engine.instruments.attention import AttentionView, enable_and_view, enabled_view, switch_off
 from tui.fmt import subscript, visible_piece
 from tui.screens.instrument import InstrumentScreen
 from tui.screens.tokenizer import span_label
+
+if TYPE_CHECKING:
+    from tui.instruments import AnswerRef, Instruments
 
 SLOW = (
     "⚠ eager attention while this view is open: every forward pass is slower. Closing it (Esc) switches back."
@@ -37,30 +42,6 @@ LEVELS = (
 
 def weight_style(weight: float) -> str:
     return next(style for floor, style in LEVELS if weight >= floor)
-
-
-def probe_of(link, session) -> AttentionProbe:
-    if link.probe is None or link.probe.session is not session:
-        link.probe = AttentionProbe(session)
-    return link.probe
-
-
-def enable_and_view(link, layer: int | None, head: int | None):
-    """For `engine.call`: switch the probe on and read it; with nothing recorded yet, run the
-    last pass again."""
-
-    def run(session) -> AttentionView | None:
-        probe = probe_of(link, session)
-        probe.enable()
-        view = probe.view(layer, head)
-        if view is None and len(session.cache):
-            with torch.inference_mode():  # the pass that produced the last token, without touching the cache
-                inputs = torch.tensor([session.cache.ids], device=session.device)
-                session.model(input_ids=inputs, use_cache=False, logits_to_keep=1)
-            view = probe.view(layer, head)
-        return view
-
-    return run
 
 
 def span_lines(view: AttentionView, width: int) -> list[Content]:
@@ -123,8 +104,8 @@ class AttentionScreen(InstrumentScreen):
     ]
     BODY_FOCUS = False
 
-    def __init__(self, link) -> None:
-        super().__init__(link)
+    def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        super().__init__(link, step, answer)
         info = link.session.info
         self.n_layers, self.n_heads = info.layers, info.heads
         self.layer_no: int | None = None
@@ -163,9 +144,8 @@ class AttentionScreen(InstrumentScreen):
             self.refresh_view()
 
     def _switch_off(self) -> None:
-        probe = self.link.probe
-        if probe is not None and self.link.session is not None:
-            self.link.engine.call(lambda session: probe.disable())
+        if self.link.session is not None:
+            self.link.engine.call(switch_off)
 
     # -- choosing the layer and head ----------------------------------------------------
     @staticmethod
@@ -207,12 +187,9 @@ class AttentionScreen(InstrumentScreen):
     def refresh_view(self) -> None:
         session = self.link.session
         if session.step_gate.pending is not None:  # the inference thread waits at the gate
-            probe = probe_of(self.link, session)
-            probe.enable()
-            self.show(
-                probe.view(self.layer_no, self.head_no),
-                waiting="recorded from the next step on: take a token",
-            )
+            layer, head = self.layer_no, self.head_no
+            view = self.link.engine.call_at_gate(lambda s: enabled_view(s, layer, head))
+            self.show(view, waiting="recorded from the next step on: take a token")
             return
         if getattr(self.app, "turns", None) is not None and self.app.turns.busy:
             self._status(
@@ -222,10 +199,9 @@ class AttentionScreen(InstrumentScreen):
         self.run_worker(self._fetch(), exclusive=True)
 
     async def _fetch(self) -> None:
+        layer, head = self.layer_no, self.head_no
         try:
-            view = await self.on_engine(
-                self.link.engine.call(enable_and_view(self.link, self.layer_no, self.head_no))
-            )
+            view = await self.on_engine(self.link.engine.call(lambda s: enable_and_view(s, layer, head)))
         except Exception as e:
             self._status(f"✖ {e}")
             return

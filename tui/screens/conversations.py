@@ -8,11 +8,11 @@ here change the widgets. The screen returns the id of the conversation to resume
 from __future__ import annotations
 
 import json
-import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Sequence
 
 from rich.text import Text
 from textual import on, work
@@ -25,6 +25,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import get_current_worker
 
 from engine.saved.store import ConversationSummary, Store, StoreError
+from tui.fmt import visible_controls
 from tui.screens.dialogs import ConfirmDialog, TextDialog
 
 EXPORTS = {"md": "Markdown", "json": "JSON"}
@@ -39,8 +40,14 @@ class Row:
     updated: float | None = None
     turns: int | None = None
     model: str | None = None
-    match: str | None = None
-    """The matching words wrapped in [ and ] (search results only)."""
+    match_parts: tuple[tuple[str, bool], ...] = ()
+    """What matched (search results only): the role and the snippet in pieces, each with whether it
+    is a match, or 'title'."""
+
+    @property
+    def match(self) -> str:
+        """What matched as plain text, the matches wrapped in [ and ]."""
+        return "".join(f"[{text}]" if matched else text for text, matched in self.match_parts)
 
 
 def summary_row(summary: ConversationSummary) -> Row:
@@ -52,20 +59,44 @@ def search_rows(store: Store, query: str) -> list[Row]:
     """Conversations whose messages match (best first, one row each), then those matching by title only."""
     rows: dict[int, Row] = {}
     for hit in store.search(query, limit=200):
-        rows.setdefault(
-            hit.conversation_id, Row(hit.conversation_id, hit.title, match=f"{hit.role}: {hit.snippet}")
-        )
+        match = ((f"{hit.role}: ", False), *hit.parts)
+        rows.setdefault(hit.conversation_id, Row(hit.conversation_id, hit.title, match_parts=match))
     words = query.lower().split()
     for summary in store.list_conversations():
         if summary.id not in rows and words and all(w in summary.title.lower() for w in words):
-            rows[summary.id] = Row(summary.id, summary.title, match="title")
+            rows[summary.id] = Row(summary.id, summary.title, match_parts=(("title", False),))
     return list(rows.values())
 
 
-def highlight(snippet: str) -> Text:
-    """A search snippet with its [matches] highlighted, on one line (a Rich Text: the table measures it)."""
-    parts = re.split(r"\[([^\]]*)\]", " ".join(snippet.split()))
-    return Text.assemble(*((part, "bold reverse") if i % 2 else part for i, part in enumerate(parts)))
+def cell(text: str) -> Text:
+    """Saved text for a cell: one line, control characters shown (a Text, not markup: '[' stays text)."""
+    return Text(visible_controls(text, one_line=True))
+
+
+def highlight(parts: Sequence[tuple[str, bool]]) -> Text:
+    """A search snippet on one line with its matches highlighted (a Rich Text: the table measures it)."""
+    pieces = [(visible_controls(text, one_line=True), matched) for text, matched in parts]
+    content = Text.assemble(*((text, "bold reverse") if matched else text for text, matched in pieces))
+    content.rstrip()
+    return content
+
+
+def fitted(text: str | Text, width: int) -> Text:
+    """One line of at most `width` cells, cut with an ellipsis (a Text, not a str: a title is not markup)."""
+    line = Text(text) if isinstance(text, str) else text.copy()
+    line.truncate(max(1, width), overflow="ellipsis")
+    return line
+
+
+def title_width(width: int, searching: bool, rows: list[Row]) -> int:
+    """The title column's width, so every column fits `width` cells (two of padding per column, and
+    room for a scrollbar)."""
+    ids = max((len(str(row.id)) for row in rows), default=1)
+    if searching:  # the title gets up to a third; the match takes the rest
+        return max(12, min(max((len(row.title) for row in rows), default=5), width // 3))
+    models = max((len(row.model or "?") for row in rows), default=5)
+    others = 1 + max(ids, 1) + len("2026-05-28 20:26") + len("Turns") + max(models, len("Model"))
+    return max(12, width - others - 2 * 6 - 2)
 
 
 def date(timestamp: float | None) -> str:
@@ -92,6 +123,12 @@ class ConversationTable(DataTable):
     """The list; Enter (select) resumes the highlighted conversation, and the footer says so."""
 
     BINDINGS = [Binding("enter", "select_cursor", "Resume")]
+
+    class Resized(Message):
+        """The table changed width: its columns are fitted again."""
+
+    def on_resize(self) -> None:
+        self.post_message(self.Resized())
 
 
 class ConversationsScreen(ModalScreen[int | None]):
@@ -143,6 +180,8 @@ class ConversationsScreen(ModalScreen[int | None]):
         self._store_lock = threading.Lock()
         self._keep_status = False
         """The status line says what a change did; the refreshed list after it leaves that in place."""
+        self._listed: ConversationsScreen.Listed | None = None
+        """The rows shown last (fitted again when the screen changes size)."""
 
     def compose(self):
         with Vertical(id="box"):
@@ -234,29 +273,43 @@ class ConversationsScreen(ModalScreen[int | None]):
     def on_conversations_screen_listed(self, message: Listed) -> None:
         if message.query != self.query_one("#search", Input).value:
             return  # typed on since: a newer search is coming
-        table = self.query_one(DataTable)
-        selected = self.selected()
-        table.clear(columns=True)
-        searching = bool(message.query.strip())
-        if searching:
-            table.add_columns("", "#", "Title", "Match")
-        else:
-            table.add_columns("", "#", "Title", "Updated", "Turns", "Model")
-        self.rows = {row.id: row for row in message.rows}
-        for row in message.rows:
-            mark = "●" if row.id == self.open_id else ""
-            title = Text(row.title or "(untitled)")  # Text, not str: a title is not markup
-            if searching:
-                cells = (mark, str(row.id), title, highlight(row.match or ""))
-            else:
-                cells = (mark, str(row.id), title, date(row.updated), str(row.turns), Text(row.model or "?"))
-            table.add_row(*cells, key=str(row.id))
-        if selected in self.rows:
-            table.move_cursor(row=table.get_row_index(str(selected)))
+        self._listed = message
+        self._fill(message.query, message.rows)
         if self._keep_status:
             self._keep_status = False
         else:
             self._say(self._summary(message.query, len(message.rows)))
+
+    def on_conversation_table_resized(self) -> None:
+        """The columns were fitted to the old width (the dialog also changes size once it knows the
+        terminal's): fit them again."""
+        if self._listed is not None:
+            self._fill(self._listed.query, self._listed.rows)
+
+    def _fill(self, query: str, rows: list[Row]) -> None:
+        """The table, its columns fitted to its width: titles and matches cut with an ellipsis."""
+        table = self.query_one(DataTable)
+        selected = self.selected()
+        table.clear(columns=True)
+        searching = bool(query.strip())
+        if searching:
+            table.add_columns("", "#", "Title", "Match")
+        else:
+            table.add_columns("", "#", "Title", "Updated", "Turns", "Model")
+        self.rows = {row.id: row for row in rows}
+        width = table.size.width or self.size.width
+        titles = title_width(width, searching, rows)
+        for row in rows:
+            mark = "●" if row.id == self.open_id else ""
+            title = fitted(cell(row.title or "(untitled)"), titles)
+            if searching:
+                match = fitted(highlight(row.match_parts), width - titles - 2 * 4 - 3 - len(str(row.id)))
+                cells = (mark, str(row.id), title, match)
+            else:
+                cells = (mark, str(row.id), title, date(row.updated), str(row.turns), cell(row.model or "?"))
+            table.add_row(*cells, key=str(row.id))
+        if selected in self.rows:
+            table.move_cursor(row=table.get_row_index(str(selected)))
 
     def _summary(self, query: str, count: int) -> str:
         if query.strip():
@@ -270,9 +323,9 @@ class ConversationsScreen(ModalScreen[int | None]):
     def on_conversations_screen_done(self, message: Done) -> None:
         self._say(message.text, message.error)
         if message.error:
-            self.notify(message.text, severity="error")
+            self.notify(message.text, severity="error", markup=False)
         elif not message.refresh_list:
-            self.notify(message.text, title="Exported", timeout=8)
+            self.notify(message.text, title="Exported", timeout=8, markup=False)
         if message.refresh_list:
             self._keep_status = True
             self._fetch(self.query_one("#search", Input).value)
@@ -329,11 +382,13 @@ class ConversationsScreen(ModalScreen[int | None]):
         if row is None:
             return
 
+        shown = visible_controls(row.title, one_line=True)
+
         def renamed(title: str | None) -> None:
-            if title is not None and title.strip() and title.strip() != row.title:
+            if title is not None and title.strip() and title.strip() != shown:
                 self._rename(row.id, title)
 
-        self.app.push_screen(TextDialog(f"New title for conversation {row.id}:", row.title), renamed)
+        self.app.push_screen(TextDialog(f"New title for conversation {row.id}:", shown), renamed)
 
     def action_delete(self) -> None:
         row = self._chosen()
@@ -353,8 +408,9 @@ class ConversationsScreen(ModalScreen[int | None]):
             else:
                 self._say("Nothing was deleted.")
 
+        title = visible_controls(row.title, one_line=True) or "(untitled)"
         question = (
-            f"Delete conversation {row.id}, “{row.title or '(untitled)'}”, with every branch and its saved "
+            f"Delete conversation {row.id}, “{title}”, with every branch and its saved "
             "KV cache? This cannot be undone."
         )
         self.app.push_screen(ConfirmDialog(question, yes="Delete"), confirmed)

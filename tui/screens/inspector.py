@@ -15,8 +15,8 @@ from textual.widgets import Static
 
 from engine.events import Candidate, Event, Forked, TurnFinished
 from engine.instruments.trace import TokenRecord
-from tui.fmt import logprob_style, visible_piece
-from tui.instruments import AnswerRef, answers
+from tui.fmt import count, fixed, logprob_style, visible_piece
+from tui.instruments import AnswerRef, Instruments, answers
 from tui.screens.instrument import InstrumentScreen
 from tui.widgets.alternatives import AlternativesList
 from tui.widgets.token_strip import StripToken, TokenStrip
@@ -29,22 +29,38 @@ def same_token(candidate: Candidate, record: TokenRecord) -> bool:
     return candidate.piece == record.piece
 
 
-def byte_text(data: bytes | None) -> str:
+def byte_text(data: bytes | None, server: bool = False) -> str:
     if data is None:
-        return "none: a special token of the chat template (or not sent by the server)"
+        maybe = " (or not sent by the server)" if server else ""
+        return f"none: a special token of the chat template{maybe}"
     return " ".join(f"{b:02x}" for b in data) + f"  ({len(data)} byte{'s' if len(data) != 1 else ''})"
 
 
 NOT_SENT = ("not sent by the server", "$text-muted")
 
 
-def record_lines(record: TokenRecord, steps: int, forked_here: bool) -> list[Content]:
-    """What the inspector says about one step (from a server: what it did not send, said so)."""
+def step_text(record: TokenRecord, last: bool) -> str:
+    """The text a step added; a special token and a split character each say why there is none."""
+    if record.text:
+        return repr(record.text)
+    if record.bytes is None:
+        what = f"none: {record.piece} is a special token, a marker of the chat template, not text"
+        return what + (" (the model's end of the answer: decoding stops when it is drawn)" if last else "")
+    return "nothing yet: it holds part of a UTF-8 character"
+
+
+def record_lines(
+    record: TokenRecord, steps: int, forked_here: bool, ended: bool = False, server: bool = False
+) -> list[Content]:
+    """What the inspector says about one step; `ended`: it is the last step of a finished answer.
+    `server`: it came from a server, and what the server did not send is said so."""
     label = lambda name: (f"{name:<10}", "bold")  # noqa: E731
-    rank = "the most probable" if record.rank == 1 else f"{record.rank - 1} token(s) were more probable"
+    more = record.rank - 1
+    were = "was" if more == 1 else "were"
+    rank = f"{count(more, 'token')} {were} more probable" if more else "the most probable"
     if record.rank == 0:
         rank = "unknown"
-    text = repr(record.text) if record.text else "nothing yet: it holds part of a UTF-8 character"
+    text = step_text(record, ended)
     position = "not known" if record.position is None else f"{record.position}"
     lines = [
         Content.assemble(
@@ -52,12 +68,20 @@ def record_lines(record: TokenRecord, steps: int, forked_here: bool) -> list[Con
         ),
         Content.assemble(label("ID"), NOT_SENT if record.id is None else f"{record.id}"),
         Content.assemble(label("piece"), (visible_piece(record.piece), logprob_style(record.logprob))),
-        Content.assemble(label("bytes"), byte_text(record.bytes)),
+        Content.assemble(label("bytes"), byte_text(record.bytes, server)),
         _logprob_line(record, label),
         Content.assemble(label("rank"), f"{record.rank}", (f"  ({rank})", "$text-muted")),
         _entropy_line(record, label),
         Content.assemble(label("text"), text),
     ]
+    if ended and not server:  # a server's cache is its own: it does not say what it fed back
+        lines.append(
+            Content.styled(
+                "not in the cache at the time: decoding stopped on this token, so it was never fed back "
+                "(the next turn prefills it)",
+                "$text-muted",
+            )
+        )
     if forked_here:
         lines.append(
             Content.styled("⑂ forked here: this token was chosen from the alternatives", "$text-accent")
@@ -69,7 +93,7 @@ def _logprob_line(record: TokenRecord, label) -> Content:
     if record.logprob is None:
         return Content.assemble(label("logprob"), NOT_SENT)
     return Content.assemble(
-        label("logprob"), f"{record.logprob:.4f}", ("  p = ", "$text-muted"), f"{record.prob:.2%}"
+        label("logprob"), fixed(record.logprob, 4), ("  p = ", "$text-muted"), f"{record.prob:.2%}"
     )
 
 
@@ -80,8 +104,12 @@ def _entropy_line(record: TokenRecord, label) -> Content:
         )
     return Content.assemble(
         label("entropy"),
-        f"{record.entropy_bits:.3f} bits",
-        (f"  ({record.entropy:.3f} nats) ≈ a fair choice among {record.choices:.1f} tokens", "$text-muted"),
+        f"{fixed(max(0.0, record.entropy_bits), 3)} bits",
+        (
+            f"  ({fixed(max(0.0, record.entropy), 3)} nats)"
+            f" ≈ a fair choice among {record.choices:.1f} tokens",
+            "$text-muted",
+        ),
     )
 
 
@@ -110,8 +138,8 @@ class InspectorScreen(InstrumentScreen):
     ]
     BODY_FOCUS = False
 
-    def __init__(self, link, step: int | None = None, answer: AnswerRef | None = None) -> None:
-        super().__init__(link)
+    def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        super().__init__(link, step, answer)
         self.refs = answers(link.session)
         self.ref: AnswerRef | None = answer or (self.refs[-1] if self.refs else None)
         self.steps = list(self.ref.trace.steps) if self.ref else []
@@ -196,7 +224,10 @@ class InspectorScreen(InstrumentScreen):
         session = self.link.session
         record = self.ref.trace.record(self.step, session.namer)
         forked_here = self.ref.trace.fork_step == self.step
-        record_view.update(Content("\n").join(record_lines(record, len(self.steps), forked_here)))
+        ended = self.ref.message is not None and self.step == len(self.steps) - 1
+        server = self.link.app.options.remote
+        lines = record_lines(record, len(self.steps), forked_here, ended, server)
+        record_view.update(Content("\n").join(lines))
         candidates = record.top_k
         taken = [c for c in candidates if same_token(c, record)]
         if not taken and record.prob is not None:  # drawn from outside the top-k shown
@@ -206,7 +237,7 @@ class InspectorScreen(InstrumentScreen):
         alternatives.set_candidates(candidates, marks, alternatives.cursor)
         self.query_one(TokenStrip).move_to(self.step)
         self.set_title_line(f"{self.ref.label} · step {self.step + 1} of {len(self.steps)}")
-        if self.link.app.options.remote:
+        if server:
             hint.update("Forking from a token needs the local engine (a server cannot continue from one).")
         elif self.ref.message is None:
             hint.update("Only a finished answer in the conversation can be forked.")

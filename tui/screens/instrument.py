@@ -1,8 +1,9 @@
 """What every instrument screen shares: a title line, the explanation that opens in place, Esc, a footer.
 
 Each instrument reads from the engine through the `Instruments` link (tui/instruments.py):
-data that is plain tokenizer or event work directly, anything that runs the model through
-`engine.call`, awaited here with `asyncio.wrap_future` so the UI thread never waits on it.
+data that is plain tokenizer or event work directly from `link.session` (a read-only
+`SessionView`), anything that runs the model through `engine.call`, awaited here with
+`asyncio.wrap_future` so the UI thread never waits on it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from engine.instruments.explain import explain
 from tui.widgets.explanation import ExplanationPanel
 
 if TYPE_CHECKING:
-    from tui.instruments import Instruments
+    from tui.instruments import AnswerRef, Instruments
 
 
 class InstrumentScreen(Screen[None]):
@@ -45,7 +46,9 @@ class InstrumentScreen(Screen[None]):
     BODY_FOCUS = True
     """False where the screen's own arrow keys matter more than scrolling the body."""
 
-    def __init__(self, link: Instruments) -> None:
+    def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        """Every instrument screen opens this way (tui/instruments.py `SCREENS`): `step` and `answer`
+        say where to look, for the screens that look at one step or answer; the others ignore them."""
         super().__init__()
         self.link = link
 

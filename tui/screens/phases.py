@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
-import torch
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.content import Content
@@ -22,6 +22,9 @@ from engine.instruments.phases import Calibration, ModelShape, PhaseMeasure, Tur
 from tui.fmt import human_bytes, ms
 from tui.screens.instrument import InstrumentScreen
 
+if TYPE_CHECKING:
+    from tui.instruments import AnswerRef, Instruments
+
 SCALE = (0.1, 10_000.0)
 """FLOPs per byte at the two ends of the intensity axis (log scale)."""
 
@@ -32,11 +35,6 @@ def si(value: float, unit: str) -> str:
         if abs(value) >= factor:
             return f"{value / factor:.2f} {prefix}{unit}"
     return f"{value:.2f} {unit}"
-
-
-def dtype_of(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
 def axis_column(intensity: float, width: int) -> int:
@@ -105,7 +103,7 @@ def measure_rows(turn: TurnPhases, peaks: Calibration | None) -> list[Content]:
         row("bytes moved", [human_bytes(m.bytes) for m in measures]),
         row("arithmetic intensity", [f"{m.intensity:,.1f} FLOP/B" for m in measures]),
         row("achieved compute", [si(m.flop_s, "FLOP/s") for m in measures]),
-        row("achieved bandwidth", [si(m.bytes_s, "B/s") for m in measures]),
+        row("achieved bandwidth", [human_bytes(m.bytes_s) + "/s" for m in measures]),
     ]
     if peaks is not None:
         lines += [
@@ -168,8 +166,8 @@ class PhasesScreen(InstrumentScreen):
     INSTRUMENT = "phases"
     BINDINGS = [Binding("c", "calibrate", "Calibrate again")]
 
-    def __init__(self, link) -> None:
-        super().__init__(link)
+    def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        super().__init__(link, step, answer)
         self.peaks: Calibration | None = None
         self.shape = ModelShape.of(link.session.loaded)
 
@@ -195,7 +193,7 @@ class PhasesScreen(InstrumentScreen):
                 f"read per pass · KV {s.kv_bytes_per_token:,} B/token",
             )
         )
-        self.peaks = phases.cached_calibration(info.device, dtype_of(info.compute_dtype))
+        self.peaks = phases.cached_calibration(info.device, phases.dtype_of(info.compute_dtype))
         if self.peaks is None:
             self.action_calibrate()
         self.draw()
@@ -210,14 +208,16 @@ class PhasesScreen(InstrumentScreen):
             )
         )
         self.run_worker(
-            self._calibrate(info.device, dtype_of(info.compute_dtype), refresh=self.peaks is not None),
+            self._calibrate(info.device, info.compute_dtype, refresh=self.peaks is not None),
             exclusive=True,
         )
 
-    async def _calibrate(self, device: str, dtype: torch.dtype, refresh: bool) -> None:
+    async def _calibrate(self, device: str, dtype_name: str, refresh: bool) -> None:
         try:
             self.peaks = await self.on_engine(
-                self.link.engine.call(lambda s: phases.calibrate(device, dtype, refresh=refresh))
+                self.link.engine.call(
+                    lambda s: phases.calibrate(device, phases.dtype_of(dtype_name), refresh=refresh)
+                )
             )
         except Exception as e:
             self.query_one("#machine", Static).update(
@@ -236,7 +236,7 @@ class PhasesScreen(InstrumentScreen):
                     f"{peaks.device}, {peaks.dtype}, {peaks.threads} threads: peak matmul ",
                     (si(peaks.matmul_flop_s, "FLOP/s"), "bold"),
                     " · bandwidth ",
-                    (si(peaks.bandwidth_bytes_s, "B/s"), "bold"),
+                    (human_bytes(peaks.bandwidth_bytes_s) + "/s", "bold"),
                     f" · balance {peaks.balance:,.1f} FLOP/B",
                     (f"  (measured {when}; c measures again)", "$text-muted"),
                 )

@@ -1,13 +1,14 @@
 """Precision compare: the last turn at the loaded precision and at a second one, side by side.
 
-The second precision is loaded on the inference thread, the turn runs teacher-forced
-(`compare_turn`), and the second model is dropped again; the chat's model stays as it was.
+The second precision is loaded on the inference thread, the turn runs teacher-forced, and
+the second model is dropped again (`compare_turn_at` in engine/instruments/precision_compare.py);
+the chat's model stays as it was.
 """
 
 from __future__ import annotations
 
-import gc
 import threading
+from typing import TYPE_CHECKING
 
 from textual import on
 from textual.app import ComposeResult
@@ -16,29 +17,29 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import Button, Input, Label, Select, Static
 
-from engine import models
-from engine.instruments.precision_compare import PrecisionComparison, compare_turn
+from engine.instruments.precision_compare import PrecisionComparison, compare_turn_at
 from engine.quant.precision import PRECISIONS
 from tui.fmt import human_bytes, ms, subscript, visible_piece
 from tui.screens.instrument import InstrumentScreen
 
+if TYPE_CHECKING:
+    from tui.instruments import AnswerRef, Instruments
+
 DEFAULT_TOKENS = 32
 
 
-def run_compare(precision: str, max_new_tokens: int, cancel: threading.Event):
-    """For `engine.call`: load the session's model at `precision`, compare the last turn, free it."""
-
-    def run(session) -> PrecisionComparison:
-        if cancel.is_set():
-            raise RuntimeError("cancelled")
-        other = models.load(session.info.spec, precision, session.info.device)
-        try:
-            return compare_turn(session, other, max_new_tokens, cancel)
-        finally:
-            del other
-            gc.collect()
-
-    return run
+def intro(precision: str, sampling) -> str:
+    """What is compared, and why its tokens need not be the chat's."""
+    text = (
+        f"The last turn's prompt is answered again at {precision} (the reference) by plain greedy decoding "
+        "(always the most probable token: repeatable), and the second precision is fed those same tokens."
+    )
+    if sampling.temperature == 0 and sampling.repetition_penalty == 1:
+        return text + " The chat answered greedily too, so they begin as the chat's answer did."
+    return text + (
+        f" The chat's answer was sampled (T {sampling.temperature:g}, repetition penalty "
+        f"{sampling.repetition_penalty:g}), so these tokens can differ from it."
+    )
 
 
 def side_by_side(result: PrecisionComparison) -> list[Content]:
@@ -113,15 +114,15 @@ class PrecisionScreen(InstrumentScreen):
     INSTRUMENT = "precision"
     DEFAULT_CSS = """
     PrecisionScreen #controls { height: auto; margin-top: 1; }
-    PrecisionScreen #controls > Label { padding: 1 1 0 0; }
-    PrecisionScreen #controls > Select { width: 20; }
-    PrecisionScreen #controls > Input { width: 10; }
-    PrecisionScreen #controls > Button { margin-left: 2; }
+    PrecisionScreen #controls > Label { padding: 0 1 0 0; }
+    PrecisionScreen #controls > Select { width: 12; }
+    PrecisionScreen #controls > Input { width: 8; }
+    PrecisionScreen #controls > Button { margin-left: 2; min-width: 11; }
     """
     BINDINGS = [Binding("r", "run", "Run")]
 
-    def __init__(self, link) -> None:
-        super().__init__(link)
+    def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        super().__init__(link, step, answer)
         self.result: PrecisionComparison | None = None
         self.cancel = threading.Event()
         """Set when the screen closes: a comparison still running stops at its next step."""
@@ -130,15 +131,13 @@ class PrecisionScreen(InstrumentScreen):
         current = self.link.session.info.precision
         others = [p for p in PRECISIONS if p != current]
         default = "bf16" if "bf16" in others else others[0]
-        yield Static(
-            f"The last turn answered greedily at {current} (the reference) and, fed the same tokens, at:"
-        )
+        yield Static(intro(current, self.link.session.sampling))
         with Horizontal(id="controls"):
             yield Label("second precision")
-            yield Select([(p, p) for p in others], value=default, allow_blank=False, id="other")
-            yield Label("tokens")
-            yield Input(str(DEFAULT_TOKENS), id="tokens", type="integer")
-            yield Button("Run (r)", id="run", variant="primary")
+            yield Select([(p, p) for p in others], value=default, allow_blank=False, id="other", compact=True)
+            yield Label("  tokens")
+            yield Input(str(DEFAULT_TOKENS), id="tokens", type="integer", compact=True)
+            yield Button("Run (r)", id="run", variant="primary", compact=True)
         yield Static(id="status", classes="muted")
         yield Static("Speed and memory", classes="section")
         yield Static(id="sides")
@@ -185,7 +184,9 @@ class PrecisionScreen(InstrumentScreen):
 
     async def _run(self, precision: str, tokens: int) -> None:
         try:
-            result = await self.on_engine(self.link.engine.call(run_compare(precision, tokens, self.cancel)))
+            result = await self.on_engine(
+                self.link.engine.call(lambda s: compare_turn_at(s, precision, tokens, self.cancel))
+            )
         except Exception as e:  # a precision this machine cannot load, or no turn yet
             self._status(f"✖ {e}")
             return

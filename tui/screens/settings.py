@@ -31,6 +31,16 @@ FIELDS = {
     "max_new_tokens": "Max new tokens",
 }
 WHOLE = {"top_k", "seed", "max_new_tokens"}
+NAMES = {
+    "temperature": "temperature",
+    "top_k": "top-k",
+    "top_p": "top-p",
+    "min_p": "min-p",
+    "repetition_penalty": "repetition penalty",
+    "seed": "seed",
+    "max_new_tokens": "max new tokens",
+}
+"""Each field as the user reads it (in a notice), not as the code names it."""
 
 
 def parse_field(name: str, text: str) -> Any:
@@ -54,6 +64,20 @@ def check_field(settings: SamplingSettings, name: str, text: str) -> str | None:
     return None
 
 
+def changes(old: SamplingSettings, new: SamplingSettings) -> dict[str, Any]:
+    """The fields whose value differs, with their new values."""
+    return {name: getattr(new, name) for name in FIELDS if getattr(old, name) != getattr(new, name)}
+
+
+def describe_changes(old: SamplingSettings, new: SamplingSettings) -> str:
+    """'temperature 0.7 → 0.3; max new tokens 512 → 60' (a blank seed reads as random)."""
+
+    def shown(name: str, settings: SamplingSettings) -> str:
+        return field_text(settings, name) or "random"
+
+    return "; ".join(f"{NAMES[name]} {shown(name, old)} → {shown(name, new)}" for name in changes(old, new))
+
+
 def field_text(settings: SamplingSettings, name: str) -> str:
     value = getattr(settings, name)
     return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
@@ -68,6 +92,8 @@ class SettingsScreen(ModalScreen[None]):
     SettingsScreen .row { height: 1; }
     SettingsScreen .row > Label { width: 30; }
     SettingsScreen .row > Input, SettingsScreen .row > Select { width: 1fr; }
+    SettingsScreen Select > SelectOverlay.-textual-compact { border: round $accent !important;
+        background: $panel; max-height: 10; }
     SettingsScreen .error { color: $text-error; height: auto; }
     SettingsScreen .hint { color: $text-muted; }
     SettingsScreen #buttons { height: auto; margin-top: 1; align-horizontal: right; }
@@ -108,6 +134,16 @@ class SettingsScreen(ModalScreen[None]):
                 yield from self._server_precision()
             else:
                 yield from self._precision_choice()
+            # The theme sits high in the dialog, so its list opens inside the dialog on a small terminal.
+            with Horizontal(classes="row"):
+                yield Label("Theme (remembered)")
+                yield Select(
+                    [(t, t) for t in self.themes],
+                    value=self.app.theme,
+                    allow_blank=False,
+                    compact=True,
+                    id="theme",
+                )
             yield Static(self._sampling_heading(), classes="heading")
             unsupported = self.server.unsupported_settings if self.server else ()
             for name, label in FIELDS.items():
@@ -117,16 +153,6 @@ class SettingsScreen(ModalScreen[None]):
                 problem = Static("", id=f"{name}-error", classes="error", markup=False)
                 problem.display = False
                 yield problem
-            yield Static("Theme", classes="heading")
-            with Horizontal(classes="row"):
-                yield Label("Theme (saved)")
-                yield Select(
-                    [(t, t) for t in self.themes],
-                    value=self.app.theme,
-                    allow_blank=False,
-                    compact=True,
-                    id="theme",
-                )
             with Horizontal(id="buttons"):
                 yield Button("Apply  ^s", id="apply", variant="primary")
                 yield Button("Close  esc", id="close")
@@ -158,8 +184,8 @@ class SettingsScreen(ModalScreen[None]):
 
     def _sampling_heading(self) -> str:
         if self.server is not None:
-            return "Sampling: Enter applies a field; the server reads it from the next answer."
-        return "Sampling: Enter applies a field; it takes effect from the next token, also mid-answer."
+            return "Sampling (remembered): Enter applies; the server reads it from the next answer."
+        return "Sampling (remembered): Enter applies; it takes effect from the next token, also mid-answer."
 
     def on_mount(self) -> None:
         if self.server is not None:

@@ -8,13 +8,14 @@ at the gate meanwhile). A finished answer's step is recomputed on the inference 
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.content import Content
 from textual.widgets import Static
 
 from engine.events import Event, TurnFinished
 from engine.instruments.stages import SamplerStages, Stage, pending_stages, stages_at
 from tui.fmt import prob_style, visible_piece
-from tui.instruments import AnswerRef, answers
+from tui.instruments import AnswerRef, Instruments, answers
 from tui.screens.instrument import InstrumentScreen
 
 SHORT = {
@@ -106,12 +107,21 @@ def stage_lines(stages: SamplerStages) -> list[Content]:
 
 class StagesScreen(InstrumentScreen):
     INSTRUMENT = "stages"
+    BINDINGS = [
+        # priority: the body scrolls sideways on ← → otherwise
+        Binding("left", "step(-1)", "Step ←", priority=True),
+        Binding("right", "step(1)", "Step →", priority=True),
+        Binding("left_square_bracket", "answer(-1)", "Prev answer"),
+        Binding("right_square_bracket", "answer(1)", "Next answer"),
+    ]
 
-    def __init__(self, link, step: int | None = None, answer: AnswerRef | None = None) -> None:
-        super().__init__(link)
+    def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        super().__init__(link, step, answer)
         self.step = step
         self.answer = answer
         self.stages: SamplerStages | None = None
+        self.pending = False
+        """Showing the step waiting in step mode (its neighbours need the model, which waits for a choice)."""
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="source", classes="muted")
@@ -129,25 +139,59 @@ class StagesScreen(InstrumentScreen):
         session = self.link.session
         if self.step is None and self.answer is None and session.step_gate.pending is not None:
             pending = session.step_gate.pending
+            self.pending = True
             self.show(
                 pending_stages(session),
                 f"the step waiting in step mode: step {pending.index + 1}, from its own logits",
             )
             return
-        answer = self.answer
-        if answer is None:
+        if self.answer is None:
             refs = answers(session)
-            answer = refs[-1] if refs else None
-        if answer is None:
+            self.answer = refs[-1] if refs else None
+        if self.answer is None:
             self.query_one("#source", Static).update(
                 "No answer yet: send a prompt (or use step mode, F3), then open this view."
             )
             return
-        step = len(answer.trace) - 1 if self.step is None else self.step
-        self.query_one("#source", Static).update(
-            f"recomputing step {step + 1} of {answer.label} on the inference thread…"
-        )
+        if self.step is None:
+            self.step = len(self.answer.trace) - 1
+        self._recompute_shown()
+
+    def _recompute_shown(self) -> None:
+        answer, step = self.answer, self.step
+        where = f"step {step + 1} of {answer.label} ({len(answer.trace)} steps)"
+        if self.link.app.turns.busy:  # engine.call queues behind the answer being written
+            self.query_one("#source", Static).update(
+                Content.styled(
+                    f"{where}: recomputing it needs the model, which is busy answering; it runs as soon as "
+                    "the answer ends (Esc in the chat stops it; F3 step mode shows a waiting step at once).",
+                    "$text-warning",
+                )
+            )
+        else:
+            self.query_one("#source", Static).update(f"recomputing {where} on the inference thread…")
         self.run_worker(self._recompute(answer, step), exclusive=True)
+
+    def action_step(self, delta: int) -> None:
+        """Another step of the same answer (each is recomputed: one forward pass)."""
+        if self.pending or self.answer is None or self.step is None:
+            if self.pending:
+                self.notify("Step mode shows the waiting step; choose a token (s, g, 1–9) to move on.")
+            return
+        step = max(0, min(self.step + delta, len(self.answer.trace) - 1))
+        if step != self.step:
+            self.step = step
+            self._recompute_shown()
+
+    def action_answer(self, delta: int) -> None:
+        """The same view for another answer of the conversation (its last step)."""
+        refs = answers(self.link.session)
+        if self.pending or not refs:
+            return
+        at = next((i for i, r in enumerate(refs) if self.answer and r.trace is self.answer.trace), len(refs))
+        self.answer = refs[(at + delta) % len(refs)]
+        self.step = len(self.answer.trace) - 1
+        self._recompute_shown()
 
     async def _recompute(self, answer: AnswerRef, step: int) -> None:
         message = answer.message
@@ -164,9 +208,11 @@ class StagesScreen(InstrumentScreen):
         settings = self.link.session.sampling
         self.show(
             stages,
-            f"step {step + 1} of {answer.label}, recomputed at the current settings "
+            f"step {step + 1} of {answer.label} ({len(answer.trace)} steps), recomputed at the current "
+            "settings "
             f"(T {settings.temperature:g}, top-k {settings.top_k}, top-p {settings.top_p:g}, "
-            f"min-p {settings.min_p:g}, penalty {settings.repetition_penalty:g})",
+            f"min-p {settings.min_p:g}, penalty {settings.repetition_penalty:g})  ← → other steps · "
+            "[ ] other answers",
         )
 
     def show(self, stages: SamplerStages, source: str) -> None:

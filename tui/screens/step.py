@@ -132,6 +132,7 @@ class StepScreen(ModalScreen[None]):
             self.notify(str(e), severity="warning")
             return
         self.waiting = False
+        self.link.answer_note(f"step mode: token {self.event.index + 1} taken; the model computes the next…")
         piece = self.link.session.namer.piece(draw.id)
         self.query_one("#state", Static).update(
             Content.assemble(

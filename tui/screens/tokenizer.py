@@ -18,8 +18,8 @@ from textual.widgets import Input, Static
 
 from engine.events import Event, Forked, TurnFinished
 from engine.instruments.tokview import Piece, Span, TextCost, TokenizerView, text_cost, tokenizer_view
-from tui.fmt import subscript, visible_piece
-from tui.instruments import AnswerRef, answers
+from tui.fmt import count, subscript, visible_piece
+from tui.instruments import AnswerRef, Instruments, answers
 from tui.screens.instrument import InstrumentScreen
 
 SOURCE_STYLES = {
@@ -93,6 +93,8 @@ def span_label(span: Span) -> str:
     """The message a span belongs to; the tail no message matches is the answer as generated."""
     if span.message is not None:
         return f"{span.role} #{span.message + 1}"
+    if span.default:
+        return "system (template)"
     return "system" if span.role == "system" else "answer (as generated)"
 
 
@@ -109,13 +111,21 @@ def span_lines(view: TokenizerView) -> list[Content]:
         cost = view.span_cost(span)
         per = f"{cost.chars_per_token:.2f}" if cost.tokens else "–"
         lines.append(Content(f"{span_label(span):<22}{span.tokens:>8}{cost.characters:>12}{per:>13}"))
+    if any(span.default for span in view.spans):
+        lines.append(
+            Content.styled(
+                "system (template): no system prompt was set, so the chat template put in its own; "
+                "it is prefilled and cached like any message",
+                "$text-muted",
+            )
+        )
     return lines
 
 
 def cost_lines(cost: TextCost) -> Content:
     per = f"{cost.chars_per_token:.2f}" if cost.tokens else "–"
     return Content.assemble(
-        (f"{cost.tokens} tokens", "bold"),
+        (count(cost.tokens, "token"), "bold"),
         f" · {cost.characters} characters · {cost.utf8_bytes} UTF-8 bytes · {per} chars/token\n",
         piece_chips(cost.pieces),
     )
@@ -129,8 +139,9 @@ def cost_verdict(left: TextCost, right: TextCost) -> Content:
     return Content.assemble(
         ("the left costs " if more is left else "the right costs ", "bold"),
         (f"{ratio:.1f}×", "bold $text-warning"),
-        f" the tokens of the other ({more.tokens} vs {fewer.tokens}): that many more prefill steps, "
-        "KV cache slots and, when generated, decode steps.",
+        f" the tokens of the other ({more.tokens} vs {fewer.tokens}): that much more work in the prefill "
+        "(still one pass, over more tokens), that many more KV cache slots and, when generated, that many "
+        "more decode steps.",
     )
 
 
@@ -143,8 +154,8 @@ class TokenizerScreen(InstrumentScreen):
     TokenizerScreen #template { background: $boost; padding: 0 1; }
     """
 
-    def __init__(self, link, answer: AnswerRef | None = None) -> None:
-        super().__init__(link)
+    def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
+        super().__init__(link, step, answer)
         self.answer = answer
 
     def compose_body(self) -> ComposeResult:
@@ -193,7 +204,7 @@ class TokenizerScreen(InstrumentScreen):
         self.query_one("#summary", Static).update(
             Content.assemble(
                 ("prompt ", "bold"),
-                f"{view.prompt_tokens} tokens: ",
+                f"{count(view.prompt_tokens, 'token')}: ",
                 (f"{view.reused} cached", SOURCE_STYLES["cached"][0]),
                 " + ",
                 (f"{view.prefilled} prefilled", SOURCE_STYLES["prefilled"][0]),

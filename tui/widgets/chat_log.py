@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable, Sequence
 
+from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
@@ -21,6 +23,23 @@ from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from engine.events import SavedMessage
+from tui.fmt import visible_controls
+
+
+def _hard_breaks(state: StateCore) -> None:
+    """Every line break inside a paragraph is a real one: a model's poem or list keeps its lines
+    (Markdown would join single line breaks into one paragraph)."""
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
+
+
+def answer_parser() -> MarkdownIt:
+    """The Markdown parser of answers: Textual's own ("gfm-like"), keeping the model's line breaks."""
+    parser = MarkdownIt("gfm-like")
+    parser.core.ruler.push("hard_breaks", _hard_breaks)
+    return parser
 
 
 def version_label(version: int, versions: int) -> Content:
@@ -36,7 +55,8 @@ class ChatMessage(Vertical, can_focus=True):
     DEFAULT_CSS = """
     ChatMessage { height: auto; }
     ChatMessage > .versions { color: $text-muted; display: none; }
-    ChatLog > ChatMessage:focus { border-left: thick $accent; background: $accent 15%; }
+    ChatMessage > .selected { display: none; color: $text-accent; text-style: bold; }
+    ChatMessage:focus > .selected { display: block; }
     """
     BINDINGS = [
         Binding("left", "version(-1)", "‹ Version"),
@@ -63,6 +83,18 @@ class ChatMessage(Vertical, can_focus=True):
         """What the store holds for this message (None until saved, or when saving is off)."""
         self.index = index
         """Its position in the engine's conversation (None until saved)."""
+
+    def selected_label(self) -> Static:
+        """Shown only while the message is selected (focused): says so, and which keys act on it."""
+        return Static("", classes="selected", markup=False)
+
+    def on_focus(self) -> None:
+        parts = ["▶ selected", "↑↓ other messages"]
+        if self.saved is not None and self.saved.versions > 1:
+            parts.append("←→ versions")
+        if isinstance(self, UserMessage) and self.index is not None:
+            parts.append("e edit")
+        self.query_one(".selected", Static).update(" · ".join([*parts, "Esc back to the prompt"]))
 
     def versions_label(self) -> Static:
         label = Static("", classes="versions")
@@ -130,7 +162,8 @@ class UserMessage(ChatMessage):
         self.text = text
 
     def compose(self):
-        yield Static(self.text, markup=False)
+        yield self.selected_label()
+        yield Static(visible_controls(self.text), markup=False)
         yield self.versions_label()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -168,7 +201,8 @@ class Answer(ChatMessage):
         """The user message this answers, when it was asked here (an edit or a typed prompt)."""
 
     def compose(self):
-        yield Markdown(self.text)
+        yield self.selected_label()
+        yield Markdown(visible_controls(self.text), parser_factory=answer_parser)
         yield self.versions_label()
         meta = Static(self._note, classes="meta", markup=False)
         meta.display = bool(self._note)
@@ -185,7 +219,7 @@ class Answer(ChatMessage):
         if self._stream is None:  # made at the first text, so stop() never meets a task that has not run
             self._stream = Markdown.get_stream(self.query_one(Markdown))
         self.text += text
-        await self._stream.write(text)
+        await self._stream.write(visible_controls(text))
 
     async def finish(self, note: str) -> None:
         """Stop the stream (it writes any fragment still pending) and show the stats."""
@@ -203,6 +237,7 @@ class ChatLog(VerticalScroll):
     ChatLog > .user { margin: 0 1 1 6; padding: 0 1; border-left: thick $secondary; background: $boost; }
     ChatLog > .note { margin: 0 1 1 0; color: $text-muted; }
     ChatLog > .error { margin: 0 1 1 0; padding: 0 1; color: $text-error; background: $error-muted; }
+    ChatLog > ChatMessage:focus { border-left: outer $accent; background: $accent 20%; }
     """
 
     def __init__(self, **kwargs) -> None:
@@ -224,7 +259,7 @@ class ChatLog(VerticalScroll):
         return message
 
     def add_note(self, text: str, error: bool = False) -> None:
-        self.mount(Static(text, classes="error" if error else "note", markup=False))
+        self.mount(Static(visible_controls(text), classes="error" if error else "note", markup=False))
 
     async def expect_answer(self, note: str) -> Answer:
         """An answer box waiting for its turn (the engine answers prompts in order)."""

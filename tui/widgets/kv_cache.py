@@ -1,6 +1,8 @@
 """The KV cache panel: a gauge of tokens against the window, real bytes, and the per-token formula.
 
-Drawn by `render()` at a fixed height, so an update repaints this panel only.
+Drawn by `render()`; its height follows its lines (so no word is cut at any width). A new token
+only changes numbers within a line, so it repaints this panel alone; a new turn or model lays it
+out again.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 from textual.content import Content
 from textual.widget import Widget
 
-from engine.events import CacheChanged, ModelInfo, PhaseChanged
+from engine.events import CacheChanged, ModelInfo, PhaseChanged, TurnStats
 from tui.fmt import human_bytes
 
 GAUGE_WIDTH = 30
@@ -42,7 +44,7 @@ def short_formula(info: ModelInfo) -> str:
 
 class KVCachePanel(Widget):
     DEFAULT_CSS = """
-    KVCachePanel { height: 9; border: round $primary 50%; border-title-color: $text; padding: 0 1; }
+    KVCachePanel { height: auto; border: round $primary 50%; border-title-color: $text; padding: 0 1; }
     """
 
     def __init__(self, **kwargs) -> None:
@@ -51,6 +53,8 @@ class KVCachePanel(Widget):
         self.info: ModelInfo | None = None
         self.cache: CacheChanged | None = None
         self.turn: PhaseChanged | None = None
+        self.finished: TurnStats | None = None
+        """The last finished turn (None while one runs): explains why its last token is not cached."""
         self.fresh = False
         self.resumed = False
         """A saved conversation was just resumed: the next turn prefills its history, or reuses a
@@ -60,31 +64,35 @@ class KVCachePanel(Widget):
 
     def set_model(self, info: ModelInfo) -> None:
         """A (re)loaded model starts with an empty cache."""
-        self.info, self.cache, self.turn, self.server_fill = info, None, None, None
+        self.info, self.cache, self.turn, self.finished, self.server_fill = info, None, None, None, None
         self.fresh, self.resumed = True, False
-        self.refresh()
+        self.refresh(layout=True)
 
     def set_resumed(self) -> None:
         """A saved conversation became current (its cache, if loaded from disk, follows as CacheChanged)."""
-        self.turn, self.fresh, self.resumed = None, False, True
-        self.refresh()
+        self.turn, self.finished, self.fresh, self.resumed = None, None, False, True
+        self.refresh(layout=True)
 
     def set_turn(self, event: PhaseChanged) -> None:
-        self.turn = event
+        self.turn, self.finished = event, None
         self.fresh = self.resumed = False
-        self.refresh()
+        self.refresh(layout=True)
+
+    def finish(self, stats: TurnStats) -> None:
+        self.finished = stats
+        self.refresh(layout=True)
 
     def set_cache(self, event: CacheChanged, repaint: bool = True) -> None:
         self.cache = event
         if event.server_fill is not None:  # read once a turn: kept until the next reading
             self.server_fill = (event.server_fill, event.server_fill_source)
         if repaint:
-            self.refresh()
+            self.refresh(layout=self.resumed)  # "resumed from disk" may take another line
 
     def clear(self) -> None:
-        self.cache, self.turn = None, None
+        self.cache, self.turn, self.finished = None, None, None
         self.resumed = False
-        self.refresh()
+        self.refresh(layout=True)
 
     def render(self) -> Content:
         if self.info is None:
@@ -105,6 +113,7 @@ class KVCachePanel(Widget):
                 f"{used:,} × {per_token:,} B = {human_bytes(used * per_token)}",
             ),
             self._turn_line(),
+            *self._unfed_line(),
         ]
         return Content("\n").join(lines)
 
@@ -143,6 +152,21 @@ class KVCachePanel(Widget):
             return Content.styled("server-wide cache use: not reported", "$text-muted")
         fill, source = self.server_fill
         return Content.assemble(("server ", "bold"), f"{fill:.1%} of its KV cache in use ({source})")
+
+    def _unfed_line(self) -> list[Content]:
+        """After a turn: the answer's last token was never fed back, so the cache lacks it."""
+        stats, cache = self.finished, self.cache
+        if stats is None or cache is None or not stats.generated_tokens:
+            return []
+        if cache.tokens != stats.prompt_tokens + stats.generated_tokens - 1:
+            return []
+        return [
+            Content.styled(
+                f"cache = {stats.prompt_tokens:,} prompt + {stats.generated_tokens:,} answer − 1: decoding "
+                "stopped on the last token, so it was never fed back; the next turn prefills it",
+                "$text-muted",
+            )
+        ]
 
     def _turn_line(self) -> Content:
         if self.resumed and self.cache is not None and self.cache.tokens:

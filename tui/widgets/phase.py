@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.widget import Widget
 
 from engine.events import PhaseChanged, PrefillProgress, TokenSampled, TurnStats
-from tui.fmt import ms, sparkline
+from tui.fmt import count, ms, sparkline
 
 BADGES = {
     "idle": ("IDLE", "$text-muted on $panel"),
@@ -24,6 +24,18 @@ WHY = {
     "prefill": "the whole prompt at once: compute-bound",
     "decode": "one token per step: memory-bound",
 }
+
+
+def prefill_rate(stats: TurnStats) -> str:
+    """Prefill throughput; for a prefill of one token (a fork, a regeneration) its time instead,
+    since a rate of one token is a latency in disguise. '–' where a server did not tell the count."""
+    if stats.prefilled_tokens is None:
+        return "–"
+    if stats.prefilled_tokens >= 2 and stats.prefill_tok_s > 0:
+        return f"{stats.prefill_tok_s:,.0f} tok/s"
+    if stats.prefilled_tokens == 1 and stats.prefill_tok_s > 0:
+        return f"1 token, {ms(1 / stats.prefill_tok_s)}"
+    return "–"
 
 
 class PhasePanel(Widget):
@@ -43,10 +55,23 @@ class PhasePanel(Widget):
         self.itl: list[float] = []
         self.tokens = 0
         self.final: TurnStats | None = None
+        self.waiting_step: int | None = None
+        """Step mode: the index of the token waiting for the user's choice."""
 
     # -- what the engine said -------------------------------------------------
+    def clear(self) -> None:
+        """Nothing measured yet (a new chat, or a resumed one: the figures of the last turn are gone)."""
+        self.phase, self.prompt_new, self.prompt_reused, self.progress = "idle", 0, 0, None
+        self.ttft_s, self.itl, self.tokens, self.final, self.waiting_step = None, [], 0, None, None
+        self.refresh()
+
+    def step_waiting(self, index: int) -> None:
+        """Step mode: token `index` waits for the user's choice (the model is not computing)."""
+        self.waiting_step = index
+        self.refresh()
+
     def set_phase(self, event: PhaseChanged) -> None:
-        self.phase = event.phase
+        self.phase, self.waiting_step = event.phase, None
         if event.phase == "prefill":
             self.prompt_new, self.prompt_reused = event.tokens, event.reused
             self.progress, self.ttft_s, self.final = None, None, None
@@ -59,6 +84,7 @@ class PhasePanel(Widget):
             self.refresh()
 
     def add_tokens(self, tokens: list[TokenSampled], repaint: bool = True) -> None:
+        self.waiting_step = None
         for token in tokens:
             if token.index == 0:
                 self.ttft_s = token.latency_s
@@ -69,7 +95,7 @@ class PhasePanel(Widget):
             self.refresh()
 
     def finish(self, stats: TurnStats) -> None:
-        self.final = stats
+        self.final, self.waiting_step = stats, None
         self.phase = "idle"
         self.ttft_s = stats.ttft_s
         self.refresh()
@@ -80,7 +106,7 @@ class PhasePanel(Widget):
             return self._strip()
         label, style = BADGES[self.phase]
         last = self.itl[-1] if self.itl else None
-        prefill = f"{self.final.prefill_tok_s:,.0f} tok/s" if self.final else "–"
+        prefill = prefill_rate(self.final) if self.final else "–"
         return Content.assemble(
             (f" {label} ", style),
             " ",
@@ -125,16 +151,20 @@ class PhasePanel(Widget):
         )
 
     def _detail(self) -> Content:
+        if self.waiting_step is not None:
+            waiting = f"⏸ step mode: token {self.waiting_step + 1} waits for your choice"
+            return Content.styled(waiting, "$text-accent")
         if self.phase == "prefill":
             done = f" · {self.progress[0]}/{self.progress[1]} done" if self.progress else ""
-            new = "? new tokens" if self.prompt_new is None else f"{self.prompt_new} new tokens"
-            reused = "reuse not reported" if self.prompt_reused is None else f"{self.prompt_reused} reused"
+            new = "? new tokens" if self.prompt_new is None else count(self.prompt_new, "new token")
+            reused = "reuse not reported" if self.prompt_reused is None else f"{self.prompt_reused:,} reused"
             return Content(f"{new} · {reused} from the cache{done}")
         if self.phase == "decode":
             return Content(f"token {self.tokens}")
         if self.final is not None:
             return Content.styled(
-                f"last turn: {self.final.generated_tokens} tokens, stop: {self.final.stop}", "$text-muted"
+                f"last turn: {count(self.final.generated_tokens, 'token')}, stop: {self.final.stop}",
+                "$text-muted",
             )
         return Content("")
 

@@ -19,6 +19,7 @@ class PromptInput(TextArea):
     DEFAULT_CSS = """
     PromptInput { height: auto; min-height: 3; max-height: 10; border: round $primary 60%; }
     PromptInput:focus { border: round $primary; }
+    PromptInput .text-area--placeholder { color: $text 75%; }  /* Textual's 40% reads 2-4:1 */
     """
     BINDINGS = [
         Binding(NEWLINE_KEYS, "newline", "Newline", show=False),
@@ -55,9 +56,16 @@ class PromptInput(TextArea):
         await super()._on_key(event)
 
     def action_submit(self) -> None:
+        """Send the text; a new prompt leaves the box at once, so a repeated Enter sends nothing.
+
+        An edit stays until the app takes it (it may ask to wait for the answer to end first).
+        """
         text = self.text.strip()
-        if text:
-            self.post_message(self.Submitted(text, self.editing))
+        if not text:
+            return
+        self.post_message(self.Submitted(text, self.editing))
+        if self.editing is None:
+            self.clear()
 
     def start_edit(self, index: int, text: str) -> None:
         """Fill the prompt with message `index` to edit; what was typed comes back if the edit is

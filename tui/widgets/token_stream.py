@@ -10,12 +10,13 @@ from textual.content import Content
 from textual.widget import Widget
 
 from engine.events import PromptTokens, TokenSampled
-from tui.fmt import PROB_LEVELS, logprob_style, subscript, visible_piece
+from tui.fmt import PROB_LEVELS, count, logprob_style, subscript, visible_piece
 
 KEEP = 2000
 """Generated chips kept (far more than fit on screen)."""
 REUSED = "$text-muted on $panel"
-NEW = "$text-warning on $warning-muted"
+NEW = "bold $background on $warning"
+"""Prefilled now: the PREFILL badge's look, unlike any probability colour (those are muted)."""
 EMPTY = "the tokens of the next turn appear here"
 
 
@@ -94,6 +95,8 @@ class TokenStream(Widget):
         self.generated = 0
         self.prompted = False
         """PromptTokens came for the turn about to start."""
+        self.empty = EMPTY
+        """What the panel says while it has no turn to show."""
 
     def set_prompt(self, prompt: PromptTokens) -> None:
         self.prompt, self.chips, self.generated = prompt, [], 0
@@ -123,26 +126,27 @@ class TokenStream(Widget):
         if repaint:
             self.refresh()
 
-    def clear(self) -> None:
+    def clear(self, why: str = EMPTY) -> None:
+        """Show no turn; `why` says what the panel waits for."""
         self.prompt, self.prompt_chips, self.chips, self.generated = None, [], [], 0
         self.prompted = False
+        self.empty = why
         self.refresh()
 
     def render(self) -> Content:
         if self.prompt is None and not self.chips:
-            return Content.styled(EMPTY, "$text-muted")
+            return Content.styled(self.empty, "$text-muted")
         width, height = self.content_size.width, self.content_size.height
+        answer = Content.assemble(("answer ", "bold"), f"{count(self.generated, 'token')}  ", legend())
         if self.prompt is None:  # a server that does not tokenize: the answer's tokens only
             note = Content.styled("prompt: the server does not tokenize it for us", "$text-muted")
-            answer = Content.assemble(("answer ", "bold"), f"{self.generated} tokens  ", legend())
             return Content("\n").join([note, answer, *block(self.chips, width, max(1, height - 2))])
         p = self.prompt
         if p.reused is None:
             split = [("cache reuse not reported by the server", "$text-muted")]
         else:
             split = [(f"{p.reused} reused", REUSED), " · ", (f"{len(p.ids) - p.reused} prefilled now", NEW)]
-        prompt = Content.assemble(("prompt ", "bold"), f"{len(p.ids)} tokens: ", *split)
-        answer = Content.assemble(("answer ", "bold"), f"{self.generated} tokens  ", legend())
+        prompt = Content.assemble(("prompt ", "bold"), f"{count(len(p.ids), 'token')}: ", *split)
         if prompt.cell_length + answer.cell_length + 3 <= width:
             summary = [Content.assemble(prompt, "   ", answer)]
         else:

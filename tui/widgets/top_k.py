@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.widget import Widget
 
 from engine.events import Candidate, ModelInfo, TokenSampled
-from tui.fmt import entropy_bits, prob_color, visible_piece
+from tui.fmt import entropy_bits, fixed, prob_color, visible_piece
 
 PIECE_WIDTH = 12
 
@@ -79,7 +79,7 @@ class TopKPanel(Widget):
                 ("step ", "bold"),
                 f"{token.index + 1} · position {position} · ",
                 ("entropy ", "bold"),
-                f"≥ {entropy_bits(probs):.2f} bits",
+                f"≥ {fixed(max(0.0, entropy_bits(probs)), 2)} bits",
             )
         ]
         if not token.top_k:
@@ -113,9 +113,6 @@ class TopKPanel(Widget):
                 )
             )
         else:
-            lines.append(
-                Content.styled(
-                    f"these {len(probs)} hold {sum(probs):.0%}; the rest add entropy", "$text-muted"
-                )
-            )
+            these = "this one holds" if len(probs) == 1 else f"these {len(probs)} hold"
+            lines.append(Content.styled(f"{these} {sum(probs):.0%}; the rest add entropy", "$text-muted"))
         return lines
