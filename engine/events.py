@@ -12,8 +12,34 @@ StopReason = Literal["eos", "length", "cancelled", "context", "error"]
 
 
 @dataclass(frozen=True)
+class ServerInfo:
+    """The remote server a session talks to, as it described itself (None: it did not say)."""
+
+    url: str
+    """The base URL, without credentials or query."""
+    kind: str
+    """'llama.cpp', 'vllm', 'sglang', 'ollama' or 'openai-compatible' (engine/remote/server.py)."""
+    version: str | None
+    model: str
+    parallelism: str | None = None
+    """How the server spreads the model (tensor/pipeline/data parallel sizes), where it tells."""
+    quantization: str | None = None
+    """The weights' format as the server names it (llama.cpp: the GGUF type, e.g. Q4_1)."""
+    top_logprobs_cap: int = 20
+    """The most alternatives per token the server returns."""
+    top_k_note: str = ""
+    """Which distribution the server's top_logprobs come from (before or after its temperature)."""
+    unreported: tuple[str, ...] = ()
+    """What this server does not report, each with the server flag that would enable it."""
+    unsupported_settings: tuple[str, ...] = ()
+    """Sampling settings it does not accept (they are not sent; the settings screen says so)."""
+
+
+@dataclass(frozen=True)
 class ModelInfo:
-    """What was loaded, with the numbers the panels derive everything from."""
+    """What was loaded, with the numbers the panels derive everything from.
+
+    For a model on a remote server (`server` set) the numbers it does not report are None."""
 
     spec: str
     name: str
@@ -22,21 +48,26 @@ class ModelInfo:
     compute_dtype: str
     cache_dtype: str
     """The KV cache's element type: fp32 on CPUs without 16-bit arithmetic, else compute_dtype."""
-    parameters: int
-    weight_bytes: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden_size: int
-    vocab_size: int
-    context: int
-    cache_element_bytes: int
+    parameters: int | None
+    weight_bytes: int | None
+    layers: int | None
+    heads: int | None
+    kv_heads: int | None
+    head_dim: int | None
+    hidden_size: int | None
+    vocab_size: int | None
+    context: int | None
+    cache_element_bytes: int | None
     load_s: float
+    server: ServerInfo | None = None
+    """Set when the model runs on a remote server (engine/remote/), None for the local engine."""
 
     @property
-    def kv_bytes_per_token(self) -> int:
-        """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+    def kv_bytes_per_token(self) -> int | None:
+        """2 (K and V) x layers x kv_heads x head_dim x bytes per element; None if any is unknown."""
+        parts = (self.layers, self.kv_heads, self.head_dim, self.cache_element_bytes)
+        if any(p is None for p in parts):
+            return None
         return 2 * self.layers * self.kv_heads * self.head_dim * self.cache_element_bytes
 
 
@@ -44,7 +75,8 @@ class ModelInfo:
 class Candidate:
     """One entry of a step's top-k: the token and its probability."""
 
-    id: int
+    id: int | None
+    """None when a remote server sent the piece's text but not its id."""
     piece: str
     prob: float
 
@@ -62,11 +94,13 @@ class ModelReady:
 
 @dataclass(frozen=True)
 class PhaseChanged:
-    """The session entered a phase; for prefill, `tokens` are fed and `reused` came from the cache."""
+    """The session entered a phase; for prefill, `tokens` are fed and `reused` came from the cache.
+
+    None: a remote server does not tell (yet)."""
 
     phase: Phase
-    tokens: int = 0
-    reused: int = 0
+    tokens: int | None = 0
+    reused: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -75,7 +109,8 @@ class PromptTokens:
 
     ids: tuple[int, ...]
     pieces: tuple[str, ...]
-    reused: int
+    reused: int | None
+    """None when a remote server does not say how much of the prompt its cache held."""
 
 
 @dataclass(frozen=True)
@@ -91,15 +126,19 @@ class TokenSampled:
     """One decode step: the chosen token, its text, and the distribution it was drawn from."""
 
     index: int
-    id: int
+    id: int | None
+    """None when a remote server sends the token's text but not its id."""
     piece: str
     text: str
-    logprob: float
+    logprob: float | None
+    """None when a remote server sends no logprobs."""
     top_k: tuple[Candidate, ...]
     latency_s: float
-    position: int
-    entropy: float = 0.0
-    """Entropy of the distribution the token was drawn from, in nats (-sum p ln p); 0 is certainty."""
+    position: int | None
+    """None when a remote server does not say how long the prompt was."""
+    entropy: float | None = 0.0
+    """Entropy of the distribution the token was drawn from, in nats (-sum p ln p); 0 is certainty.
+    None from a remote server: its top few alternatives do not give the whole distribution."""
     rank: int = 0
     """Where the token stood in that distribution: 1 is the most probable; 0 when unknown."""
 
@@ -149,12 +188,19 @@ class DraftRound:
 
 @dataclass(frozen=True)
 class CacheChanged:
-    """KV cache occupancy: `bytes` is summed from the real tensors."""
+    """KV cache occupancy: `bytes` is summed from the real tensors.
 
-    tokens: int
-    bytes: int
-    bytes_per_token: int
-    capacity: int
+    From a remote server: `tokens` is this conversation's context (None until the server says),
+    `bytes` None (no tensors here), `bytes_per_token` the formula's where the model's shape is
+    known, and `server_fill` the server-wide cache usage (0..1) where its metrics expose it,
+    named by `server_fill_source`."""
+
+    tokens: int | None
+    bytes: int | None
+    bytes_per_token: int | None
+    capacity: int | None
+    server_fill: float | None = None
+    server_fill_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -168,10 +214,31 @@ class ContextTrimmed:
 
 
 @dataclass(frozen=True)
+class ServerTimings:
+    """What a remote server measured for one turn, shown beside the client's own figures.
+
+    None where this server does not report it; the difference to the client's TTFT and ITL is
+    the network and queueing."""
+
+    prompt_ms: float | None = None
+    prompt_tokens: int | None = None
+    """Prompt tokens the server computed this turn (not counting cached ones)."""
+    cached_tokens: int | None = None
+    """Prompt tokens served from its prefix cache."""
+    predicted_ms: float | None = None
+    predicted_tokens: int | None = None
+    predicted_per_token_ms: float | None = None
+    fingerprint: str | None = None
+    """The stream's `system_fingerprint` (vLLM, llama.cpp: the build)."""
+
+
+@dataclass(frozen=True)
 class TurnStats:
-    prompt_tokens: int
-    reused_tokens: int
-    prefilled_tokens: int
+    """One answer's figures, as the client measured them; None where a remote server did not say."""
+
+    prompt_tokens: int | None
+    reused_tokens: int | None
+    prefilled_tokens: int | None
     generated_tokens: int
     ttft_s: float
     itl_p50_s: float
@@ -179,12 +246,16 @@ class TurnStats:
     prefill_tok_s: float
     decode_tok_s: float
     stop: StopReason
+    server: ServerTimings | None = None
+    """A remote server's own figures for this turn."""
 
 
 @dataclass(frozen=True)
 class TurnFinished:
     stats: TurnStats
     text: str
+    error: str = ""
+    """Why a turn stopped early (stop 'error'): one line; its partial answer is kept."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +326,10 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
 
 
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
 def _prob(p: float) -> float:
     """Six decimals, rounded down: a top-k that holds all the mass still sums to at most 1."""
     return math.floor(p * 1e6) / 1e6
@@ -276,11 +351,11 @@ def to_json(event: Event) -> dict[str, Any]:
                 "id": event.id,
                 "text": event.text,
                 "piece": event.piece,
-                "logprob": round(event.logprob, 6),
+                "logprob": _round(event.logprob),
                 "top_k": [{"id": c.id, "text": c.piece, "prob": _prob(c.prob)} for c in event.top_k],
                 "latency_ms": _ms(event.latency_s),
                 "position": event.position,
-                "entropy": round(event.entropy, 6),
+                "entropy": _round(event.entropy),
                 "rank": event.rank,
             }
         case StepPaused(index, position, sampled, greedy, top_k):
@@ -310,8 +385,8 @@ def to_json(event: Event) -> dict[str, Any]:
             return {"event": "cache", **dataclasses.asdict(event)}
         case ContextTrimmed():
             return {"event": "context_trimmed", **dataclasses.asdict(event)}
-        case TurnFinished(stats, text):
-            return {
+        case TurnFinished(stats, text, error):
+            turn = {
                 "event": "turn",
                 "ttft_ms": _ms(stats.ttft_s),
                 "itl_ms_p50": _ms(stats.itl_p50_s),
@@ -325,6 +400,11 @@ def to_json(event: Event) -> dict[str, Any]:
                 "generated_tokens": stats.generated_tokens,
                 "text": text,
             }
+            if stats.server is not None:
+                turn["server"] = dataclasses.asdict(stats.server)
+            if error:
+                turn["error"] = error
+            return turn
         case ModelLoading(stage, fraction):
             return {"event": "loading", "stage": stage, "fraction": round(fraction, 3)}
         case ModelReady(info):

@@ -69,6 +69,9 @@ class Message:
 class ChatSession:
     """Messages, the persistent cache, and the prefill/decode loop that answers."""
 
+    saves_cache = True
+    """Its KV cache can be written to a file and loaded on resume (a remote session's cannot)."""
+
     def __init__(
         self,
         loaded: LoadedModel,

@@ -13,7 +13,7 @@ import threading
 import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 import torch
 
@@ -26,6 +26,10 @@ from engine.saved.chat import SavedChat
 from engine.saved.store import Store
 from engine.session import ChatSession
 
+if TYPE_CHECKING:
+    from engine.remote.session import RemoteSession
+    from engine.remote.target import RemoteTarget
+
 T = TypeVar("T")
 
 
@@ -34,6 +38,13 @@ class Load:
     spec: str
     precision: str
     device: str
+
+
+@dataclass(frozen=True)
+class Connect:
+    """Talk to a model on a server instead (engine/remote/); the conversation starts anew."""
+
+    target: "RemoteTarget"
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,7 @@ class _Stop:
 
 Command = (
     Load
+    | Connect
     | Send
     | SetSpeculation
     | Regenerate
@@ -142,7 +154,7 @@ class InferenceWorker:
         self.sampling = sampling or SamplingSettings()
         self.system_prompt = system_prompt
         self.context = context
-        self.session: ChatSession | None = None
+        self.session: ChatSession | RemoteSession | None = None
         self.commands: queue.Queue[Command] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="llmchat-inference", daemon=True)
         self._thread.start()
@@ -150,6 +162,10 @@ class InferenceWorker:
     # -- the calls the UI makes (any thread) -------------------------------------
     def load(self, spec: str, precision: str = "fp32", device: str = "auto") -> None:
         self.commands.put(Load(spec, precision, device))
+
+    def connect(self, target: "RemoteTarget") -> None:
+        """Chat with a model on a server: ModelReady (with its ServerInfo) once it answered."""
+        self.commands.put(Connect(target))
 
     def send(self, text: str) -> None:
         self.commands.put(Send(text))
@@ -196,10 +212,10 @@ class InferenceWorker:
         would wait for the answer to end), so the model is the caller's until it answers the
         step. RuntimeError when no step waits.
         """
-        session = self.session
-        if session is None or session.step_gate.pending is None:
+        gate = getattr(self.session, "step_gate", None)  # a remote session has none
+        if gate is None or gate.pending is None:
             raise RuntimeError("no step is waiting at the gate")
-        return fn(session)
+        return fn(self.session)
 
     def cancel(self) -> None:
         """Stop the answer in progress after the current token; the partial answer stays."""
@@ -242,6 +258,9 @@ class InferenceWorker:
         if isinstance(command, Load):
             yield from self._load(command)
             return
+        if isinstance(command, Connect):
+            yield from self._connect(command.target)
+            return
         if isinstance(command, NewChat):
             self.system_prompt = command.system_prompt
             if self.chat is not None:
@@ -283,6 +302,9 @@ class InferenceWorker:
         """A setting that cannot be used says why; the previous one stays."""
         from engine.spec.loop import make_speculation
 
+        if not isinstance(self.session, ChatSession):  # a server decides how it decodes
+            yield Failed("speculative decoding needs the local engine, not a server")
+            return
         if command.choice is None:
             self.session.speculation = None
             yield Notice("speculative decoding off")
@@ -306,7 +328,30 @@ class InferenceWorker:
         except Exception as e:  # the caller sees it through the future
             command.future.set_exception(e)
 
+    def _connect(self, target: "RemoteTarget") -> Iterator[Event]:
+        from engine.remote.client import RemoteError  # the openai package loads only for a server
+        from engine.remote.session import connect
+
+        yield ModelLoading(f"connecting to {target.url}", 0.0)
+        try:
+            session = connect(target, self.sampling, self.system_prompt, self.context)
+        except RemoteError as e:
+            yield Failed(str(e))
+            return
+        if getattr(self.session, "compiled", None) is not None:
+            self.session.compiled.stop()  # the local model's compile is of no use to a server
+        if self.chat is not None:
+            notice = self.chat.save_cache()  # a local conversation being left resumes fast later
+            if notice is not None:
+                yield notice
+        self.session = session
+        self.chat = SavedChat(session, self.store)
+        yield ModelReady(session.info)
+
     def _load(self, command: Load) -> Iterator[Event]:
+        if self.session is not None and not self.session.saves_cache:
+            yield Failed("the server decides the model's precision; restart without --server to run one here")
+            return
         try:
             loaded = models.load(
                 command.spec,

@@ -133,6 +133,10 @@ class FakeEngine:
         self.calls.append(("load", spec, precision, device))
         self._queue.put(("load", precision))
 
+    def connect(self, target) -> None:
+        """The fake has no server: it records the call (remote app tests use a real llama-server)."""
+        self.calls.append(("connect", target))
+
     def send(self, text: str) -> None:
         self.calls.append(("send", text))
         self._queue.put(("send", text))

@@ -75,7 +75,7 @@ class ChatApp(App[None]):
         self.engine_factory = engine_factory
         self.engine: Engine | None = None
         self.sampling = None
-        self.precision = self.options.precision
+        self.precision = "server" if self.options.remote else self.options.precision
         self.speculation: tuple[str | None, int] = (self.options.speculative, self.options.draft_tokens)
         """The drafter (None: plain decoding) and K, as last asked for (Settings shows them)."""
         self.turns = Turns()
@@ -118,7 +118,10 @@ class ChatApp(App[None]):
         prompt = self.part(PromptInput)
         prompt.cursor_blink = self.options.cursor_blink
         prompt.focus()
-        self.part(StatusBar).starting(self.options.model, self.precision)
+        if self.options.remote:
+            self.part(StatusBar).connecting(self.options.server)
+        else:
+            self.part(StatusBar).starting(self.options.model, self.precision)
         # Importing torch takes seconds: do it off the UI thread so the app is usable at once.
         threading.Thread(target=self._start_engine, name="llmchat-engine-start", daemon=True).start()
         loop = asyncio.get_running_loop()
@@ -196,9 +199,12 @@ class ChatApp(App[None]):
         if message.problem:  # flags were checked before the app opened: these come from config.json
             path = self.options.config_path or config.config_path()
             self._error(f"sampling settings in {path}: {message.problem}")
-        self.engine.load(self.options.model, self.precision, self.options.device)
-        if self.speculation[0]:  # queued after the load: the draft needs the model's tokenizer
-            self.engine.set_speculation(*self.speculation)
+        if self.options.remote:
+            self.engine.connect(self.options.target())
+        else:
+            self.engine.load(self.options.model, self.precision, self.options.device)
+            if self.speculation[0]:  # queued after the load: the draft needs the model's tokenizer
+                self.engine.set_speculation(*self.speculation)
         self.history.engine_started()  # a --resume goes after the load in the engine's queue
 
     def on_doorbell(self) -> None:
@@ -223,11 +229,15 @@ class ChatApp(App[None]):
         match message.event:
             case ModelReady(info):
                 self._model_ready(info)
-            case TurnFinished(stats):
-                await self.part(ChatLog).finish(turn_summary(stats))
+            case TurnFinished(stats, _, error):
+                await self.part(ChatLog).finish(turn_summary(stats, error))
                 self.part(PhasePanel).finish(stats)
                 self.part(KVCachePanel).finish(stats)
                 self.router.repaint_stats()
+                if stats.server is not None and stats.server.fingerprint:
+                    self.part(StatusBar).fingerprint(stats.server.fingerprint)
+                if error:  # the partial answer is kept; the turn is over like any other
+                    self.notify(error, title="Error", severity="error", timeout=8)
                 self._turn_over()
             case Failed(text):
                 await self._failed(text)
@@ -242,7 +252,10 @@ class ChatApp(App[None]):
         self.precision = info.precision
         self.part(StatusBar).ready(info)
         self.part(KVCachePanel).set_model(info)
-        if switched:
+        self.part(TopKPanel).set_model(info)
+        if info.server is not None:
+            self.part(ChatLog).add_note(server_note(info))
+        elif switched:
             self.part(ChatLog).add_note(
                 f"Now running at {info.precision} on {info.device}. The conversation is kept; the KV cache "
                 "starts empty, so the next turn prefills the whole conversation again."
@@ -358,6 +371,7 @@ class ChatApp(App[None]):
                 self.sampling,
                 themes,
                 (*self.speculation, self.options.model),
+                server=info.server if info else None,
             )
         )
 
@@ -367,7 +381,7 @@ class ChatApp(App[None]):
             self.engine.set_speculation(message.choice, message.k)
 
     def on_settings_screen_precision_chosen(self, message) -> None:
-        if self.engine is None:
+        if self.engine is None or self.options.remote:
             return
         self.precision = message.precision
         self.turns.load_started()
@@ -382,7 +396,8 @@ class ChatApp(App[None]):
         self.part(TopKPanel).set_sampling(message.settings)
         from tui.screens.settings import changes, describe_changes
 
-        self.notify(describe_changes(old, message.settings) + " (from the next token)", title="Sampling")
+        when = "from the next answer" if self.options.remote else "from the next token"
+        self.notify(describe_changes(old, message.settings) + f" ({when})", title="Sampling")
         self._save_sampling(changes(old, message.settings))
 
     def action_conversations(self) -> None:
@@ -465,6 +480,18 @@ class ChatApp(App[None]):
         if self.engine is not None:
             self.engine.shutdown(timeout=2.0)  # stops the answer; the engine saves it and the KV cache
         self._restore_signals()
+
+
+def server_note(info: ModelInfo) -> str:
+    """Said once in the chat when a server answers: which it is, and what its panels lack."""
+    server = info.server
+    lines = [
+        f"Connected to {server.kind} {server.version or ''} at {server.url}, model {info.name}."
+        " The server keeps the weights and the KV cache; the panels show what it reports.",
+        f"· top-k: {server.top_k_note}",
+        *(f"· not reported: {line}" for line in server.unreported),
+    ]
+    return "\n".join(lines)
 
 
 def make_app(options: AppOptions | None = None, engine_factory: EngineFactory = inference_worker) -> ChatApp:

@@ -49,6 +49,11 @@ class Config:
     """Speculative decoding: "lookup" or a draft MODEL[@PRECISION] with the same tokenizer; null is off."""
     draft_tokens: int = 4
     """Tokens drafted per speculative round, 1..8."""
+    server: str | None = None
+    """An OpenAI-compatible server to chat with instead of a local model (e.g. http://host:8000/v1);
+    `model` then names one of its models (the first it lists when left at the default)."""
+    api_key_env: str | None = None
+    """With a server: the environment variable that holds its API key (never the key itself)."""
     sampling: dict[str, Any] = field(default_factory=dict)
     """Defaults for sampling: temperature, top_k, top_p, min_p, repetition_penalty, seed, max_new_tokens."""
 
@@ -113,7 +118,7 @@ def _checked(key: str, value: Any) -> tuple[Any, list[str]]:
         if _is_whole(value) and 1 <= value <= 8:
             return value, []
         return _IGNORED, [f"draft_tokens must be a whole number from 1 to 8, got {_shown(value)}"]
-    nullable = key in ("system", "speculative")
+    nullable = key in ("system", "speculative", "server", "api_key_env")
     if not (isinstance(value, str) or (nullable and value is None)):
         return _IGNORED, [f"{key} must be a string{' or null' if nullable else ''}, got {_shown(value)}"]
     problem = utf8_problem(value, key) if value is not None else None

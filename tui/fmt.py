@@ -20,6 +20,11 @@ def prob_style(prob: float) -> str:
     return f"$text-{level} on ${level}-muted"
 
 
+def logprob_style(logprob: float | None) -> str:
+    """A token chip's style from its logprob; neutral where a server sent none."""
+    return "$text-muted on $panel" if logprob is None else prob_style(math.exp(logprob))
+
+
 def prob_color(prob: float) -> str:
     return f"${prob_level(prob)}"
 
@@ -95,9 +100,13 @@ SUBSCRIPT = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 SPARK = " ▁▂▃▄▅▆▇█"
 
 
-def subscript(number: int) -> str:
-    """Token IDs as subscripts, so 'What₁₇₈₀' reads as piece and ID at a glance."""
-    return str(number).translate(SUBSCRIPT)
+NO_ID = "₋"
+"""Where a server sent a token's text but not its id."""
+
+
+def subscript(number: int | None) -> str:
+    """Token IDs as subscripts, so 'What₁₇₈₀' reads as piece and ID at a glance (₋: no id sent)."""
+    return NO_ID if number is None else str(number).translate(SUBSCRIPT)
 
 
 def sparkline(values: Sequence[float], width: int) -> str:

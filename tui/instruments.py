@@ -96,6 +96,8 @@ INSTRUMENTS = (
     ),
 )
 BY_NAME = {i.name: i for i in INSTRUMENTS}
+REMOTE = {"inspector"}
+"""Instruments that work from what a server sent (the rest need the weights or the decode loop)."""
 SHOWN: set[str] = set()
 """Instruments whose key the main footer shows (the 80-column footer is full: all are in
 F1 help and Ctrl+P)."""
@@ -185,7 +187,17 @@ class Instruments:
         """The running session, once a model has loaded (the fake engines of some tests have none)."""
         return None if self.app.engine is None else self.app.engine.session
 
-    def _ready(self) -> bool:
+    def _ready(self, name: str) -> bool:
+        if self.app.options.remote and name not in REMOTE:  # weights, cache and decode loop: on the server
+            title = BY_NAME[name].title if name in BY_NAME else "This instrument"
+            self.app.notify(
+                f"{title} reads the model's weights, KV cache or decode loop: it needs the local engine "
+                "(run llmchat without --server). The Tokens, Phase, KV cache and Top-k panels show "
+                "what the server reports.",
+                severity="warning",
+                timeout=8,
+            )
+            return False
         if self.session is None:
             self.app.notify(
                 "The instruments read the loaded model: wait until it has loaded.", severity="warning"
@@ -199,7 +211,7 @@ class Instruments:
         if name == "step":
             self.toggle_step()
             return
-        if not self._ready():
+        if not self._ready(name):
             return
         screen = self._screen(name, step, answer)
         from tui.screens.instrument import InstrumentScreen
@@ -254,11 +266,11 @@ class Instruments:
     # -- step mode --------------------------------------------------------------------
     @property
     def stepping(self) -> bool:
-        session = self.session
-        return session is not None and session.step_gate.enabled
+        gate = getattr(self.session, "step_gate", None)  # a remote session has none
+        return gate is not None and gate.enabled
 
     def toggle_step(self) -> None:
-        if not self._ready():
+        if not self._ready("step"):
             return
         gate = self.session.step_gate
         if gate.enabled:
@@ -318,6 +330,12 @@ class Instruments:
     def fork(self, answer: AnswerRef, step: int, token_id: int) -> bool:
         """Continue `answer` from `step` with `token_id`; False (and why, in a notice) if it cannot now."""
         turns = self.app.turns
+        if self.app.options.remote:
+            self.app.notify(
+                "Forking needs the local engine: a server cannot continue from a chosen token.",
+                severity="warning",
+            )
+            return False
         if answer.message is None:
             self.app.notify("Only a finished answer can be forked.", severity="warning")
             return False

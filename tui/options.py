@@ -30,6 +30,23 @@ class AppOptions:
     """Speculative decoding once the model has loaded: `lookup` or a draft MODEL[@PRECISION]; None is off."""
     draft_tokens: int = 4
     """Tokens drafted per speculative round (1..8)."""
+    server: str | None = None
+    """Chat with a model on this OpenAI-compatible server instead of loading one here."""
+    api_key_env: str | None = None
+    """With a server: the environment variable that holds its API key."""
+    read_timeout_s: float = 120.0
+    """With a server: how long it may stay silent mid-answer."""
+
+    @property
+    def remote(self) -> bool:
+        return self.server is not None
+
+    def target(self):
+        """Where the server is (engine.remote.target.RemoteTarget); only with `server` set."""
+        from engine.remote.target import RemoteTarget
+
+        model = self.model if self.model != DEFAULT_MODEL else None  # the server's first, unless named
+        return RemoteTarget(self.server, model, self.api_key_env, read_timeout_s=self.read_timeout_s)
 
 
 def options_from(config: Config, config_path: Path | None = None, **flags: Any) -> AppOptions:
@@ -47,11 +64,10 @@ def options_from(config: Config, config_path: Path | None = None, **flags: Any) 
             "theme",
             "speculative",
             "draft_tokens",
+            "server",
+            "api_key_env",
         )
     }
-    return AppOptions(
-        sampling=sampling,
-        config_path=config_path,
-        resume=flags.get("resume"),
-        **chosen,
-    )
+    if flags.get("read_timeout") is not None:
+        chosen["read_timeout_s"] = flags["read_timeout"]
+    return AppOptions(sampling=sampling, config_path=config_path, resume=flags.get("resume"), **chosen)

@@ -48,12 +48,24 @@ STOPS = {
 }
 
 
-def turn_summary(stats: TurnStats) -> str:
-    """The line under a finished answer."""
+def turn_summary(stats: TurnStats, error: str = "") -> str:
+    """The line under a finished answer (with a server's own TTFT beside ours, where it reports it)."""
+    server = stats.server
+    own = f" (server prefill {server.prompt_ms:.0f} ms)" if server and server.prompt_ms is not None else ""
+    stop = f"{STOPS['error']}: {error}" if error else STOPS.get(stats.stop, stats.stop)
     return (
-        f"{count(stats.generated_tokens, 'token')} · TTFT {ms(stats.ttft_s)} · {stats.decode_tok_s:.1f} tok/s"
-        f" · {STOPS.get(stats.stop, stats.stop)}"
+        f"{count(stats.generated_tokens, 'token')} · TTFT {ms(stats.ttft_s)}{own}"
+        f" · {stats.decode_tok_s:.1f} tok/s · {stop}"
     )
+
+
+def prefill_note(event: PhaseChanged) -> str:
+    """What the answer says while the prompt is prefilled (a server may not tell the counts)."""
+    if event.tokens is None:
+        return "the server is prefilling the prompt…"
+    if event.reused is None:
+        return f"the server is prefilling {count(event.tokens, 'prompt token')} (cache reuse not reported)…"
+    return f"prefilling {count(event.tokens, 'new token')} ({event.reused:,} reused from the cache)…"
 
 
 class Router:
@@ -105,9 +117,8 @@ class Router:
             case PromptTokens():
                 app.part(TokenStream).set_prompt(event)
             case PhaseChanged(phase="prefill"):
-                await chat.begin_answer(
-                    f"prefilling {count(event.tokens, 'new token')} ({event.reused:,} reused from the cache)…"
-                )
+                await chat.begin_answer(prefill_note(event))
+                app.part(TokenStream).begin_turn()
                 app.part(PhasePanel).set_phase(event)
                 app.part(KVCachePanel).set_turn(event)
             case PhaseChanged():

@@ -20,18 +20,21 @@ class TokenRecord:
     """One step of an answer as the inspector shows it."""
 
     step: int
-    id: int
+    id: int | None
+    """None where a server sent the token's text but not its id."""
     piece: str
     """Readable text of the token; stray bytes of a split UTF-8 character show as `<0xEC>`."""
     bytes: bytes | None
-    """The raw bytes the token stands for; None for a special token such as `<|im_end|>`."""
-    logprob: float
-    """ln p of the token under the distribution it was drawn from."""
+    """The raw bytes the token stands for; None for a special token such as `<|im_end|>` (or,
+    from a server, for one whose bytes it did not send)."""
+    logprob: float | None
+    """ln p of the token under the distribution it was drawn from; None where a server sent none."""
     rank: int
     """1 when it was the most probable token; 0 when unknown."""
-    entropy: float
-    """Entropy of that distribution in nats: -sum p ln p over the whole vocabulary."""
-    position: int
+    entropy: float | None
+    """Entropy of that distribution in nats: -sum p ln p over the whole vocabulary (None from a
+    server: its few alternatives do not give it)."""
+    position: int | None
     """The KV cache slot the token occupies once fed back."""
     top_k: tuple[Candidate, ...]
     latency_s: float
@@ -39,17 +42,17 @@ class TokenRecord:
     """Text this step completed in the stream (empty while a UTF-8 character is incomplete)."""
 
     @property
-    def prob(self) -> float:
-        return math.exp(self.logprob)
+    def prob(self) -> float | None:
+        return None if self.logprob is None else math.exp(self.logprob)
 
     @property
-    def entropy_bits(self) -> float:
-        return self.entropy / math.log(2)
+    def entropy_bits(self) -> float | None:
+        return None if self.entropy is None else self.entropy / math.log(2)
 
     @property
-    def choices(self) -> float:
+    def choices(self) -> float | None:
         """exp(entropy): as uncertain as a fair choice among this many tokens."""
-        return math.exp(self.entropy)
+        return None if self.entropy is None else math.exp(self.entropy)
 
 
 @dataclass
@@ -58,8 +61,9 @@ class AnswerTrace:
 
     prompt_ids: tuple[int, ...]
     """The templated conversation the answer continued (what the model saw before step 0)."""
-    reused: int
-    """How many of `prompt_ids` came from the KV cache when the answer started."""
+    reused: int | None
+    """How many of `prompt_ids` came from the KV cache when the answer started (None: a server
+    did not say)."""
     steps: list[TokenSampled] = field(default_factory=list)
     parent: AnswerTrace | None = None
     """For a forked answer: the answer it branched from (its text is the other branch)."""

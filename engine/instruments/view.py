@@ -5,6 +5,10 @@ that is finished (an answer's trace once it is in `messages`, the tokenizer, the
 shape) or made to be shared (the step gate, the sampling settings swapped whole). Anything
 that runs the model goes through the engine's `call` instead, on the inference thread.
 
+A `RemoteSession` (engine/remote/) has the conversation's attributes (messages, system_prompt,
+trace, info, namer, sampling) but no model, tokenizer or step gate: with --server the app
+opens only the token inspector, which reads those.
+
 Importing this module loads no torch: the app types its link to the engine with it.
 """
 

@@ -7,6 +7,9 @@ never shows as finished what is not on disk. Each of `session.messages` carries 
 An edit or a regeneration starts a sibling branch; the old one stays, and `step_version`
 moves between them.
 
+The session is either kind: a local `ChatSession` or a `RemoteSession` (engine/remote/),
+whose record names the server URL and model and which has no KV cache file (`saves_cache`).
+
 Resuming restores the messages and, when the saved KV cache file was made by this very
 model and precision and is intact, the cache too, as far as it matches the conversation:
 the next turn then reuses that much of the history instead of prefilling it, and the notice
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import ExitStack
-from typing import Generator, Iterator
+from typing import TYPE_CHECKING, Generator, Iterator
 
 from engine.events import (
     ContextTrimmed,
@@ -53,6 +56,9 @@ from engine.saved.store import (
     StoreError,
 )
 from engine.session import ChatSession, Message
+
+if TYPE_CHECKING:
+    from engine.remote.session import RemoteSession
 
 
 def answer_record(info: ModelInfo, sampling: SamplingSettings, stats: TurnStats) -> AnswerRecord:
@@ -85,7 +91,7 @@ def binary_size(n: float) -> str:
 class SavedChat:
     """A session whose finished messages are committed to a store as they happen."""
 
-    def __init__(self, session: ChatSession, store: Store | None):
+    def __init__(self, session: ChatSession | RemoteSession, store: Store | None):
         self.session = session
         self.store = store
         """None when saving is off (no store, or it failed)."""
@@ -147,7 +153,7 @@ class SavedChat:
         self.conversation_id = conversation.id
         self._show(path)
         yield loaded
-        if use_cache:
+        if use_cache and self.session.saves_cache:
             history, needed = self._history()
             path = self.store.cache_path(conversation.id)
             cache, notice = load_cache(path, self.session.loaded, history, needed)
@@ -210,7 +216,9 @@ class SavedChat:
     # -- the KV cache file ------------------------------------------------------------
     def save_cache(self) -> Notice | None:
         """Write the session's KV cache next to the store, for a resume without prefill."""
-        if self.store is None or self.conversation_id is None or len(self.session.cache) == 0:
+        if self.store is None or self.conversation_id is None or not self.session.saves_cache:
+            return None
+        if len(self.session.cache) == 0:
             return None
         path = self.store.cache_path(self.conversation_id)
         try:

@@ -136,8 +136,9 @@ class AnswerRecord:
     sampling: dict[str, Any]
     """The SamplingSettings fields, seed included."""
     stop: str
-    prompt_tokens: int
-    reused_tokens: int
+    prompt_tokens: int | None
+    reused_tokens: int | None
+    """None where a remote server did not report it."""
     tokens: int
     """Generated tokens."""
     ttft_s: float

@@ -13,6 +13,7 @@ from typing import NoReturn, Optional
 import typer
 
 from engine import DEFAULT_MODEL
+from tui.cli import remote
 from tui.cli.conversations import conversations_app
 from tui.fmt import visible_controls
 
@@ -132,6 +133,11 @@ def main(
     draft_tokens: Optional[int] = typer.Option(
         None, "--draft-tokens", help="Tokens drafted per speculative round, 1..8 (default 4)."
     ),
+    server: Optional[str] = remote.ServerOpt,
+    api_key_env: Optional[str] = remote.ApiKeyEnvOpt,
+    read_timeout: Optional[float] = typer.Option(
+        None, "--read-timeout", help="With --server: seconds the server may stay silent mid-answer (120)."
+    ),
 ) -> None:
     """Open the chat app (the default when no command is given).
 
@@ -152,6 +158,8 @@ def main(
     given = {k: v for k, v in flags.items() if v is not None}
     if given:
         sampling_from(**given)  # fail fast on a bad flag (this imports torch, so only when flags are given)
+    if server is not None and (precision is not None or device is not None):
+        fail("--precision and --device: the server decides where and at what precision its model runs")
     check_context(context)
     if draft_tokens is not None:
         check_draft_tokens(draft_tokens)
@@ -174,6 +182,9 @@ def main(
         resume=resume_id,
         speculative=speculative,
         draft_tokens=draft_tokens,
+        server=server,
+        api_key_env=api_key_env,
+        read_timeout=read_timeout,
     )
 
 
@@ -201,7 +212,13 @@ def resolve_resume(ref: str) -> int:
 @app.command()
 def ask(
     prompts: list[str] = typer.Argument(..., help="The question; each extra prompt is a follow-up turn."),
-    model: str = ModelOpt,
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="smollm2-135m (default), an HF model directory, a .gguf file or a hub id; "
+        "with --server, one of the server's models (default: the first it lists).",
+    ),
     precision: str = PrecisionOpt,
     device: str = DeviceOpt,
     temperature: Optional[float] = TemperatureOpt,
@@ -220,6 +237,9 @@ def ask(
     no_save: bool = typer.Option(False, "--no-save", help="Do not save the turns of this run."),
     speculative: Optional[str] = SpeculativeOpt,
     draft_tokens: int = DraftTokensOpt,
+    server: Optional[str] = remote.ServerOpt,
+    api_key_env: Optional[str] = remote.ApiKeyEnvOpt,
+    read_timeout: float = remote.ReadTimeoutOpt,
 ) -> None:
     """Answer PROMPTS headless: the answer on stdout, a stats line per turn on stderr; every turn is saved.
 
@@ -228,18 +248,17 @@ def ask(
     """
     if conversation is not None and system is not None:
         fail("--system cannot change a saved conversation; it keeps the system prompt it was started with")
+    if server is not None and (precision != "fp32" or device != "auto"):
+        fail("--precision and --device: the server decides where and at what precision its model runs")
     check_context(context)
     check_draft_tokens(draft_tokens)
     problem = text_problem(system, prompts)
     if problem:  # before a model loads or anything is saved
         refuse(problem, as_json)
 
-    from engine import models
-    from engine.events import Failed, ModelLoading, ModelReady, Notice, TokenSampled, TurnFinished, to_json
-    from engine.quant.precision import PrecisionError
+    from engine.events import Failed, ModelReady, Notice, TokenSampled, TurnFinished, to_json
     from engine.saved.chat import SavedChat
     from engine.saved.store import Store, StoreError
-    from engine.session import ChatSession
     from tui.cli.stops import Stops
 
     sampling = sampling_from(
@@ -270,18 +289,26 @@ def ask(
             write(sys.stderr, stats_line(event.stats) + "\n")
             if session.speculation is not None:
                 write(sys.stderr, speculation_line(session.speculation) + "\n")
+            if event.error:
+                write(sys.stderr, f"llmchat: {visible_controls(event.error, one_line=True)}\n")
         elif isinstance(event, Notice):
             write(sys.stderr, f"llmchat: {event.message}\n")
+        elif isinstance(event, ModelReady) and event.info.server is not None:
+            write(sys.stderr, f"llmchat: {remote.server_line(event.info)}\n")
 
-    try:
-        loaded = models.load(
-            model, precision, device, progress=lambda s, f: emit(ModelLoading(s, f)) if as_json else None
+    if server is not None:
+        where = remote.target(server, model, api_key_env, read_timeout)
+        session = remote.connect_or_fail(where, sampling, system, context, lambda e: refuse(e, as_json))
+        stops.on_stop = session.cancel.set  # a silent server would hold the stop until it spoke
+    else:
+        session = local_session(
+            model or DEFAULT_MODEL, precision, device, sampling, system, context, emit, as_json
         )
-    except (models.ModelError, PrecisionError) as e:
-        refuse(str(e), as_json)
-    emit(ModelReady(loaded.info))
-    session = ChatSession(loaded, sampling, system, context)
-    session.speculation = speculation_for(speculative, draft_tokens, loaded, as_json)
+    emit(ModelReady(session.info))
+    if speculative is not None:
+        if server is not None:
+            refuse("--speculative needs the local engine: a server decides how it decodes", as_json)
+        session.speculation = speculation_for(speculative, draft_tokens, session.loaded, as_json)
     store = None
     if conversation is not None or not no_save:
         try:
@@ -318,6 +345,8 @@ def ask(
                         failed = True
                         if not as_json:
                             write(sys.stderr, f"llmchat: {event.message}\n")
+                    elif isinstance(event, TurnFinished) and event.error:
+                        failed = True  # the partial answer is saved; the exit status says it is cut
                     if stops.code is not None:
                         session.cancel.set()  # the answer stops after this token; its part so far is saved
                 if chat.refused:  # another llmchat is writing to the conversation: follow-ups make no sense
@@ -344,11 +373,17 @@ def ask(
 
 @app.command()
 def bench(
-    model: str = ModelOpt,
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="smollm2-135m (default), an HF model directory, a .gguf file or a hub id; "
+        "with --server, one of the server's models (default: the first it lists).",
+    ),
     precision: list[str] = typer.Option(["fp32"], "--precision", "-p", help="Repeat for several precisions."),
     device: str = DeviceOpt,
-    prompt_lengths: str = typer.Option(
-        "16,128,512", "--prompt-lengths", help="Comma-separated prefill lengths."
+    prompt_lengths: Optional[str] = typer.Option(
+        None, "--prompt-lengths", help="Comma-separated prefill lengths (16,128,512; --server: 64,256,1024)."
     ),
     decode_tokens: int = typer.Option(64, "--decode-tokens", help="Tokens decoded per timed run."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per measurement (median reported)."),
@@ -363,23 +398,36 @@ def bench(
     speculative: Optional[str] = SpeculativeOpt,
     draft_tokens: int = DraftTokensOpt,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    server: Optional[str] = remote.ServerOpt,
+    api_key_env: Optional[str] = remote.ApiKeyEnvOpt,
+    read_timeout: float = remote.ReadTimeoutOpt,
+    concurrency: str = typer.Option(
+        "1,2,4,8", "--concurrency", help="With --server: comma-separated numbers of simultaneous streams."
+    ),
 ) -> None:
-    """Measure prefill, decode, multi-turn reuse and memory against transformers' generate."""
+    """Measure prefill, decode, multi-turn reuse and memory against transformers' generate;
+    with --server, the server's prefill, decode, prefix cache and concurrent streams."""
+    if server is not None:
+        where = remote.target(server, model, api_key_env, read_timeout)
+        lengths = numbers(prompt_lengths or "64,256,1024", "--prompt-lengths")
+        streams = numbers(concurrency, "--concurrency")
+        try:
+            config = remote.bench_config(where, lengths, decode_tokens, repeats, turns, streams)
+        except ValueError as e:
+            fail(flag_named(e))
+        emit_result(remote.bench(config), as_json, "tui.cli.remote_bench_table", "print_remote_tables")
+        return
     from engine import bench as bench_engine
     from engine.models import ModelError
     from engine.quant.precision import PrecisionError
 
     check_draft_tokens(draft_tokens)
     try:
-        lengths = tuple(int(x) for x in prompt_lengths.split(",") if x.strip())
-    except ValueError:
-        fail(f"--prompt-lengths must be comma-separated whole numbers, got {prompt_lengths!r}")
-    try:
         config = bench_engine.BenchConfig(
-            model=model,
+            model=model or DEFAULT_MODEL,
             precisions=tuple(precision),
             device=device,
-            prompt_lengths=lengths,
+            prompt_lengths=numbers(prompt_lengths or "16,128,512", "--prompt-lengths"),
             decode_tokens=decode_tokens,
             repeats=repeats,
             turns=turns,
@@ -389,19 +437,59 @@ def bench(
             speculative=speculative,
             draft_tokens=draft_tokens,
         )
-    except ValueError as e:  # "repeats must be ...": the field, named as its flag
-        field, _, rest = str(e).partition(" ")
-        fail(f"--{field.replace('_', '-')} {rest}")
+    except ValueError as e:
+        fail(flag_named(e))
     try:
         result = bench_engine.run(config, report=lambda line: typer.echo(line, err=True))
     except (ModelError, PrecisionError) as e:
         fail(str(e))
+    emit_result(result, as_json, "tui.cli.bench_table", "print_tables")
+
+
+def numbers(text: str, flag: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4); exits with the reason if a part is not a whole number (the bench
+    config checks the values)."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        fail(f"{flag} must be comma-separated whole numbers, got {text!r}")
+
+
+def flag_named(error: ValueError) -> str:
+    """A bench config's "repeats must be ...": the field, named as its flag."""
+    field, _, rest = str(error).partition(" ")
+    return f"--{field.replace('_', '-')} {rest}"
+
+
+def emit_result(result: dict, as_json: bool, module: str, printer: str) -> None:
+    """One JSON object, or the tables (Rich is imported only for those)."""
     if as_json:
         typer.echo(json.dumps(result, indent=2))
-    else:
-        from tui.cli.bench_table import print_tables
+        return
+    import importlib
 
-        print_tables(result)
+    getattr(importlib.import_module(module), printer)(result)
+
+
+def local_session(model, precision, device, sampling, system, context, emit, as_json):
+    """Load the model here (loading progress as events with --json); exits with the reason if it cannot."""
+    from engine import models
+    from engine.events import ModelLoading
+    from engine.quant.precision import PrecisionError
+    from engine.session import ChatSession
+
+    try:
+        loaded = models.load(
+            model, precision, device, progress=lambda s, f: emit(ModelLoading(s, f)) if as_json else None
+        )
+    except (models.ModelError, PrecisionError) as e:
+        refuse(str(e), as_json)
+    return ChatSession(loaded, sampling, system, context)
+
+
+def counted(value: int | None, what: str) -> str:
+    """'12 reused', or 'reused: not reported' where a server did not say."""
+    return f"{value} {what}" if value is not None else f"{what}: not reported"
 
 
 def speculation_line(speculation) -> str:
@@ -414,13 +502,14 @@ def speculation_line(speculation) -> str:
 
 
 def stats_line(stats) -> str:
+    """The client's figures for a turn, then a server's own where it reports them."""
     return (
-        f"[{stats.prompt_tokens} prompt tokens, {stats.reused_tokens} reused, "
-        f"{stats.prefilled_tokens} prefilled | "
+        f"[{counted(stats.prompt_tokens, 'prompt tokens')}, {counted(stats.reused_tokens, 'reused')}, "
+        f"{counted(stats.prefilled_tokens, 'prefilled')} | "
         f"TTFT {stats.ttft_s * 1000:.0f} ms | ITL p50 {stats.itl_p50_s * 1000:.1f} ms "
         f"p90 {stats.itl_p90_s * 1000:.1f} ms | "
         f"prefill {stats.prefill_tok_s:.0f} tok/s | decode {stats.decode_tok_s:.1f} tok/s | "
-        f"{stats.generated_tokens} tokens | stop: {stats.stop}]"
+        f"{stats.generated_tokens} tokens | stop: {stats.stop}{remote.server_figures(stats.server)}]"
     )
 
 

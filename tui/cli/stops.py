@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 from types import FrameType
-from typing import TextIO
+from typing import Callable, TextIO
 
 STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
@@ -41,11 +41,14 @@ class Stops:
     the `with` block only; `write` works with or without them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_stop: Callable[[], None] | None = None) -> None:
         self.code: int | None = None
         """The exit code, once something stopped the answer."""
         self.reason = ""
         """What stopped it, in words."""
+        self.on_stop = on_stop
+        """Called once, at the first stop (in the signal handler): an answer from a server cuts its
+        stream at once, since a silent server sends no next event to stop at."""
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> Stops:
@@ -66,6 +69,8 @@ class Stops:
         """Ask for the answer to stop; the first cause decides the exit code."""
         if self.code is None:
             self.code, self.reason = code, reason
+            if self.on_stop is not None:
+                self.on_stop()
 
     def write(self, stream: TextIO, text: str) -> None:
         """Write and flush; if the stream's reader is gone, silence the stream and stop the answer."""

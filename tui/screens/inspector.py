@@ -7,8 +7,6 @@ chat shows the new continuation; the original stays as a branch (`b` shows it he
 
 from __future__ import annotations
 
-import math
-
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -17,17 +15,28 @@ from textual.widgets import Static
 
 from engine.events import Candidate, Event, Forked, TurnFinished
 from engine.instruments.trace import TokenRecord
-from tui.fmt import count, fixed, prob_style, visible_piece
+from tui.fmt import count, fixed, logprob_style, visible_piece
 from tui.instruments import AnswerRef, Instruments, answers
 from tui.screens.instrument import InstrumentScreen
 from tui.widgets.alternatives import AlternativesList
 from tui.widgets.token_strip import StripToken, TokenStrip
 
 
-def byte_text(data: bytes | None) -> str:
+def same_token(candidate: Candidate, record: TokenRecord) -> bool:
+    """By id, or by text where a server sent no ids."""
+    if candidate.id is not None and record.id is not None:
+        return candidate.id == record.id
+    return candidate.piece == record.piece
+
+
+def byte_text(data: bytes | None, server: bool = False) -> str:
     if data is None:
-        return "none: a special token of the chat template"
+        maybe = " (or not sent by the server)" if server else ""
+        return f"none: a special token of the chat template{maybe}"
     return " ".join(f"{b:02x}" for b in data) + f"  ({len(data)} byte{'s' if len(data) != 1 else ''})"
+
+
+NOT_SENT = ("not sent by the server", "$text-muted")
 
 
 def step_text(record: TokenRecord, last: bool) -> str:
@@ -40,8 +49,11 @@ def step_text(record: TokenRecord, last: bool) -> str:
     return "nothing yet: it holds part of a UTF-8 character"
 
 
-def record_lines(record: TokenRecord, steps: int, forked_here: bool, ended: bool = False) -> list[Content]:
-    """What the inspector says about one step; `ended`: it is the last step of a finished answer."""
+def record_lines(
+    record: TokenRecord, steps: int, forked_here: bool, ended: bool = False, server: bool = False
+) -> list[Content]:
+    """What the inspector says about one step; `ended`: it is the last step of a finished answer.
+    `server`: it came from a server, and what the server did not send is said so."""
     label = lambda name: (f"{name:<10}", "bold")  # noqa: E731
     more = record.rank - 1
     were = "was" if more == 1 else "were"
@@ -49,32 +61,20 @@ def record_lines(record: TokenRecord, steps: int, forked_here: bool, ended: bool
     if record.rank == 0:
         rank = "unknown"
     text = step_text(record, ended)
+    position = "not known" if record.position is None else f"{record.position}"
     lines = [
         Content.assemble(
-            ("step ", "bold"),
-            f"{record.step + 1} of {steps}",
-            ("  · KV cache position ", "bold"),
-            f"{record.position}",
+            ("step ", "bold"), f"{record.step + 1} of {steps}", ("  · KV cache position ", "bold"), position
         ),
-        Content.assemble(label("ID"), f"{record.id}"),
-        Content.assemble(label("piece"), (visible_piece(record.piece), prob_style(record.prob))),
-        Content.assemble(label("bytes"), byte_text(record.bytes)),
-        Content.assemble(
-            label("logprob"), fixed(record.logprob, 4), ("  p = ", "$text-muted"), f"{record.prob:.2%}"
-        ),
+        Content.assemble(label("ID"), NOT_SENT if record.id is None else f"{record.id}"),
+        Content.assemble(label("piece"), (visible_piece(record.piece), logprob_style(record.logprob))),
+        Content.assemble(label("bytes"), byte_text(record.bytes, server)),
+        _logprob_line(record, label),
         Content.assemble(label("rank"), f"{record.rank}", (f"  ({rank})", "$text-muted")),
-        Content.assemble(
-            label("entropy"),
-            f"{fixed(max(0.0, record.entropy_bits), 3)} bits",
-            (
-                f"  ({fixed(max(0.0, record.entropy), 3)} nats)"
-                f" ≈ a fair choice among {record.choices:.1f} tokens",
-                "$text-muted",
-            ),
-        ),
+        _entropy_line(record, label),
         Content.assemble(label("text"), text),
     ]
-    if ended:
+    if ended and not server:  # a server's cache is its own: it does not say what it fed back
         lines.append(
             Content.styled(
                 "not in the cache at the time: decoding stopped on this token, so it was never fed back "
@@ -87,6 +87,30 @@ def record_lines(record: TokenRecord, steps: int, forked_here: bool, ended: bool
             Content.styled("⑂ forked here: this token was chosen from the alternatives", "$text-accent")
         )
     return lines
+
+
+def _logprob_line(record: TokenRecord, label) -> Content:
+    if record.logprob is None:
+        return Content.assemble(label("logprob"), NOT_SENT)
+    return Content.assemble(
+        label("logprob"), fixed(record.logprob, 4), ("  p = ", "$text-muted"), f"{record.prob:.2%}"
+    )
+
+
+def _entropy_line(record: TokenRecord, label) -> Content:
+    if record.entropy is None:
+        return Content.assemble(
+            label("entropy"), ("not known: the server sends only the top alternatives", "$text-muted")
+        )
+    return Content.assemble(
+        label("entropy"),
+        f"{fixed(max(0.0, record.entropy_bits), 3)} bits",
+        (
+            f"  ({fixed(max(0.0, record.entropy), 3)} nats)"
+            f" ≈ a fair choice among {record.choices:.1f} tokens",
+            "$text-muted",
+        ),
+    )
 
 
 class InspectorScreen(InstrumentScreen):
@@ -127,9 +151,15 @@ class InspectorScreen(InstrumentScreen):
         with Horizontal(id="panes"):
             yield Static(id="record")
             with Vertical(id="alts-pane"):
-                yield Static("Alternatives (top-k after your sampling settings)", id="alts-title")
+                yield Static(f"Alternatives ({self._which_distribution()})", id="alts-title")
                 yield AlternativesList("screen.choose({})")
                 yield Static(id="fork-hint", classes="muted")
+
+    def _which_distribution(self) -> str:
+        info = getattr(self.link.session, "info", None)
+        if info is not None and info.server is not None:
+            return f"as the server reported them: {info.server.top_k_note}"
+        return "top-k after your sampling settings"
 
     def on_mount(self) -> None:
         self._show_answer()
@@ -177,7 +207,7 @@ class InspectorScreen(InstrumentScreen):
             )
         )
         self.query_one(TokenStrip).set_tokens(
-            [StripToken(s.id, s.piece, prob_style(math.exp(s.logprob))) for s in self.steps], self.step
+            [StripToken(s.id, s.piece, logprob_style(s.logprob)) for s in self.steps], self.step
         )
         self._show_step()
 
@@ -195,14 +225,21 @@ class InspectorScreen(InstrumentScreen):
         record = self.ref.trace.record(self.step, session.namer)
         forked_here = self.ref.trace.fork_step == self.step
         ended = self.ref.message is not None and self.step == len(self.steps) - 1
-        record_view.update(Content("\n").join(record_lines(record, len(self.steps), forked_here, ended)))
+        server = self.link.app.options.remote
+        lines = record_lines(record, len(self.steps), forked_here, ended, server)
+        record_view.update(Content("\n").join(lines))
         candidates = record.top_k
-        if all(c.id != record.id for c in candidates):  # drawn from outside the top-k shown
+        taken = [c for c in candidates if same_token(c, record)]
+        if not taken and record.prob is not None:  # drawn from outside the top-k shown
             candidates = (*candidates, Candidate(record.id, record.piece, record.prob))
-        alternatives.set_candidates(candidates, {record.id: "◀ taken"}, alternatives.cursor)
+        key = taken[0] if taken else record
+        marks = {key.id if key.id is not None else key.piece: "◀ taken"}
+        alternatives.set_candidates(candidates, marks, alternatives.cursor)
         self.query_one(TokenStrip).move_to(self.step)
         self.set_title_line(f"{self.ref.label} · step {self.step + 1} of {len(self.steps)}")
-        if self.ref.message is None:
+        if server:
+            hint.update("Forking from a token needs the local engine (a server cannot continue from one).")
+        elif self.ref.message is None:
             hint.update("Only a finished answer in the conversation can be forked.")
         else:
             hint.update(

@@ -17,6 +17,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
+from engine.events import ServerInfo
 from engine.quant.precision import PRECISIONS, cpu_note
 from engine.sampling import SamplingSettings
 
@@ -139,6 +140,7 @@ class SettingsScreen(ModalScreen[None]):
         sampling: SamplingSettings,
         themes: list[str],
         speculation: tuple[str | None, int, str] = (None, 4, ""),
+        server: ServerInfo | None = None,
     ) -> None:
         """`speculation`: (the drafter now, or None; K; the model spec, for its own draft copy)."""
         super().__init__()
@@ -147,25 +149,16 @@ class SettingsScreen(ModalScreen[None]):
         self.device = device
         self.sampling = sampling
         self.themes = themes
+        self.server = server
+        """A model on a server: it decides the precision, and reads sampling once per request."""
 
     def compose(self):
         with VerticalScroll():
             yield Static("Settings", classes="heading")
-            yield Static(
-                "Precision: a change reloads the model in the background, keeps the conversation, "
-                "and re-prefills the cache on the next turn.",
-                classes="hint",
-            )
-            with Horizontal(classes="row"):
-                yield Label("Precision")
-                yield Select(
-                    [(p, p) for p in PRECISIONS],
-                    value=self.precision,
-                    allow_blank=False,
-                    compact=True,
-                    id="precision",
-                )
-            yield Static(self._precision_note(self.precision), id="precision-note", classes="hint")
+            if self.server is not None:
+                yield from self._server_precision()
+            else:
+                yield from self._precision_choice()
             # The theme sits high in the dialog, so its list opens inside the dialog on a small terminal.
             with Horizontal(classes="row"):
                 yield Label("Theme (remembered)")
@@ -176,13 +169,11 @@ class SettingsScreen(ModalScreen[None]):
                     compact=True,
                     id="theme",
                 )
-            yield Static(
-                "Sampling (remembered): Enter applies; it takes effect from the next token, also mid-answer.",
-                classes="heading",
-            )
+            yield Static(self._sampling_heading(), classes="heading")
+            unsupported = self.server.unsupported_settings if self.server else ()
             for name, label in FIELDS.items():
                 with Horizontal(classes="row"):
-                    yield Label(label)
+                    yield Label(label + (" ✖ not supported by this server" if name in unsupported else ""))
                     yield Input(field_text(self.sampling, name), id=name, compact=True, select_on_focus=True)
                 problem = Static("", id=f"{name}-error", classes="error", markup=False)
                 problem.display = False
@@ -209,7 +200,40 @@ class SettingsScreen(ModalScreen[None]):
                 yield Button("Apply  ^s", id="apply", variant="primary")
                 yield Button("Close  esc", id="close")
 
+    def _precision_choice(self):
+        yield Static(
+            "Precision: a change reloads the model in the background, keeps the conversation, "
+            "and re-prefills the cache on the next turn.",
+            classes="hint",
+        )
+        with Horizontal(classes="row"):
+            yield Label("Precision")
+            yield Select(
+                [(p, p) for p in PRECISIONS],
+                value=self.precision,
+                allow_blank=False,
+                compact=True,
+                id="precision",
+            )
+        yield Static(self._precision_note(self.precision), id="precision-note", classes="hint")
+
+    def _server_precision(self):
+        weights = self.server.quantization or "not reported"
+        yield Static(
+            f"Precision: the server decides it (weights: {weights}); restart without --server to choose one.",
+            classes="hint",
+            id="precision-note",
+        )
+
+    def _sampling_heading(self) -> str:
+        if self.server is not None:
+            return "Sampling (remembered): Enter applies; the server reads it from the next answer."
+        return "Sampling (remembered): Enter applies; it takes effect from the next token, also mid-answer."
+
     def on_mount(self) -> None:
+        if self.server is not None:
+            self.query_one("#temperature", Input).focus()
+            return
         self._show_note(self.precision)
         self.query_one("#temperature", Input).focus()
 

@@ -28,13 +28,14 @@ class AlternativesList(Widget):
         """An action with one `{}` for the row's index, e.g. `screen.choose({})`."""
         self.auto_links = False  # the rows carry @click; link styling would paint over their colours
         self.candidates: tuple[Candidate, ...] = ()
-        self.marks: dict[int, str] = {}
+        self.marks: dict[int | str, str] = {}
         self.cursor = 0
 
     def set_candidates(
-        self, candidates: tuple[Candidate, ...], marks: dict[int, str], cursor: int = 0
+        self, candidates: tuple[Candidate, ...], marks: dict[int | str, str], cursor: int = 0
     ) -> None:
-        """`marks` labels candidates by ID (e.g. 'taken', 'sampled', 'greedy')."""
+        """`marks` labels candidates by ID (e.g. 'taken', 'sampled', 'greedy'), or by piece where a
+        server sent no ids."""
         self.candidates, self.marks = candidates, marks
         self.cursor = max(0, min(cursor, len(candidates) - 1))
         self.refresh(layout=True)
@@ -62,7 +63,7 @@ class AlternativesList(Widget):
             here = row == self.cursor
             click = f" @click={self.action.format(row)}"
             filled = round(bar_width * c.prob / top)
-            mark = self.marks.get(c.id, "")
+            mark = self.marks.get(c.id if c.id is not None else c.piece, "")
             lines.append(
                 Content.assemble(
                     ("›" if here else " ", "bold $accent" + click),

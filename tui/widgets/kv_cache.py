@@ -34,6 +34,14 @@ def formula(info: ModelInfo) -> str:
     )
 
 
+def short_formula(info: ModelInfo) -> str:
+    """The formula in one short line, for a server's model (its cache type is assumed, not told)."""
+    return (
+        f"2×{info.layers}×{info.kv_heads}×{info.head_dim}×{info.cache_element_bytes} B"
+        f" = {info.kv_bytes_per_token:,} B, {info.cache_dtype.split(' ')[0]} assumed"
+    )
+
+
 class KVCachePanel(Widget):
     DEFAULT_CSS = """
     KVCachePanel { height: auto; border: round $primary 50%; border-title-color: $text; padding: 0 1; }
@@ -51,10 +59,12 @@ class KVCachePanel(Widget):
         self.resumed = False
         """A saved conversation was just resumed: the next turn prefills its history, or reuses a
         saved cache."""
+        self.server_fill: tuple[float, str] | None = None
+        """A server's whole KV cache in use (0..1) and the metric it came from."""
 
     def set_model(self, info: ModelInfo) -> None:
         """A (re)loaded model starts with an empty cache."""
-        self.info, self.cache, self.turn, self.finished = info, None, None, None
+        self.info, self.cache, self.turn, self.finished, self.server_fill = info, None, None, None, None
         self.fresh, self.resumed = True, False
         self.refresh(layout=True)
 
@@ -74,6 +84,8 @@ class KVCachePanel(Widget):
 
     def set_cache(self, event: CacheChanged, repaint: bool = True) -> None:
         self.cache = event
+        if event.server_fill is not None:  # read once a turn: kept until the next reading
+            self.server_fill = (event.server_fill, event.server_fill_source)
         if repaint:
             self.refresh(layout=self.resumed)  # "resumed from disk" may take another line
 
@@ -85,6 +97,8 @@ class KVCachePanel(Widget):
     def render(self) -> Content:
         if self.info is None:
             return Content.styled("no model loaded yet", "$text-muted")
+        if self.info.server is not None:
+            return Content("\n").join(self._server_lines())
         capacity = self.cache.capacity if self.cache else self.info.context
         used = self.cache.tokens if self.cache else 0
         real = self.cache.bytes if self.cache else 0
@@ -102,6 +116,42 @@ class KVCachePanel(Widget):
             *self._unfed_line(),
         ]
         return Content("\n").join(lines)
+
+    def _server_lines(self) -> list[Content]:
+        """The cache lives on the server: this conversation's share, the formula where the model's
+        shape is known, the server-wide fill where its metrics tell, and what it does not report."""
+        info, cache = self.info, self.cache
+        used = cache.tokens if cache else None
+        capacity = cache.capacity if cache else info.context
+        if used is not None and capacity:
+            top = Content.assemble(gauge(used, capacity), f" {used / capacity:.1%} of the window")
+        else:
+            top = Content.styled("the window's use: not reported by the server", "$text-muted")
+        tokens = "not reported" if used is None else f"{used:,}"
+        window = f" / {capacity:,}" if capacity else ""
+        per_token = info.kv_bytes_per_token
+        if per_token and used is not None:
+            total = Content.assemble(
+                ("formula ", "bold"), f"{used:,} × {per_token:,} B = {human_bytes(used * per_token)}"
+            )
+        else:
+            total = Content.styled("bytes: held by the server, not reported", "$text-muted")
+        return [
+            top,
+            Content.assemble(("tokens ", "bold"), f"{tokens}{window} on the server (this chat)"),
+            total,
+            Content.assemble(("per token ", "bold"), short_formula(info))
+            if per_token
+            else Content.styled("per token: the model's shape is not reported", "$text-muted"),
+            self._server_fill_line(),
+            self._turn_line(),
+        ]
+
+    def _server_fill_line(self) -> Content:
+        if self.server_fill is None:
+            return Content.styled("server-wide cache use: not reported", "$text-muted")
+        fill, source = self.server_fill
+        return Content.assemble(("server ", "bold"), f"{fill:.1%} of its KV cache in use ({source})")
 
     def _unfed_line(self) -> list[Content]:
         """After a turn: the answer's last token was never fed back, so the cache lacks it."""
@@ -125,10 +175,14 @@ class KVCachePanel(Widget):
             )
         if self.resumed:
             return Content.styled("resumed: the next turn prefills the history", "$text-warning")
+        if self.fresh and self.info is not None and self.info.server is not None:
+            return Content.styled("next turn: the server's prefix cache decides the reuse", "$text-muted")
         if self.fresh:
             return Content.styled("new cache: the next turn prefills the whole conversation", "$text-warning")
         if self.turn is None:
             return Content.styled("this turn: –", "$text-muted")
+        if self.turn.reused is None:
+            return Content.styled("this turn: prefix-cache reuse not reported by the server", "$text-muted")
         return Content.assemble(
             ("this turn ", "bold"),
             (f"{self.turn.reused:,} reused", "$text-success"),

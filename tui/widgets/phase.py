@@ -28,7 +28,9 @@ WHY = {
 
 def prefill_rate(stats: TurnStats) -> str:
     """Prefill throughput; for a prefill of one token (a fork, a regeneration) its time instead,
-    since a rate of one token is a latency in disguise."""
+    since a rate of one token is a latency in disguise. '–' where a server did not tell the count."""
+    if stats.prefilled_tokens is None:
+        return "–"
     if stats.prefilled_tokens >= 2 and stats.prefill_tok_s > 0:
         return f"{stats.prefill_tok_s:,.0f} tok/s"
     if stats.prefilled_tokens == 1 and stats.prefill_tok_s > 0:
@@ -138,9 +140,10 @@ class PhasePanel(Widget):
 
     def _why(self) -> Content:
         """What the phase costs; with speculation, what the rounds kept (a K-token verify reads the
-        weights once, like one decode step: the reason it pays)."""
+        weights once, like one decode step: the reason it pays); after a server's turn, its own
+        figures."""
         if not self.rounds:
-            return Content.styled(WHY[self.phase], "italic $text-muted")
+            return self._server_figures()
         drafted = sum(len(r.drafted) for r in self.rounds)
         kept = sum(r.accepted for r in self.rounds)
         emitted = kept + len(self.rounds)
@@ -158,15 +161,28 @@ class PhasePanel(Widget):
         numbers = f"TTFT {ms(self.ttft_s)} · ITL {ms(self.median_itl)} · {self.decode_tok_s:.1f} tok/s"
         return Content.assemble((f" {label} ", style), " ", self._detail(), ("  " + numbers, "$text-muted"))
 
+    def _server_figures(self) -> Content:
+        """Why the phase costs what it does; after a server's turn, its own figures instead."""
+        server = self.final.server if self.final is not None else None
+        if self.phase != "idle" or server is None or server.prompt_ms is None:
+            return Content.styled(WHY[self.phase], "italic $text-muted")
+        per_token = server.predicted_per_token_ms
+        decode = f" · ITL {per_token:.1f} ms" if per_token is not None else ""
+        return Content.assemble(
+            ("server's own ", "bold"),
+            f"prefill {server.prompt_ms:.0f} ms{decode}",
+            (" (ours add network and queue)", "$text-muted"),
+        )
+
     def _detail(self) -> Content:
         if self.waiting_step is not None:
             waiting = f"⏸ step mode: token {self.waiting_step + 1} waits for your choice"
             return Content.styled(waiting, "$text-accent")
         if self.phase == "prefill":
             done = f" · {self.progress[0]}/{self.progress[1]} done" if self.progress else ""
-            return Content(
-                f"{count(self.prompt_new, 'new token')} · {self.prompt_reused:,} reused from the cache{done}"
-            )
+            new = "? new tokens" if self.prompt_new is None else count(self.prompt_new, "new token")
+            reused = "reuse not reported" if self.prompt_reused is None else f"{self.prompt_reused:,} reused"
+            return Content(f"{new} · {reused} from the cache{done}")
         if self.phase == "decode":
             return Content(f"token {self.tokens}")
         if self.final is not None:

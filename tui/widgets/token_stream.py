@@ -6,13 +6,11 @@ rest, so an update repaints this panel only and a long answer stays cheap to dra
 
 from __future__ import annotations
 
-import math
-
 from textual.content import Content
 from textual.widget import Widget
 
 from engine.events import DraftRound, PromptTokens, TokenSampled
-from tui.fmt import PROB_LEVELS, count, prob_style, subscript, visible_piece
+from tui.fmt import PROB_LEVELS, count, logprob_style, subscript, visible_piece
 
 KEEP = 2000
 """Generated chips kept (far more than fit on screen)."""
@@ -26,7 +24,7 @@ REJECTED = "strike $text-muted"
 """A drafted token the model rejected (shown before the correction that replaced it)."""
 
 
-def chip(token_id: int, piece: str, style: str, click: str = "") -> Content:
+def chip(token_id: int | None, piece: str, style: str, click: str = "") -> Content:
     """`click`: an action a mouse click on the chip runs (e.g. open the token inspector at this step)."""
     click = f" @click={click}" if click else ""
     return Content.assemble(
@@ -99,6 +97,8 @@ class TokenStream(Widget):
         self.prompt_chips: list[Content] = []
         self.chips: list[Content] = []
         self.generated = 0
+        self.prompted = False
+        """PromptTokens came for the turn about to start."""
         self.empty = EMPTY
         """What the panel says while it has no turn to show."""
         self.marks: dict[int, tuple[int, ...]] = {}
@@ -108,11 +108,21 @@ class TokenStream(Widget):
     def set_prompt(self, prompt: PromptTokens) -> None:
         self.prompt, self.chips, self.generated = prompt, [], 0
         self.marks, self.drafted, self.kept = {}, 0, 0
+        reused = prompt.reused or 0  # not reported by a server: no chip is marked as reused
         self.prompt_chips = [
-            chip(i, piece, REUSED if n < prompt.reused else NEW)
+            chip(i, piece, REUSED if n < reused else NEW)
             for n, (i, piece) in enumerate(zip(prompt.ids, prompt.pieces))
         ]
+        self.prompted = True
         self.refresh()
+
+    def begin_turn(self) -> None:
+        """Prefill started: a turn whose prompt tokens nobody sent (a server that cannot
+        tokenize) starts from an empty panel too."""
+        if not self.prompted:
+            self.prompt, self.prompt_chips, self.chips, self.generated = None, [], [], 0
+            self.refresh()
+        self.prompted = False
 
     def add_round(self, event: DraftRound) -> None:
         """A speculative round: its kept drafts and its rejections mark the chips that follow."""
@@ -127,7 +137,7 @@ class TokenStream(Widget):
     def add(self, tokens: list[TokenSampled], repaint: bool = True) -> None:
         for t in tokens:
             mark = self.marks.pop(t.index, None)
-            style = prob_style(math.exp(t.logprob)) + (ACCEPTED if mark == () else "")
+            style = logprob_style(t.logprob) + (ACCEPTED if mark == () else "")
             for token_id, piece in mark or ():
                 self.chips.append(chip(token_id, piece, REJECTED))
             self.chips.append(chip(t.id, t.piece, style, f"app.instrument('inspector',{t.index})"))
@@ -139,25 +149,27 @@ class TokenStream(Widget):
     def clear(self, why: str = EMPTY) -> None:
         """Show no turn; `why` says what the panel waits for."""
         self.prompt, self.prompt_chips, self.chips, self.generated = None, [], [], 0
+        self.prompted = False
         self.empty = why
         self.refresh()
 
     def render(self) -> Content:
-        if self.prompt is None:
+        if self.prompt is None and not self.chips:
             return Content.styled(self.empty, "$text-muted")
-        p = self.prompt
         width, height = self.content_size.width, self.content_size.height
-        prompt = Content.assemble(
-            ("prompt ", "bold"),
-            f"{count(len(p.ids), 'token')}: ",
-            (f"{p.reused} reused", REUSED),
-            " · ",
-            (f"{len(p.ids) - p.reused} prefilled now", NEW),
-        )
         drafts = f"drafts kept {self.kept}/{self.drafted}  " if self.drafted else ""
         answer = Content.assemble(
             ("answer ", "bold"), f"{count(self.generated, 'token')}  ", drafts, legend()
         )
+        if self.prompt is None:  # a server that does not tokenize: the answer's tokens only
+            note = Content.styled("prompt: the server does not tokenize it for us", "$text-muted")
+            return Content("\n").join([note, answer, *block(self.chips, width, max(1, height - 2))])
+        p = self.prompt
+        if p.reused is None:
+            split = [("cache reuse not reported by the server", "$text-muted")]
+        else:
+            split = [(f"{p.reused} reused", REUSED), " · ", (f"{len(p.ids) - p.reused} prefilled now", NEW)]
+        prompt = Content.assemble(("prompt ", "bold"), f"{count(len(p.ids), 'token')}: ", *split)
         if prompt.cell_length + answer.cell_length + 3 <= width:
             summary = [Content.assemble(prompt, "   ", answer)]
         else:

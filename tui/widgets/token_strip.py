@@ -19,7 +19,7 @@ CURSOR = "bold $background on $accent"
 
 @dataclass(frozen=True)
 class StripToken:
-    id: int
+    id: int | None
     piece: str
     style: str
 

@@ -11,7 +11,7 @@ from typing import Any
 from textual.content import Content
 from textual.widget import Widget
 
-from engine.events import TokenSampled
+from engine.events import Candidate, ModelInfo, TokenSampled
 from tui.fmt import entropy_bits, fixed, prob_color, visible_piece
 
 PIECE_WIDTH = 12
@@ -24,6 +24,13 @@ def sampling_line(settings: Any) -> str:
         f"T {s.temperature:g} · top-k {s.top_k or '–'} · top-p {s.top_p:g} · min-p {s.min_p:g}"
         f" · rep {s.repetition_penalty:g}"
     )
+
+
+def is_chosen(candidate: Candidate, token: TokenSampled) -> bool:
+    """The candidate is the token taken: by id, or by its text where a server sent no ids."""
+    if candidate.id is not None and token.id is not None:
+        return candidate.id == token.id
+    return candidate.piece == token.piece
 
 
 class TopKPanel(Widget):
@@ -42,6 +49,10 @@ class TopKPanel(Widget):
         self.token = token
         if repaint:
             self.refresh()
+
+    def set_model(self, info: ModelInfo) -> None:
+        """From a server, the bottom border says which distribution its alternatives come from."""
+        self.border_subtitle = info.server.top_k_note if info.server is not None else ""
 
     def set_sampling(self, settings: Any) -> None:
         self.sampling = settings
@@ -62,18 +73,22 @@ class TopKPanel(Widget):
 
     def _lines(self, token: TokenSampled) -> list[Content]:
         probs = [c.prob for c in token.top_k]
+        position = "–" if token.position is None else token.position
         lines = [
             Content.assemble(
                 ("step ", "bold"),
-                f"{token.index + 1} · position {token.position} · ",
+                f"{token.index + 1} · position {position} · ",
                 ("entropy ", "bold"),
                 f"≥ {fixed(max(0.0, entropy_bits(probs)), 2)} bits",
             )
         ]
+        if not token.top_k:
+            lines.append(Content.styled("the server sent no alternatives (no logprobs)", "$text-warning"))
+            return lines
         width = max(6, self.content_size.width - PIECE_WIDTH - 12)
         top = probs[0] if probs else 1.0
         for rank, c in enumerate(token.top_k, 1):
-            chosen = c.id == token.id
+            chosen = is_chosen(c, token)
             filled = round(width * c.prob / top) if top > 0 else 0
             lines.append(
                 Content.assemble(
@@ -89,11 +104,11 @@ class TopKPanel(Widget):
                     f" {c.prob:6.1%}",
                 )
             )
-        if token.id not in {c.id for c in token.top_k}:
+        if not any(is_chosen(c, token) for c in token.top_k):
+            p = "?" if token.logprob is None else f"{math.exp(token.logprob):.2%}"
             lines.append(
                 Content.styled(
-                    f"▶ chosen {visible_piece(token.piece)[:PIECE_WIDTH]} "
-                    f"p={math.exp(token.logprob):.2%}, not in the top {len(probs)}",
+                    f"▶ chosen {visible_piece(token.piece)[:PIECE_WIDTH]} p={p}, not in the top {len(probs)}",
                     "$text-warning",
                 )
             )

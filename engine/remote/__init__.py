@@ -1,0 +1,18 @@
+"""A model served elsewhere: vLLM, SGLang, llama.cpp's llama-server, Ollama or any
+OpenAI-compatible server, reached over HTTP as a second kind of chat session.
+
+| module | job |
+|---|---|
+| `target.py` | where the server is and how to reach it (URL, model, key variable, timeouts) |
+| `client.py` | the chat stream (`openai`) and side endpoints (`httpx`), errors as one line |
+| `server.py` | which server it is, its version, parallelism, the model and its context |
+| `dialects.py` | per server: extra request fields, what it reports, what it does not |
+| `request.py` | one chat request from the conversation and the sampling settings |
+| `chunks.py` | one streamed chunk read into plain records |
+| `turn.py` | an answer as it streams: events, latencies, the server's own figures |
+| `prompt.py` | the prompt's token ids, asked of the server's own tokenizer |
+| `metrics.py` | the server-wide KV cache fill from /metrics |
+| `shape.py` | the model's KV shape from a GGUF readable here (for bytes per token) |
+| `cancel.py` | Esc: an Event that also cuts the open stream |
+| `session.py` | `RemoteSession`: the same calls and events as `ChatSession` |
+"""

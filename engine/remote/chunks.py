@@ -1,0 +1,152 @@
+"""One streamed chunk, read into plain records: the answer's text, its tokens with their
+logprobs and alternatives, and whatever the server added (progress, timings, usage).
+
+Servers differ in what a chunk holds, and this is the one place that knows:
+- OpenAI fields: `delta.content`, `logprobs.content` (one entry per token: token, bytes,
+  logprob, top_logprobs), `usage` with `prompt_tokens_details.cached_tokens`.
+- llama.cpp adds `id` to each logprob entry and alternative, `timings` (prompt_ms, cache_n,
+  predicted_n, ...) and `prompt_progress` (total, cache, processed). When a UTF-8 character
+  spans several tokens it sends one entry for them: the text of all, the id, logprob and
+  alternatives of the last, and `timings.predicted_n` counts them all.
+- vLLM may put several tokens in one chunk; with `return_token_ids` the choice carries their
+  `token_ids`. Its alternatives have no ids.
+Extra fields arrive through pydantic's `model_extra`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.detok import readable_bytes
+from engine.events import Candidate
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One logprob entry: a token (or, from llama.cpp, the last of a split character's tokens)."""
+
+    id: int | None
+    piece: str
+    """Readable text of this token's own bytes (stray bytes as `<0xEC>`)."""
+    span: bytes
+    """The bytes of answer text this entry stands for."""
+    own: bytes
+    """This token's own bytes (less than `span` where llama.cpp merged a split character)."""
+    logprob: float | None
+    top: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """llama.cpp's prompt_progress: of `total` prompt tokens, `cache` came from its cache."""
+
+    total: int
+    cache: int
+    processed: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+
+
+@dataclass
+class Chunk:
+    content: str = ""
+    entries: list[Entry] = field(default_factory=list)
+    progress: Progress | None = None
+    timings: dict[str, Any] | None = None
+    usage: Usage | None = None
+    finish: str | None = None
+    fingerprint: str | None = None
+
+
+def parse(chunk: Any) -> Chunk:
+    """Read a `ChatCompletionChunk` (pydantic, extra fields in `model_extra`)."""
+    extra = chunk.model_extra or {}
+    out = Chunk(
+        fingerprint=chunk.system_fingerprint,
+        timings=extra.get("timings") if isinstance(extra.get("timings"), dict) else None,
+        progress=_progress(extra.get("prompt_progress")),
+        usage=_usage(chunk.usage, extra),
+    )
+    for choice in chunk.choices[:1]:  # one answer per request (n=1)
+        out.content = choice.delta.content or "" if choice.delta is not None else ""
+        out.finish = choice.finish_reason
+        logprobs = choice.logprobs.content if choice.logprobs is not None else None
+        ids = (choice.model_extra or {}).get("token_ids")
+        out.entries = [_entry(e, ids[i] if _has(ids, i) else None) for i, e in enumerate(logprobs or [])]
+        if out.content and not out.entries:  # a server that sends text without logprobs
+            raw = out.content.encode("utf-8")
+            out.entries = [Entry(None, out.content, raw, raw, None, ())]
+    return out
+
+
+def _entry(item: Any, stream_id: int | None) -> Entry:
+    extra = item.model_extra or {}
+    token_id = _int(extra.get("id"))
+    if token_id is None:
+        token_id = _int(stream_id)
+    span = _bytes(item.bytes, item.token)
+    alternatives = list(item.top_logprobs or ())
+    top = tuple(_candidate(alt) for alt in alternatives)
+    mine = [a for a, c in zip(alternatives, top) if token_id is not None and c.id == token_id]
+    own = _bytes(mine[0].bytes, mine[0].token) if mine else span
+    return Entry(
+        id=token_id,
+        piece=readable_bytes(own),
+        span=span,
+        own=own,
+        logprob=item.logprob if _finite(item.logprob) else None,
+        top=tuple(c for c in top if c.prob > 0),
+    )
+
+
+def _candidate(alt: Any) -> Candidate:
+    extra = alt.model_extra or {}
+    prob = math.exp(alt.logprob) if _finite(alt.logprob) else 0.0  # -inf: filtered out by the server
+    return Candidate(_int(extra.get("id")), readable_bytes(_bytes(alt.bytes, alt.token)), prob)
+
+
+def _bytes(raw: list[int] | None, token: str | None) -> bytes:
+    if raw:
+        try:
+            return bytes(raw)
+        except (TypeError, ValueError):
+            pass
+    return (token or "").encode("utf-8")
+
+
+def _progress(raw: Any) -> Progress | None:
+    if not isinstance(raw, dict):
+        return None
+    total, cache, processed = (_int(raw.get(k)) for k in ("total", "cache", "processed"))
+    if total is None:
+        return None
+    return Progress(total, cache or 0, processed or 0)
+
+
+def _usage(usage: Any, extra: dict) -> Usage | None:
+    if usage is None:
+        return None
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = _int(getattr(details, "cached_tokens", None)) if details is not None else None
+    if cached is None:  # SGLang's cache report, when enabled, travels in the usage's extras
+        cached = _int((usage.model_extra or {}).get("cached_tokens"))
+    return Usage(_int(usage.prompt_tokens), _int(usage.completion_tokens), cached)
+
+
+def _has(ids: Any, i: int) -> bool:
+    return isinstance(ids, list) and i < len(ids)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)

@@ -1,0 +1,289 @@
+"""A conversation with a model on a server: the second kind of session.
+
+`RemoteSession` takes the same calls as `ChatSession` (send, regenerate, edit, reset,
+messages, cancel, sampling) and yields the same events, filled from the server's
+OpenAI-compatible stream; whatever the server does not report stays None and the panels say
+so. There are no weights and no KV cache here: the server keeps its own prefix cache, and a
+turn's "reused" figure is the server's count of prompt tokens it served from it.
+
+A turn that fails (the server dies, stalls, sends garbage) ends like any other, with
+TurnFinished: stop 'error', the one-line reason, and the partial answer kept in the
+conversation, so Ctrl+R can retry once the server is back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Iterator
+
+from engine.events import (
+    CacheChanged,
+    ContextTrimmed,
+    Event,
+    Failed,
+    ModelInfo,
+    Notice,
+    PhaseChanged,
+    TurnFinished,
+)
+from engine.instruments.trace import AnswerTrace
+from engine.remote import prompt as prompts
+from engine.remote.cancel import CancelEvent
+from engine.remote.chunks import parse
+from engine.remote.client import RemoteClient, RemoteError
+from engine.remote.metrics import cache_fill
+from engine.remote.request import chat_request, unsupported
+from engine.remote.seen import SeenTokens
+from engine.remote.server import Server, detect
+from engine.remote.target import RemoteTarget
+from engine.remote.turn import Prompt, RemoteTurn
+from engine.sampling import SamplingSettings
+from engine.session import Message
+from engine.text import utf8_problem
+
+NEEDS_LOCAL = "needs the local engine (the server keeps the weights and the KV cache)"
+
+
+def connect(
+    target: RemoteTarget,
+    sampling: SamplingSettings | None = None,
+    system_prompt: str | None = None,
+    context: int | None = None,
+) -> RemoteSession:
+    """Reach the server, find out what it is, and open a session; RemoteError says why not."""
+    started = time.perf_counter()
+    client = RemoteClient(target)
+    try:
+        server = detect(client, target.model)
+    except RemoteError:
+        client.close()
+        raise
+    info = model_info(server, time.perf_counter() - started)
+    return RemoteSession(client, server, info, sampling, system_prompt, context)
+
+
+def model_info(server: Server, connect_s: float) -> ModelInfo:
+    """ModelReady's payload: what the server says, None for what it does not."""
+    shape = server.shape
+    return ModelInfo(
+        spec=f"{server.info.model} @ {server.info.url}",
+        name=server.info.model.rsplit("/", 1)[-1],
+        precision="server",
+        device="server",
+        compute_dtype=server.info.quantization or "server",
+        cache_dtype="f16 (llama-server's default; assumed, not reported)"
+        if server.cache_element_bytes
+        else "not reported",
+        parameters=server.parameters,
+        weight_bytes=server.weight_bytes,
+        layers=shape.layers if shape else None,
+        heads=shape.heads if shape else None,
+        kv_heads=shape.kv_heads if shape else None,
+        head_dim=shape.head_dim if shape else None,
+        hidden_size=shape.hidden_size if shape else None,
+        vocab_size=shape.vocab_size if shape else None,
+        context=server.context,
+        cache_element_bytes=server.cache_element_bytes,
+        load_s=connect_s,
+        server=server.info,
+    )
+
+
+class RemoteSession:
+    """Messages here, the model and its cache on the server."""
+
+    saves_cache = False
+    """No KV cache file: the cache lives on the server (SavedChat asks)."""
+    speculation = None
+    """Never speculative here: the server decides how it decodes."""
+
+    def __init__(
+        self,
+        client: RemoteClient,
+        server: Server,
+        info: ModelInfo,
+        sampling: SamplingSettings | None = None,
+        system_prompt: str | None = None,
+        context: int | None = None,
+        show_top_k: int = 10,
+    ):
+        self.client = client
+        self.server = server
+        self.info = info
+        self.sampling = sampling or SamplingSettings()
+        """Swapped whole, read when a request is built: a change applies from the next answer."""
+        self.system_prompt = system_prompt
+        self.messages: list[Message] = []
+        self.cancel: threading.Event = CancelEvent()
+        self.show_top_k = show_top_k
+        self.trace: AnswerTrace | None = None
+        """The steps of the answer in progress, or of the last one (the token inspector reads them)."""
+        self.namer = SeenTokens()
+        """Ids to bytes as the server showed them (its tokenizer is not here)."""
+        limits = [c for c in (context, server.context) if c]
+        self.context = min(limits) if limits else None
+        """The window a conversation must fit: the server's, or less if the user asked (--context)."""
+        self._noted_unsupported: tuple[str, ...] = ()
+        self.request_extra: dict[str, Any] = {}
+        """More request fields for this server (the benchmark's `ignore_eos`)."""
+
+    # -- conversation (the same calls as ChatSession) -------------------------------------------
+    def send(self, text: str) -> Iterator[Event]:
+        """Add a user message and answer it; text that is not UTF-8 is refused (Failed), as locally."""
+        system = self.system_prompt or ""
+        problem = utf8_problem(text, "the message") or utf8_problem(system, "the system prompt")
+        if problem:
+            yield Failed(problem)
+            return
+        self.messages.append(Message("user", text))
+        yield from self.answer()
+
+    def regenerate(self) -> Iterator[Event]:
+        while self.messages and self.messages[-1].role == "assistant":
+            self.messages.pop()
+        if not self.messages:
+            yield Failed("nothing to regenerate yet")
+            return
+        yield from self.answer()
+
+    def edit(self, index: int, text: str) -> Iterator[Event]:
+        if not self.is_user_message(index):
+            yield Failed(f"message {index} is not a user message")
+            return
+        del self.messages[index:]
+        yield from self.send(text)
+
+    def fork(self, step: int, token_id: int, answer: int | None = None) -> Iterator[Event]:
+        yield Failed(f"forking from a token {NEEDS_LOCAL}")
+
+    def is_user_message(self, index: int) -> bool:
+        return 0 <= index < len(self.messages) and self.messages[index].role == "user"
+
+    def last_answer_index(self) -> int:
+        return max((i for i, m in enumerate(self.messages) if m.role == "assistant"), default=-1)
+
+    def reset(self, system_prompt: str | None = None) -> None:
+        self.messages.clear()
+        self.system_prompt = system_prompt
+
+    def chat(self, messages: list[Message] | None = None) -> list[dict[str, str]]:
+        """The conversation in the OpenAI form; the server applies its own chat template."""
+        chat = [
+            {"role": m.role, "content": m.content} for m in (self.messages if messages is None else messages)
+        ]
+        if self.system_prompt:
+            chat.insert(0, {"role": "system", "content": self.system_prompt})
+        return chat
+
+    def _tokenize(self, messages: list[Message]) -> Prompt:
+        return prompts.tokenize(
+            self.client, self.server.dialect.tokenize, self.server.info.model, self.chat(messages)
+        )
+
+    def _fit(self) -> tuple[Prompt | None, ContextTrimmed | None]:
+        """Tokenize the conversation, dropping the oldest turns until it fits the server's window
+        (as ChatSession does); (None, None) when even the last message alone does not fit.
+        Where the server cannot tokenize, the conversation goes as it is and the server decides."""
+        messages = list(self.messages)  # trimmed only once the rest is known to fit
+        prompt = self._tokenize(messages)
+        if not prompt.known or not self.context:
+            return prompt, None
+        reserve = min(self.sampling.max_new_tokens, self.context // 4)
+        before = len(prompt.ids)
+        while len(prompt.ids) + reserve > self.context and len(messages) > 1:
+            cut = 2 if len(messages) > 2 and messages[1].role == "assistant" else 1
+            del messages[:cut]
+            prompt = self._tokenize(messages)
+        if len(prompt.ids) + 1 > self.context:
+            return None, None
+        dropped = len(self.messages) - len(messages)
+        self.messages[:] = messages
+        trimmed = ContextTrimmed(dropped, before, len(prompt.ids), self.context) if dropped else None
+        return prompt, trimmed
+
+    # -- one turn --------------------------------------------------------------------------------
+    def answer(self) -> Iterator[Event]:
+        """Stream an answer to the conversation; the partial answer stays whatever happens."""
+        self.cancel.clear()
+        prompt, trimmed = self._fit()
+        if prompt is None:  # refused before any other event, so SavedChat saves nothing
+            yield self._refuse()
+            return
+        yield from self._note_unsupported()
+        if trimmed:
+            yield trimmed
+        waits = "return_progress" in self.server.dialect.reporting
+        turn = RemoteTurn(prompt, time.perf_counter(), waits, self.namer)
+        self.trace = AnswerTrace(prompt.ids, None, turn.steps)
+        error = ""
+        try:
+            yield from self._stream(self.chat(), turn)
+        except RemoteError as e:
+            if not self.cancel.is_set():  # a cut we made ourselves is a stop, not an error
+                error = str(e)
+        yield from self._finish(turn, error)
+
+    def _refuse(self) -> Failed:
+        """The last message alone does not fit the window: take it back, as ChatSession does."""
+        size = len(self._tokenize(self.messages[-1:]).ids)
+        self.messages.pop()
+        return Failed(
+            f"the message is {size} tokens; the server's context window is {self.context}: shorten it"
+        )
+
+    def _finish(self, turn: RemoteTurn, error: str) -> Iterator[Event]:
+        """Keep the answer (partial or not) and end the turn the way every turn ends."""
+        if not turn.announced:  # it failed before the server said anything: the phases stay in order
+            yield from turn.announce()
+        text = turn.text()
+        stats = turn.stats(turn.stop(self.cancel.is_set(), bool(error), self.context))
+        self.trace.reused = turn.reused_tokens()
+        self.messages.append(Message("assistant", text, self.trace))
+        yield self._cache_event(None if error else turn.context_tokens(), fill=True)
+        yield PhaseChanged("idle")
+        yield TurnFinished(stats, text, error)
+
+    def _stream(self, chat: list[dict[str, str]], turn: RemoteTurn) -> Iterator[Event]:
+        request = chat_request(
+            self.server.info.model, chat, self.sampling, self.server.dialect, self.show_top_k
+        )
+        if self.request_extra:
+            request["extra_body"] = {**request.get("extra_body", {}), **self.request_extra}
+        turn.sent()
+        stream = self.client.stream(request)
+        with self.cancel.cutting(stream.abort):
+            yield from turn.opened()
+            for chunk in stream.chunks():
+                had_tokens = turn.entries
+                yield from turn.add(parse(chunk))
+                if turn.entries > had_tokens and turn.context_tokens() is not None:
+                    yield self._cache_event(turn.context_tokens())
+                if self.cancel.is_set():
+                    break
+        stream.close()
+
+    def _note_unsupported(self) -> Iterator[Event]:
+        """Say once per change which settings in use this server does not accept."""
+        names = tuple(unsupported(self.sampling, self.server.dialect))
+        if names and names != self._noted_unsupported:
+            kind = self.server.info.kind
+            yield Notice(f"{', '.join(names)}: not supported by this server ({kind}); not applied")
+        self._noted_unsupported = names
+
+    def cache_event(self) -> CacheChanged:
+        return self._cache_event(None)
+
+    def _cache_event(self, tokens: int | None, fill: bool = False) -> CacheChanged:
+        server_fill, source = cache_fill(self.client, self.server.dialect) if fill else (None, "")
+        return CacheChanged(
+            tokens=tokens,
+            bytes=None,
+            bytes_per_token=self.info.kv_bytes_per_token,
+            capacity=self.context,
+            server_fill=server_fill,
+            server_fill_source=source,
+        )
+
+    def close(self) -> None:
+        self.client.close()

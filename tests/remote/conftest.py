@@ -1,0 +1,21 @@
+import pytest
+
+from tests.remote.llama_server import LlamaServer
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory):
+    """A real llama-server for the whole session, stopped at the end."""
+    pytest.importorskip("xllamacpp", reason="the remote tests need a real llama.cpp server (xllamacpp)")
+    server = LlamaServer(tmp_path_factory.mktemp("llama-server") / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_llama_server(tmp_path):
+    """A llama-server of the test's own, which it may kill."""
+    pytest.importorskip("xllamacpp", reason="the remote tests need a real llama.cpp server (xllamacpp)")
+    server = LlamaServer(tmp_path / "server.log")
+    yield server
+    server.stop()
