@@ -44,6 +44,8 @@ from tui.widgets.top_k import TopKPanel
 WidgetType = TypeVar("WidgetType", bound=Widget)
 PANELS_HINT = "Panels: ↑↓ PgUp PgDn or the mouse wheel scroll them · Ctrl+T back to the chat"
 """Shown on a small terminal while the panels replace the chat (they are taller than the screen)."""
+SHUTDOWN_S = 15.0
+"""How long quitting waits for the engine to save and stop (a forward step or a save; not a load)."""
 NO_MODEL = "✖ not sent: no model is loaded (choose another precision in Settings, or restart with --model)"
 
 
@@ -478,7 +480,10 @@ class ChatApp(App[None]):
 
     def on_unmount(self) -> None:
         if self.engine is not None:
-            self.engine.shutdown(timeout=2.0)  # stops the answer; the engine saves it and the KV cache
+            # Stops the answer; the engine saves it and the KV cache. Given time to finish: a process
+            # that exits while the engine thread is still in torch (a save on a busy machine) can
+            # die in interpreter shutdown instead of exiting with its code.
+            self.engine.shutdown(timeout=SHUTDOWN_S)
         self._restore_signals()
 
 
