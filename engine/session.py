@@ -16,11 +16,11 @@ import math
 import statistics
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generator, Iterator
 
 import torch
 
-from engine.conversation import Conversation, Message
 from engine.detok import PieceNamer, StreamingDetokenizer
 from engine.events import (
     CacheChanged,
@@ -45,6 +45,7 @@ from engine.instruments.trace import AnswerTrace, forced_step
 from engine.kvcache import KVCache
 from engine.models import LoadedModel
 from engine.sampling import Draw, Sampler, SamplingSettings
+from engine.text import utf8_problem
 
 if TYPE_CHECKING:
     from engine.instruments.attention import AttentionProbe
@@ -54,7 +55,18 @@ PREFILL_CHUNK = 512
 """Prompt tokens per forward pass in prefill: bounds memory and lets progress and Esc through."""
 
 
-class ChatSession(Conversation):
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+    trace: AnswerTrace | None = field(default=None, compare=False, repr=False)
+    """For an answer generated in this session: its steps, for the token inspector."""
+    saved_id: int | None = field(default=None, compare=False)
+    """Its id in the conversation store, once saved: trimming, forks and refusals drop it with
+    the message, so the ids of a conversation never fall out of step with its messages."""
+
+
+class ChatSession:
     """Messages, the persistent cache, and the prefill/decode loop that answers."""
 
     saves_cache = True
@@ -129,8 +141,43 @@ class ChatSession(Conversation):
         return ids
 
     # -- conversation ------------------------------------------------------------
+    def send(self, text: str) -> Iterator[Event]:
+        """Add a user message and answer it; text no tokenizer can take is refused (Failed)."""
+        system = self.system_prompt or ""
+        problem = utf8_problem(text, "the message") or utf8_problem(system, "the system prompt")
+        if problem:
+            yield Failed(problem)
+            return
+        self.messages.append(Message("user", text))
+        yield from self.answer()
+
+    def regenerate(self) -> Iterator[Event]:
+        """Drop the last answer and answer the last user message again."""
+        while self.messages and self.messages[-1].role == "assistant":
+            self.messages.pop()
+        if not self.messages:
+            yield Failed("nothing to regenerate yet")
+            return
+        yield from self.answer()
+
+    def edit(self, index: int, text: str) -> Iterator[Event]:
+        """Replace user message `index`, forget what followed it, and answer again."""
+        if not self.is_user_message(index):
+            yield Failed(f"message {index} is not a user message")
+            return
+        del self.messages[index:]
+        yield from self.send(text)
+
+    def is_user_message(self, index: int) -> bool:
+        return 0 <= index < len(self.messages) and self.messages[index].role == "user"
+
+    def last_answer_index(self) -> int:
+        """The index of the newest answer in `messages`, -1 if there is none."""
+        return max((i for i, m in enumerate(self.messages) if m.role == "assistant"), default=-1)
+
     def reset(self, system_prompt: str | None = None) -> None:
-        super().reset(system_prompt)
+        self.messages.clear()
+        self.system_prompt = system_prompt
         self.cache.clear()
 
     def template(self, messages: list[Message]) -> list[int]:
