@@ -47,7 +47,8 @@ class ModelInfo:
     device: str
     compute_dtype: str
     cache_dtype: str
-    """The KV cache's element type: fp32 on CPUs without 16-bit arithmetic, else compute_dtype."""
+    """The KV cache's element type: fp32 on CPUs without 16-bit arithmetic, else compute_dtype;
+    'int8' for a quantized cache (`--kv-cache`, engine/kvcache.py)."""
     parameters: int | None
     weight_bytes: int | None
     layers: int | None
@@ -61,14 +62,25 @@ class ModelInfo:
     load_s: float
     server: ServerInfo | None = None
     """Set when the model runs on a remote server (engine/remote/), None for the local engine."""
+    cache_scale_bytes: int = 0
+    """Bytes of scale per token, head and K/V: 4 for an int8 cache (one float32), 0 for a float one."""
+    default_cache_dtype: str = ""
+    """The cache dtype the precision chose before any `--kv-cache` override ('' = cache_dtype)."""
 
     @property
     def kv_bytes_per_token(self) -> int | None:
-        """2 (K and V) x layers x kv_heads x head_dim x bytes per element; None if any is unknown."""
+        """2 (K and V) x layers x kv_heads x (head_dim x bytes per element + scale bytes); None if
+        any is unknown."""
         parts = (self.layers, self.kv_heads, self.head_dim, self.cache_element_bytes)
         if any(p is None for p in parts):
             return None
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.cache_element_bytes
+        row = self.head_dim * self.cache_element_bytes + self.cache_scale_bytes
+        return 2 * self.layers * self.kv_heads * row
+
+    @property
+    def cache_is_default(self) -> bool:
+        """The cache has the precision's own dtype (no `--kv-cache` override in effect)."""
+        return not self.default_cache_dtype or self.default_cache_dtype == self.cache_dtype
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,14 @@ class ModelLoading:
 
 @dataclass(frozen=True)
 class ModelReady:
+    info: ModelInfo
+
+
+@dataclass(frozen=True)
+class CachePrecisionChanged:
+    """The KV cache's precision changed between turns (`--kv-cache`): `info` has its new element
+    and scale sizes; the cache starts empty, so the next turn prefills the conversation again."""
+
     info: ModelInfo
 
 
@@ -305,6 +325,7 @@ class MessageSaved:
 Event = Union[
     ModelLoading,
     ModelReady,
+    CachePrecisionChanged,
     PhaseChanged,
     PromptTokens,
     PrefillProgress,
@@ -411,6 +432,14 @@ def to_json(event: Event) -> dict[str, Any]:
             return {
                 "event": "ready",
                 **dataclasses.asdict(info),
+                "kv_bytes_per_token": info.kv_bytes_per_token,
+            }
+        case CachePrecisionChanged(info):
+            return {
+                "event": "kv_cache",
+                "cache_dtype": info.cache_dtype,
+                "element_bytes": info.cache_element_bytes,
+                "scale_bytes": info.cache_scale_bytes,
                 "kv_bytes_per_token": info.kv_bytes_per_token,
             }
         case Notice(message):

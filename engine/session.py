@@ -42,7 +42,7 @@ from engine.fast import fused
 from engine.fast.compiled import compiled_decode
 from engine.instruments.stepping import PendingStep, StepGate
 from engine.instruments.trace import AnswerTrace, forced_step
-from engine.kvcache import KVCache
+from engine.kvcache import KVCache, cache_precision_of, cache_precision_problem, with_cache_precision
 from engine.models import LoadedModel
 from engine.sampling import Draw, Sampler, SamplingSettings
 from engine.text import utf8_problem
@@ -81,7 +81,10 @@ class ChatSession:
         show_top_k: int = 10,
         fast: bool = True,
         compile: bool = False,
+        kv_cache: str | None = None,
     ):
+        self.kv_cache = kv_cache
+        """The KV cache's precision (engine/kvcache.py CACHE_PRECISIONS); None: the model precision's own."""
         self.fast_path_wanted = fast
         """Use engine/fast/fused.py where the model allows; False keeps the HF forward (the reference)."""
         self.compile_wanted = compile
@@ -111,9 +114,14 @@ class ChatSession:
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
-        self.info = loaded.info
         self.device = next(self.model.parameters()).device
-        self.cache = KVCache.for_model(loaded.info)
+        self.info = loaded.info
+        if self.kv_cache is not None:
+            problem = cache_precision_problem(self.kv_cache, self.device.type)
+            if problem:
+                raise ValueError(problem)
+            self.info = with_cache_precision(loaded.info, self.kv_cache)
+        self.cache = KVCache.for_model(self.info)
         self.namer = PieceNamer(self.tokenizer)
         self.context = min(self._context_limit or self.info.context, self.info.context)
         self.stop_ids = self._stop_ids()
@@ -124,6 +132,37 @@ class ChatSession:
             self.fast = fused.for_model(self.model, compiled=self.compile_wanted)
             if self.compile_wanted:
                 self.compiled = compiled_decode(self.fast, self.info)
+
+    def set_cache_precision(self, precision: str) -> str:
+        """Keep the KV cache at `precision` from the next turn (ValueError, with the reason, where
+        the device cannot; the setting in use stays). The cache starts empty and the next turn
+        prefills the conversation again: converting the old cache would give K/V that no run at
+        the new precision computes (each layer's K/V depend on attention over the earlier layers'
+        rounded cache), and an int8 cache cannot be widened back to what it lost."""
+        problem = cache_precision_problem(precision, self.device.type)
+        if problem:
+            raise ValueError(problem)
+        self.kv_cache = precision
+        self.info = with_cache_precision(self.loaded.info, precision)
+        self.cache = KVCache.for_model(self.info)
+        return f"KV cache now {precision}: {self.info.kv_bytes_per_token:,} B/token; {self.decode_path()}"
+
+    def decode_path(self) -> str:
+        """Which step decodes at this cache precision, and why not the compiled one where it is not."""
+        if self.fast is None:
+            return "the Hugging Face forward decodes (no fast path for this model)"
+        if self.compiled is not None and not self.info.cache_is_default:
+            built_for = cache_precision_of(self.loaded.info.cache_dtype)
+            return (
+                f"the compiled decode step is built for the {built_for} cache, so the eager fast path "
+                "decodes (its attention reads the cache as stored)"
+            )
+        return "the fast path decodes"
+
+    @property
+    def compiled_serves(self) -> bool:
+        """The compiled step is ready and built for this cache (the precision's default dtype)."""
+        return self.compiled is not None and self.compiled.ready.is_set() and self.info.cache_is_default
 
     def _stop_ids(self) -> set[int]:
         ids = set()
@@ -273,13 +312,7 @@ class ChatSession:
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
         """One forward pass over `ids` with the cache; the last position's logits."""
-        if (
-            len(ids) == 1
-            and len(self.cache)
-            and self.fast is not None
-            and self.compiled is not None
-            and self.compiled.ready.is_set()
-        ):
+        if len(ids) == 1 and len(self.cache) and self.fast is not None and self.compiled_serves:
             logits = self.compiled.step(self.fast, ids[0], self.cache)
             self.cache.appended(ids)
             return logits

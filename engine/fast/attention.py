@@ -42,6 +42,8 @@ except ImportError:  # not on Windows: no lock of ours there
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 """-ffast-math lets the compiler vectorize exp and the reductions (BENCHMARKS.md)."""
 
+SOURCE = Path(__file__).with_name("decode_attention.cpp")
+
 LOCK_FILE = "llmchat-build.lock"
 """Our lock in the build directory: held (flock) by the process building, with its pid inside."""
 LOCK_WAIT_S = 180.0
@@ -63,7 +65,8 @@ def _build_directory() -> Path:
         flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
     except (OSError, IndexError):
         flags = ""
-    key = hashlib.sha256(f"{flags}{torch.__version__}{FLAGS}".encode()).hexdigest()[:12]
+    source = SOURCE.read_bytes()  # a changed kernel builds anew, beside (not over) the old one
+    key = hashlib.sha256(f"{flags}{torch.__version__}{FLAGS}".encode() + source).hexdigest()[:12]
     return Path(platformdirs.user_cache_dir("llmchat")) / "kernels" / key
 
 
@@ -131,7 +134,7 @@ def load() -> str | None:
                 warnings.simplefilter("ignore")
                 load_extension(
                     name="llmchat_decode_attention",
-                    sources=[str(Path(__file__).with_name("decode_attention.cpp"))],
+                    sources=[str(SOURCE)],
                     extra_cflags=FLAGS,
                     build_directory=str(directory),
                     is_python_module=False,
@@ -142,6 +145,7 @@ def load() -> str | None:
             _error.append(one_line(e, 200, named=True))
             return _error[0]
         torch.library.register_fake("llmchat::decode_attention")(_shape)
+        torch.library.register_fake("llmchat::decode_attention_int8")(_shape_int8)
         _loaded.set()
         return None
 
@@ -151,9 +155,21 @@ def _shape(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: 
     return q.new_empty(q.shape)
 
 
+def _shape_int8(q, keys, key_scales, values, value_scales, position) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8)
+"""What the kernel reads as stored (int8 with its scales: `decode_int8`)."""
+
+
 def can_attend(keys: torch.Tensor) -> bool:
-    """Whether the kernel can attend over `keys` now (loaded; a float32 cache on the CPU)."""
-    return _loaded.is_set() and keys.device.type == "cpu" and keys.dtype == torch.float32
+    """Whether the kernel can attend over `keys` now (loaded; a cache on the CPU of a type it reads)."""
+    return _loaded.is_set() and keys.device.type == "cpu" and keys.dtype in KERNEL_DTYPES
+
+
+def is_loaded() -> bool:
+    return _loaded.is_set()
 
 
 def decode(
@@ -164,3 +180,45 @@ def decode(
     views of it) at positions 0..position ([1] tensor); returns [1, kv_heads, group, d]."""
     out = torch.ops.llmchat.decode_attention(grouped[0].contiguous(), keys[0], values[0], position)
     return out[None]
+
+
+def decode_int8(grouped: torch.Tensor, kv, position: torch.Tensor) -> torch.Tensor:
+    """`decode` over an int8 cache (engine/kvcache.py QuantizedKV: values [1, kv_heads, n, d],
+    scales [1, kv_heads, n]): the kernel where it is loaded, else `chunked_int8`."""
+    if can_attend(kv.keys):
+        out = torch.ops.llmchat.decode_attention_int8(
+            grouped[0].contiguous(), kv.keys[0], kv.key_scales[0], kv.values[0], kv.value_scales[0], position
+        )
+        return out[None]
+    return chunked_int8(grouped, kv, int(position))
+
+
+CHUNK = 1024
+"""Positions dequantized at a time by `chunked_int8`."""
+
+
+def chunked_int8(grouped: torch.Tensor, kv, position: int, chunk: int = CHUNK) -> torch.Tensor:
+    """The same sum in tensor ops, for where the kernel is not loaded (still building, no compiler,
+    a GPU): CHUNK positions at a time are widened to float32 and folded into a running softmax
+    (flash-decoding again), so at most one chunk's dequantized copy exists at once. It costs a
+    write and a read of that copy per chunk, several small ops per chunk, and q·K as a batched
+    matmul (bench: the int8 row says which path served)."""
+    length = position + 1
+    d = grouped.shape[-1]
+    query = grouped.float() / d**0.5
+    best = total = out = None
+    for start in range(0, length, chunk):
+        stop = min(length, start + chunk)
+        keys = kv.keys[:, :, start:stop].float() * kv.key_scales[:, :, start:stop, None]
+        scores = query @ keys.transpose(-1, -2)  # [1, kv_heads, group, n]
+        peak = scores.amax(-1, keepdim=True)
+        weights = torch.exp(scores - peak)
+        values = kv.values[:, :, start:stop].float() * kv.value_scales[:, :, start:stop, None]
+        part, mass = weights @ values, weights.sum(-1, keepdim=True)
+        if best is None:
+            best, total, out = peak, mass, part
+            continue
+        merged = torch.maximum(best, peak)
+        old, new = torch.exp(best - merged), torch.exp(peak - merged)
+        out, total, best = out * old + part * new, total * old + mass * new, merged
+    return out / total

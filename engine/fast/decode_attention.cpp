@@ -10,19 +10,25 @@ namespace {
 
 constexpr int64_t kBlock = 512;
 
-// One new token's attention over the KV cache, for engine/attention.py.
+// One new token's attention over the KV cache, for engine/fast/attention.py.
 //
-// q [H, G, D]: the G query heads that share each of the H cached K/V heads; k, v [H, C, D]
+// q [H, G, D] float32: the G query heads that share each of the H cached K/V heads; k, v [H, C, D]
 // (rows contiguous; heads may be strided, e.g. views of a larger buffer) with positions
-// 0..position valid. Each (head, block of 512 keys) is one task on torch's thread pool:
-// scores, a softmax local to the block and a partial output; the partials are then merged
-// with their max-and-sum weights (flash-decoding). K and V are each read once.
+// 0..position valid, stored as float32, bfloat16, float16, or int8 with one float32 scale per
+// row (ks, vs [H, C]: token t of head h is k[h, t] * ks[h, t]). Each (head, block of 512 keys)
+// is one task on torch's thread pool: scores, a softmax local to the block and a partial
+// output; the partials are then merged with their max-and-sum weights (flash-decoding). K and V
+// are each read once, as stored: an element is widened to float32 in the register that uses it,
+// and an int8 row's scale multiplies its dot product (K) or its softmax weight (V), never the
+// row, so no dequantized copy of the cache is ever made.
 //
-// Built with -ffast-math (engine/attention.py), so nothing here may rely on infinities.
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& position) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "decode_attention: float32 only");
+// Built with -ffast-math (engine/fast/attention.py), so nothing here may rely on infinities.
+template <typename T>
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const float* ks, const float* vs,
+                  int64_t scale_head_stride, const at::Tensor& position) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "decode_attention: the query must be float32");
   TORCH_CHECK(q.is_contiguous(), "decode_attention: q must be contiguous");
+  TORCH_CHECK(k.scalar_type() == v.scalar_type(), "decode_attention: K and V must share their type");
   TORCH_CHECK(k.stride(2) == 1 && k.stride(1) == k.size(2) && v.stride(2) == 1 && v.stride(1) == v.size(2),
               "decode_attention: each head's K/V rows must be contiguous");
   TORCH_CHECK(k.stride(0) == v.stride(0), "decode_attention: K and V must share their layout");
@@ -35,8 +41,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   auto sum_part = at::empty({H, blocks, G}, q.options());
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
   float* op = out_part.data_ptr<float>();
   float* mp = max_part.data_ptr<float>();
   float* sp = sum_part.data_ptr<float>();
@@ -46,17 +52,20 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, b = task % blocks;
       const int64_t first = b * kBlock, n = std::min(kBlock, length - first);
-      const float* keys = kp + h * head_stride + first * D;
-      const float* values = vp + h * head_stride + first * D;
+      const T* keys = kp + h * head_stride + first * D;
+      const T* values = vp + h * head_stride + first * D;
+      const float* key_scales = ks ? ks + h * scale_head_stride + first : nullptr;
+      const float* value_scales = vs ? vs + h * scale_head_stride + first : nullptr;
       const float* queries = qp + h * G * D;
       for (int64_t t = 0; t < n; ++t) {
-        const float* key = keys + t * D;
+        const T* key = keys + t * D;
+        const float row = key_scales ? key_scales[t] * scale : scale;
         for (int64_t g = 0; g < G; ++g) {
           const float* query = queries + g * D;
           float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += query[d] * key[d];
-          scores[g * kBlock + t] = dot * scale;
+          for (int64_t d = 0; d < D; ++d) dot += query[d] * static_cast<float>(key[d]);
+          scores[g * kBlock + t] = dot * row;
         }
       }
       float* out = op + task * G * D;
@@ -72,12 +81,13 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
         sp[task * G + g] = sum;
       }
       for (int64_t t = 0; t < n; ++t) {
-        const float* value = values + t * D;
+        const T* value = values + t * D;
+        const float row = value_scales ? value_scales[t] : 1.0f;
         for (int64_t g = 0; g < G; ++g) {
-          const float p = scores[g * kBlock + t];
+          const float p = scores[g * kBlock + t] * row;
           float* o = out + g * D;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) o[d] += p * value[d];
+          for (int64_t d = 0; d < D; ++d) o[d] += p * static_cast<float>(value[d]);
         }
       }
     }
@@ -104,12 +114,41 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return result;
 }
 
+// A float cache (float32, bfloat16 or float16), read as stored.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& position) {
+  switch (k.scalar_type()) {
+    case at::kFloat:
+      return attend<float>(q, k, v, nullptr, nullptr, 0, position);
+    case at::kBFloat16:
+      return attend<at::BFloat16>(q, k, v, nullptr, nullptr, 0, position);
+    case at::kHalf:
+      return attend<at::Half>(q, k, v, nullptr, nullptr, 0, position);
+    default:
+      TORCH_CHECK(false, "decode_attention: a float32, bfloat16 or float16 cache only");
+  }
+}
+
+// An int8 cache with one float32 scale per token and head: ks, vs [H, C], rows contiguous.
+at::Tensor decode_attention_int8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& ks,
+                                 const at::Tensor& v, const at::Tensor& vs, const at::Tensor& position) {
+  TORCH_CHECK(k.scalar_type() == at::kChar, "decode_attention_int8: K and V must be int8");
+  TORCH_CHECK(ks.scalar_type() == at::kFloat && vs.scalar_type() == at::kFloat,
+              "decode_attention_int8: the scales must be float32");
+  TORCH_CHECK(ks.stride(1) == 1 && vs.stride(1) == 1 && ks.stride(0) == vs.stride(0) && ks.size(1) == k.size(1),
+              "decode_attention_int8: the scales must be laid out [heads, capacity]");
+  return attend<int8_t>(q, k, v, ks.data_ptr<float>(), vs.data_ptr<float>(), ks.stride(0), position);
+}
+
 }  // namespace
 
-// Its shape for torch.compile is registered in Python (engine/attention.py), where the cache's
+// Its shape for torch.compile is registered in Python (engine/fast/attention.py), where the cache's
 // capacity can stay symbolic.
 TORCH_LIBRARY(llmchat, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor position) -> Tensor");
+  m.def("decode_attention_int8(Tensor q, Tensor k, Tensor ks, Tensor v, Tensor vs, Tensor position) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(llmchat, CPU, m) { m.impl("decode_attention", decode_attention); }
+TORCH_LIBRARY_IMPL(llmchat, CPU, m) {
+  m.impl("decode_attention", decode_attention);
+  m.impl("decode_attention_int8", decode_attention_int8);
+}

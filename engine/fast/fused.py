@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.fast import attention, pages
-from engine.kvcache import KVCache
+from engine.kvcache import KVCache, QuantizedKV
 from engine.quant.int8 import Int8Linear
 from engine.quant.precision import cpu_matmul_native
 from engine.quant.w8 import W8Linear
@@ -219,24 +219,25 @@ class FastLlama:
             return self._matvec(x.to(weight.dtype), weight).to(x.dtype)
         return (x[:, None, :] * weight[None]).sum(-1)
 
-    def _attention(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask, position
-    ) -> torch.Tensor:
+    def _attention(self, q: torch.Tensor, keys, values, mask, position) -> torch.Tensor:
         """softmax(q K.T / sqrt(d) + mask) V for q [1, heads, n, d] over the cached K/V, whose
-        last valid position is `position` ([1] tensor).
+        last valid position is `position` ([1] tensor). `keys` is a QuantizedKV for an int8
+        cache (then `values` is unused).
 
         For one new token, the query heads that share a K/V head (grouped-query attention) go
         in as that head's queries, so each cached K/V is read once rather than once per query
-        head (BENCHMARKS.md); once built, the
-        decode kernel of engine/fast/attention.py does it at close to the memory bandwidth."""
+        head (BENCHMARKS.md); once built, the decode kernel of engine/fast/attention.py does it
+        at close to the memory bandwidth, reading a 16-bit or int8 cache as stored."""
         if q.shape[2] > 1:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         _, heads, _, d = q.shape
         grouped = q.reshape(1, self.kv_heads, heads // self.kv_heads, d)
-        if attention.can_attend(keys):
-            out = attention.decode(grouped, keys, values, position)
+        if isinstance(keys, QuantizedKV):
+            out = attention.decode_int8(grouped.float(), keys, position)
+        elif attention.can_attend(keys):
+            out = attention.decode(grouped.float(), keys, values, position)
         else:
-            out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
+            out = F.scaled_dot_product_attention(grouped.to(keys.dtype), keys, values, attn_mask=mask)
         return out.reshape(1, heads, 1, d)
 
     def _block(self, layer: _Layer, h: torch.Tensor, cos, sin, linear, attend) -> torch.Tensor:
@@ -277,9 +278,13 @@ class FastLlama:
             mask = keys[None, :] <= (start + torch.arange(n, device=h.device))[:, None]
 
         def attend(cache_layer, q, k, v):
-            # Stored in the cache's own dtype (engine/kvcache.py); attention runs in it.
-            keys, values = cache_layer.append(k, v)
-            return self._attention(q.to(keys.dtype), keys, values, mask, last)
+            # Stored in the cache's own precision (engine/kvcache.py); one token's attention reads
+            # it as stored. A prefill chunk's n queries share one copy of the cache in their dtype.
+            stored = cache_layer.append(k, v)
+            if n == 1:
+                return self._attention(q, *_pair(stored), mask, last)
+            keys, values = stored if stored[0].dtype == q.dtype else cache_layer.dequantized(q.dtype)
+            return self._attention(q, keys, values, mask, last)
 
         linear = functools.partial(self._linear, upcast=upcast)
         for layer, cache_layer in zip(self.layers, cache.hf.layers):
@@ -304,3 +309,8 @@ class FastLlama:
         for layer, k_buffer, v_buffer in zip(self.layers, keys, values):
             h = self._block(layer, h, cos, sin, self._matvec, functools.partial(attend, k_buffer, v_buffer))
         return self._logits(h, self._matvec)
+
+
+def _pair(stored) -> tuple:
+    """(keys, values) as `_attention` takes them: an int8 cache's QuantizedKV goes whole as keys."""
+    return (stored, None) if isinstance(stored, QuantizedKV) else stored
