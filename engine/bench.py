@@ -21,6 +21,7 @@ from engine import models
 from engine.events import TokenSampled, TurnFinished
 from engine.fast import compiled as compiled_module
 from engine.fast import fused
+from engine.kvcache import CACHE_PRECISIONS, with_cache_precision
 from engine.models import LoadedModel
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession, Message
@@ -58,6 +59,9 @@ class BenchConfig:
     """Also measure speculative decoding with this drafter (`lookup` or a draft MODEL[@PRECISION])."""
     draft_tokens: int = 4
     """Tokens drafted per speculative round (1..8)."""
+    kv_caches: tuple[str, ...] = ()
+    """Also time decode at `kv_cache_context` tokens with each of these KV cache precisions."""
+    kv_cache_context: int = 4000
 
     def __post_init__(self) -> None:
         """Raise ValueError, starting with the field's name, for a value no measurement can use."""
@@ -68,6 +72,10 @@ class BenchConfig:
         _at_least("decode_tokens", self.decode_tokens, 2)  # the inter-token latency needs two tokens
         _at_least("repeats", self.repeats, 1)
         _at_least("long_context", self.long_context, 0)
+        _at_least("kv_cache_context", self.kv_cache_context, 1)
+        for name in self.kv_caches:
+            if name not in CACHE_PRECISIONS:
+                raise ValueError(f"kv_caches must be among {', '.join(CACHE_PRECISIONS)}, got {name!r}")
         if not 1 <= self.draft_tokens <= 8:
             raise ValueError(f"draft_tokens must be a whole number from 1 to 8, got {self.draft_tokens}")
         if not 1 <= self.turns <= len(QUESTIONS):
@@ -99,6 +107,8 @@ class PrecisionResult:
     quality: dict = field(default_factory=dict)
     speculative: dict = field(default_factory=dict)
     """Speculative against plain decoding (engine/spec/bench.py), when asked for."""
+    kv_cache: dict = field(default_factory=dict)
+    """Per KV cache precision: bytes per token, bytes a step reads and ITL at long context."""
     peak_memory_bytes: int = 0
     bandwidth_bound_tok_s: float = 0.0
     fp32_generate_tok_s: float = 0.0
@@ -129,6 +139,7 @@ class PrecisionResult:
             "multi_turn": self.multi_turn,
             "long_context": self.long_context,
             **({"speculative": self.speculative} if self.speculative else {}),
+            **({"kv_cache": self.kv_cache} if self.kv_cache else {}),
             "peak_memory_bytes": self.peak_memory_bytes,
             "bandwidth_bound_tok_s": round(self.bandwidth_bound_tok_s, 1),
             "fraction_of_bound": round(self.decode.get("tok_s", 0.0) / self.bandwidth_bound_tok_s, 3)
@@ -333,6 +344,80 @@ def bench_long_context(
     return result
 
 
+def bench_kv_cache(
+    loaded: LoadedModel, precisions: tuple[str, ...], context: int, read_bytes: int, tokens: int, repeats: int
+) -> dict:
+    """Decode at `context` tokens with each KV cache precision, interleaved (a round of every
+    precision per repeat), all on the eager fast path (the compiled step is built for the fp32
+    cache only). The context is prefilled once, into an fp32 cache, and converted to each
+    precision: a step's time does not depend on the values it reads."""
+    from engine.fast import attention
+
+    kernel = attention.load()
+    session = _greedy(loaded, tokens)
+    ids = prompt_ids(loaded.tokenizer, context)
+    with torch.inference_mode():
+        for start in range(0, len(ids) - 1, 512):
+            session._forward(ids[start : min(start + 512, len(ids) - 1)])
+    filled = session.cache
+    caches = {p: filled.converted(p) for p in precisions}
+    itls: dict[str, list[float]] = {p: [] for p in precisions}
+    for _ in range(repeats):
+        for precision in precisions:
+            session.info = with_cache_precision(loaded.info, precision)
+            session.cache = caches[precision]
+            runner = session.run(ids, stop_at_eos=False)  # reuses all but the last id, then decodes
+            itls[precision] += _latencies(runner)[1:]
+    path = "eager fast path; attention: " + (
+        "the C++ kernel (reads each precision as stored)" if kernel is None else f"tensor ops ({kernel})"
+    )
+    result = {}
+    for precision in precisions:
+        per_token = with_cache_precision(loaded.info, precision).kv_bytes_per_token
+        result[precision] = {
+            "bytes_per_token": per_token,
+            "context": context,
+            "kv_bytes_read_per_step": per_token * context,
+            "bytes_read_per_step": read_bytes + per_token * context,
+            "itl_ms_long": round(statistics.median(itls[precision]) * 1000, 3),
+            **_ms(itls[precision]),
+            "path": path,
+        }
+    return result
+
+
+def _latencies(runner) -> list[float]:
+    """Drain a session.run generator; the latency of each token it emitted."""
+    latencies = []
+    for event in runner:
+        if isinstance(event, TokenSampled):
+            latencies.append(event.latency_s)
+    return latencies
+
+
+def bench_kv_cache_quality(loaded: LoadedModel, precisions: tuple[str, ...], tokens: int = 32) -> dict:
+    """Each cache precision against an fp32 cache, teacher-forced on the fp32 cache's greedy answer
+    to each question (engine/instruments/precision_compare.py `compare_kv_cache`)."""
+    from engine.instruments.precision_compare import compare_kv_cache
+
+    session = _greedy(loaded, tokens)
+    result = {}
+    for precision in precisions:
+        agree, kl = [], []
+        for question in QUESTIONS:
+            ids = session.template([Message("user", question)])
+            compared = compare_kv_cache(loaded, ids, precision, tokens, session.stop_ids)
+            agree += [s.agree for s in compared.steps]
+            kl += [s.kl for s in compared.steps]
+        result[precision] = {
+            "steps": len(agree),
+            "top1_agreement": round(sum(agree) / len(agree), 3),
+            "mean_kl_nats": round(statistics.fmean(kl), 5),
+            "max_kl_nats": round(max(kl), 4),
+        }
+    return result
+
+
 def bench_quality(reference: LoadedModel, loaded: LoadedModel, tokens: int = 32) -> dict:
     """What a precision does to the distribution: fp32 answers each question greedily, the other
     is teacher-forced on its tokens (engine/instruments/precision_compare.py)."""
@@ -444,6 +529,23 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
                 config.repeats,
                 use_compiled,
             )
+        if config.kv_caches:
+            report(
+                f"[{precision}] ITL at {config.kv_cache_context} tokens with a "
+                f"{', '.join(config.kv_caches)} KV cache, interleaved"
+            )
+            result.kv_cache = bench_kv_cache(
+                loaded,
+                config.kv_caches,
+                config.kv_cache_context,
+                result.read_bytes_per_token,
+                config.decode_tokens,
+                config.repeats,
+            )
+            if not config.random_weights:  # agreement between random models says nothing
+                report(f"[{precision}] top-1 agreement and KL of each KV cache precision against fp32's")
+                for name, quality in bench_kv_cache_quality(loaded, config.kv_caches).items():
+                    result.kv_cache[name]["quality"] = quality
         per_token_bytes = result.read_bytes_per_token + info.kv_bytes_per_token * 64
         result.bandwidth_bound_tok_s = bandwidth / per_token_bytes
         result.peak_memory_bytes = peak_memory_bytes(device)

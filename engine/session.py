@@ -116,10 +116,9 @@ class ChatSession:
         self.tokenizer = loaded.tokenizer
         self.device = next(self.model.parameters()).device
         self.info = loaded.info
+        if self.kv_cache is not None and cache_precision_problem(self.kv_cache, self.device.type):
+            self.kv_cache = None  # a new device that cannot hold it: the precision's own cache
         if self.kv_cache is not None:
-            problem = cache_precision_problem(self.kv_cache, self.device.type)
-            if problem:
-                raise ValueError(problem)
             self.info = with_cache_precision(loaded.info, self.kv_cache)
         self.cache = KVCache.for_model(self.info)
         self.namer = PieceNamer(self.tokenizer)

@@ -19,7 +19,16 @@ import torch
 
 from engine import models
 from engine.errors import one_line
-from engine.events import Event, Failed, ModelLoading, ModelReady, Notice, PhaseChanged
+from engine.events import (
+    CachePrecisionChanged,
+    Event,
+    Failed,
+    ModelLoading,
+    ModelReady,
+    Notice,
+    PhaseChanged,
+)
+from engine.kvcache import cache_precision_of, cache_precision_problem
 from engine.quant.precision import PrecisionError, cpu_note
 from engine.sampling import SamplingSettings
 from engine.saved.chat import SavedChat
@@ -57,6 +66,12 @@ class SetSpeculation:
     choice: str | None
     """`lookup`, a draft MODEL[@PRECISION], or None (off: the plain loop)."""
     k: int = 4
+
+
+@dataclass(frozen=True)
+class SetCachePrecision:
+    precision: str
+    """One of engine/kvcache.py CACHE_PRECISIONS."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +136,7 @@ Command = (
     | Connect
     | Send
     | SetSpeculation
+    | SetCachePrecision
     | Regenerate
     | Edit
     | NewChat
@@ -154,6 +170,8 @@ class InferenceWorker:
         self.sampling = sampling or SamplingSettings()
         self.system_prompt = system_prompt
         self.context = context
+        self.kv_cache: str | None = None
+        """The KV cache precision asked for (None: the model precision's own); kept across loads."""
         self.session: ChatSession | RemoteSession | None = None
         self.commands: queue.Queue[Command] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="llmchat-inference", daemon=True)
@@ -173,6 +191,11 @@ class InferenceWorker:
     def set_speculation(self, choice: str | None, k: int = 4) -> None:
         """Speculative decoding from the next answer on (engine/spec/); None turns it off."""
         self.commands.put(SetSpeculation(choice, k))
+
+    def set_cache_precision(self, precision: str) -> None:
+        """The KV cache's precision from the next turn (engine/kvcache.py); one the device cannot
+        hold is refused with the reason, and the previous one stays."""
+        self.commands.put(SetCachePrecision(precision))
 
     def regenerate(self) -> None:
         self.commands.put(Regenerate())
@@ -275,6 +298,9 @@ class InferenceWorker:
         if isinstance(command, SetSpeculation) and self.session is not None:
             yield from self._set_speculation(command)
             return
+        if isinstance(command, SetCachePrecision):
+            yield from self._set_cache_precision(command.precision)
+            return
         if self.chat is None:
             if not isinstance(command, SaveCache):
                 yield Failed("no model is loaded; load one first")
@@ -316,6 +342,30 @@ class InferenceWorker:
             return
         self.session.speculation = speculation
         yield Notice(f"speculative decoding on: {speculation.drafter.name} drafts {command.k} tokens a round")
+
+    def _set_cache_precision(self, precision: str) -> Iterator[Event]:
+        """Before a model is loaded the choice is kept for it; after, the session switches (and
+        the next turn prefills again) or says why it cannot, keeping the cache it has."""
+        session = self.session
+        if session is not None and not isinstance(session, ChatSession):
+            yield Failed("a server keeps its own KV cache: --kv-cache needs the local engine")
+            return
+        if session is None:
+            problem = cache_precision_problem(precision, "cpu")
+            if problem:
+                yield Failed(f"--kv-cache {precision}: {problem}")
+                return
+            self.kv_cache = precision
+            return
+        before = cache_precision_of(session.info.cache_dtype)
+        try:
+            notice = session.set_cache_precision(precision)
+        except ValueError as e:
+            yield Failed(f"KV cache {precision}: {e}; it stays {before}")
+            return
+        self.kv_cache = precision
+        yield CachePrecisionChanged(session.info)
+        yield Notice(notice)
 
     def _call(self, command: Call) -> None:
         if not command.future.set_running_or_notify_cancel():
@@ -368,7 +418,12 @@ class InferenceWorker:
             return
         if self.session is None:
             self.session = ChatSession(
-                loaded, self.sampling, self.system_prompt, self.context, compile=self.compile
+                loaded,
+                self.sampling,
+                self.system_prompt,
+                self.context,
+                compile=self.compile,
+                kv_cache=self.kv_cache,
             )
             self.chat = SavedChat(self.session, self.store)
         else:
@@ -385,7 +440,11 @@ class InferenceWorker:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        yield ModelReady(loaded.info)
+        yield ModelReady(self.session.info)
+        if not self.session.info.cache_is_default:
+            yield Notice(
+                f"KV cache {cache_precision_of(self.session.info.cache_dtype)}: {self.session.decode_path()}"
+            )
         if loaded.info.device == "cpu":
             note = cpu_note(loaded.info.precision)
             if note:

@@ -182,6 +182,9 @@ class FakeEngine:
     def set_speculation(self, choice, k: int = 4) -> None:
         self.calls.append(("set_speculation", choice, k))
 
+    def set_cache_precision(self, precision: str) -> None:
+        self.calls.append(("set_cache_precision", precision))
+
     def shutdown(self, timeout: float = 5.0) -> None:
         self.cancelled.set()
         self.release.set()

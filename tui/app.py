@@ -22,7 +22,16 @@ from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Footer, Static
 
-from engine.events import ConversationLoaded, Event, Failed, MessageSaved, ModelInfo, ModelReady, TurnFinished
+from engine.events import (
+    CachePrecisionChanged,
+    ConversationLoaded,
+    Event,
+    Failed,
+    MessageSaved,
+    ModelInfo,
+    ModelReady,
+    TurnFinished,
+)
 from themes import load_themes
 from tui import config
 from tui.engine_link import Engine, EngineFactory, inference_worker, resolve_sampling
@@ -34,7 +43,7 @@ from tui.router import Router, turn_summary
 from tui.stop_signals import catch_stop_signals, end_later
 from tui.turns import Turns
 from tui.widgets.chat_log import ChatLog, ChatMessage, UserMessage
-from tui.widgets.kv_cache import KVCachePanel
+from tui.widgets.kv_cache import SHORT_DTYPE, KVCachePanel
 from tui.widgets.phase import PhasePanel
 from tui.widgets.prompt_input import PromptInput
 from tui.widgets.status_bar import StatusBar
@@ -80,6 +89,8 @@ class ChatApp(App[None]):
         self.precision = "server" if self.options.remote else self.options.precision
         self.speculation: tuple[str | None, int] = (self.options.speculative, self.options.draft_tokens)
         """The drafter (None: plain decoding) and K, as last asked for (Settings shows them)."""
+        self.kv_cache: str | None = self.options.kv_cache
+        """The KV cache precision as last asked for (None: the model precision's own)."""
         self.turns = Turns()
         self.inbox = Inbox()
         self.pacer = Pacer()
@@ -204,6 +215,8 @@ class ChatApp(App[None]):
         if self.options.remote:
             self.engine.connect(self.options.target())
         else:
+            if self.kv_cache:  # before the load: the first cache is made at this precision
+                self.engine.set_cache_precision(self.kv_cache)
             self.engine.load(self.options.model, self.precision, self.options.device)
             if self.speculation[0]:  # queued after the load: the draft needs the model's tokenizer
                 self.engine.set_speculation(*self.speculation)
@@ -231,6 +244,8 @@ class ChatApp(App[None]):
         match message.event:
             case ModelReady(info):
                 self._model_ready(info)
+            case CachePrecisionChanged(info):
+                self.part(KVCachePanel).set_model(info)  # empty now: the next turn prefills again
             case TurnFinished(stats, _, error):
                 await self.part(ChatLog).finish(turn_summary(stats, error))
                 self.part(PhasePanel).finish(stats)
@@ -374,8 +389,21 @@ class ChatApp(App[None]):
                 themes,
                 (*self.speculation, self.options.model),
                 server=info.server if info else None,
+                kv_cache=self._kv_cache_now(),
             )
         )
+
+    def _kv_cache_now(self) -> str:
+        """The KV cache precision in use (the KV panel's model info follows every change)."""
+        info = self.part(KVCachePanel).info
+        if info is None:
+            return self.kv_cache or "fp32"
+        return SHORT_DTYPE.get(info.cache_dtype, info.cache_dtype)
+
+    def on_settings_screen_kv_cache_chosen(self, message) -> None:
+        self.kv_cache = message.precision
+        if self.engine is not None and not self.options.remote:
+            self.engine.set_cache_precision(message.precision)
 
     def on_settings_screen_speculation_chosen(self, message) -> None:
         self.speculation = (message.choice, message.k)

@@ -49,6 +49,9 @@ class Config:
     """Speculative decoding: "lookup" or a draft MODEL[@PRECISION] with the same tokenizer; null is off."""
     draft_tokens: int = 4
     """Tokens drafted per speculative round, 1..8."""
+    kv_cache: str | None = None
+    """The KV cache's precision: fp32, bf16, fp16 or int8 (one scale per token and head); null keeps
+    the model precision's own (fp32 on a CPU)."""
     server: str | None = None
     """An OpenAI-compatible server to chat with instead of a local model (e.g. http://host:8000/v1);
     `model` then names one of its models (the first it lists when left at the default)."""
@@ -56,6 +59,10 @@ class Config:
     """With a server: the environment variable that holds its API key (never the key itself)."""
     sampling: dict[str, Any] = field(default_factory=dict)
     """Defaults for sampling: temperature, top_k, top_p, min_p, repetition_penalty, seed, max_new_tokens."""
+
+
+KV_CACHE_CHOICES = ("fp32", "bf16", "fp16", "int8")
+"""engine/kvcache.py CACHE_PRECISIONS, kept here so the config is read without torch (a test checks)."""
 
 
 def config_path() -> Path:
@@ -114,6 +121,12 @@ def _checked(key: str, value: Any) -> tuple[Any, list[str]]:
         if value is None or (_is_whole(value) and value >= 1):
             return value, []
         return _IGNORED, [f"context must be a positive whole number of tokens or null, got {_shown(value)}"]
+    if key == "kv_cache":
+        if value is None or value in KV_CACHE_CHOICES:
+            return value, []
+        return _IGNORED, [
+            f"kv_cache must be one of {', '.join(KV_CACHE_CHOICES)} or null, got {_shown(value)}"
+        ]
     if key == "draft_tokens":
         if _is_whole(value) and 1 <= value <= 8:
             return value, []

@@ -30,6 +30,8 @@ class AppOptions:
     """Speculative decoding once the model has loaded: `lookup` or a draft MODEL[@PRECISION]; None is off."""
     draft_tokens: int = 4
     """Tokens drafted per speculative round (1..8)."""
+    kv_cache: str | None = None
+    """The KV cache's precision (fp32, bf16, fp16, int8); None keeps the model precision's own."""
     server: str | None = None
     """Chat with a model on this OpenAI-compatible server instead of loading one here."""
     api_key_env: str | None = None
@@ -64,6 +66,7 @@ def options_from(config: Config, config_path: Path | None = None, **flags: Any) 
             "theme",
             "speculative",
             "draft_tokens",
+            "kv_cache",
             "server",
             "api_key_env",
         )

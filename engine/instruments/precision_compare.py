@@ -1,5 +1,8 @@
 """Precision compare: the same turn at two precisions, the second teacher-forced on the first.
 
+What differs is the weights' precision (a second copy of the model is loaded), or the KV cache's
+(`compare_kv_cache`: one model, an fp32 cache against a quantized one).
+
 The reference model answers greedily; the other model is fed exactly the reference's tokens
 (teacher forcing), so at every step both predict the next token from the same context and
 their distributions can be compared position by position:
@@ -24,7 +27,7 @@ import torch
 
 from engine import models
 from engine.fast import fused
-from engine.kvcache import KVCache
+from engine.kvcache import KVCache, with_cache_precision
 from engine.models import LoadedModel
 
 if TYPE_CHECKING:
@@ -53,9 +56,11 @@ class StepCompare:
 @dataclass(frozen=True)
 class SideStats:
     precision: str
+    """What this side is: a weight precision, or 'fp32 · int8 KV cache' when caches are compared."""
     weight_bytes: int
     prefill_s: float
     itl_p50_s: float
+    kv_bytes_per_token: int = 0
 
     @property
     def decode_tok_s(self) -> float:
@@ -87,12 +92,15 @@ class PrecisionComparison:
 class _Runner:
     """One model with its own cache: feed ids, get the last position's log-probabilities."""
 
-    def __init__(self, loaded: LoadedModel, chunk: int):
+    def __init__(self, loaded: LoadedModel, chunk: int, cache_precision: str | None = None):
         self.model = loaded.model
         # The forward the chat loop runs, so the comparison measures what the user gets.
         self.fast = fused.for_model(loaded.model) if fused.supports(loaded.model) is None else None
         self.device = next(loaded.model.parameters()).device
-        self.cache = KVCache.for_model(loaded.info)
+        self.info = (
+            loaded.info if cache_precision is None else with_cache_precision(loaded.info, cache_precision)
+        )
+        self.cache = KVCache.for_model(self.info)
         self.chunk = chunk
 
     def feed(self, ids: list[int]) -> tuple[torch.Tensor, float]:
@@ -121,15 +129,17 @@ def compare_precisions(
     stop_ids: set[int] | frozenset[int] = frozenset(),
     cancel: threading.Event | None = None,
     progress: Callable[[int, int], None] | None = None,
+    caches: tuple[str | None, str | None] = (None, None),
 ) -> PrecisionComparison:
-    """Answer `prompt_ids` greedily with `reference`, teacher-force `other` on its tokens, compare."""
+    """Answer `prompt_ids` greedily with `reference`, teacher-force `other` on its tokens, compare.
+    `caches`: each side's KV cache precision (None: its precision's own)."""
     if not prompt_ids:
         raise ValueError("nothing to answer: the prompt is empty")
     if reference.info.vocab_size != other.info.vocab_size:
         raise ValueError("the two models have different vocabularies; compare one model at two precisions")
     from engine.session import PREFILL_CHUNK
 
-    ref, oth = _Runner(reference, PREFILL_CHUNK), _Runner(other, PREFILL_CHUNK)
+    ref, oth = _Runner(reference, PREFILL_CHUNK, caches[0]), _Runner(other, PREFILL_CHUNK, caches[1])
     with torch.inference_mode():
         ref_lp, ref_prefill = ref.feed(prompt_ids)
         oth_lp, oth_prefill = oth.feed(prompt_ids)
@@ -153,16 +163,52 @@ def compare_precisions(
             oth_lp, seconds = oth.feed([int(t)])
             oth_itl.append(seconds)
     return PrecisionComparison(
-        reference=_side(reference, ref_prefill, ref_itl),
-        other=_side(other, oth_prefill, oth_itl),
+        reference=_side(ref, caches[0], ref_prefill, ref_itl),
+        other=_side(oth, caches[1], oth_prefill, oth_itl),
         steps=tuple(steps),
         prompt_tokens=len(prompt_ids),
     )
 
 
-def _side(loaded: LoadedModel, prefill_s: float, itl: list[float]) -> SideStats:
+def _side(runner: _Runner, cache: str | None, prefill_s: float, itl: list[float]) -> SideStats:
+    info = runner.info
+    label = info.precision if cache is None else f"{cache} KV cache"
     return SideStats(
-        loaded.info.precision, loaded.info.weight_bytes, prefill_s, statistics.median(itl) if itl else 0.0
+        label,
+        info.weight_bytes,
+        prefill_s,
+        statistics.median(itl) if itl else 0.0,
+        info.kv_bytes_per_token or 0,
+    )
+
+
+def compare_kv_cache(
+    loaded: LoadedModel,
+    prompt_ids: list[int],
+    cache_precision: str,
+    max_new_tokens: int = 32,
+    stop_ids: set[int] | frozenset[int] = frozenset(),
+    cancel: threading.Event | None = None,
+) -> PrecisionComparison:
+    """One model, the turn answered greedily with an fp32 KV cache and teacher-forced with a
+    `cache_precision` one: what the cache's rounding alone does to the distribution. Both sides
+    run the same forward (the fast path's eager step; the compiled step serves fp32 only)."""
+    return compare_precisions(
+        loaded, loaded, prompt_ids, max_new_tokens, stop_ids, cancel, caches=("fp32", cache_precision)
+    )
+
+
+def compare_turn_kv_cache(
+    session: ChatSession,
+    cache_precision: str,
+    max_new_tokens: int = 32,
+    cancel: threading.Event | None = None,
+) -> PrecisionComparison:
+    """For `engine.call`: the session's last turn with an fp32 cache against a `cache_precision` one."""
+    if cancel is not None and cancel.is_set():
+        raise RuntimeError("cancelled")
+    return compare_kv_cache(
+        session.loaded, turn_ids(session), cache_precision, max_new_tokens, session.stop_ids, cancel
     )
 
 

@@ -2,7 +2,8 @@
 
 The file holds each layer's K and V for the positions in use, plus string metadata: the
 token ids those positions hold, the model (spec, name and a fingerprint of its weights),
-the precision, the dtype, the shapes, and a sha256 checksum over all of that and every
+the precision, the cache's dtype (its precision: float32, bfloat16, float16, or int8 with a
+float32 scale tensor per layer for K and for V), the shapes, and a sha256 checksum over all of that and every
 tensor byte. A load checks every one of them against the model in memory and hands back a
 cache only when all match; anything else (another model or precision, a damaged or
 truncated file, values changed after saving, a file without a checksum) is ignored with a
@@ -32,7 +33,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from engine.errors import one_line
-from engine.kvcache import KVCache, common_prefix
+from engine.events import ModelInfo
+from engine.kvcache import KVCache, cache_precision_of, common_prefix
 from engine.models import LoadedModel
 
 FORMAT = "llmchat-kv-cache"
@@ -49,9 +51,10 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
     return hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
 
 
-def describe(loaded: LoadedModel) -> dict[str, str]:
-    """The metadata a cache made by `loaded` carries (everything but the token ids)."""
-    info = loaded.info
+def describe(loaded: LoadedModel, info: ModelInfo | None = None) -> dict[str, str]:
+    """The metadata a cache made by `loaded` carries (everything but the token ids); `info` is the
+    session's (its cache precision may differ from the model precision's own)."""
+    info = info or loaded.info
     return {
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
@@ -85,12 +88,12 @@ def _tensor_digest(name: str, tensor: torch.Tensor) -> bytes:
     return digest.digest()
 
 
-def save_cache(cache: KVCache, loaded: LoadedModel, path: Path) -> int:
+def save_cache(cache: KVCache, loaded: LoadedModel, path: Path, info: ModelInfo | None = None) -> int:
     """Write the cache's used positions and ids to `path` atomically; returns the file size in bytes."""
     if len(cache) == 0:
         raise CacheFileError("the KV cache is empty; nothing to save")
     tensors = _tensors(cache)
-    metadata = {**describe(loaded), "tokens": str(len(cache)), "token_ids": json.dumps(cache.ids)}
+    metadata = {**describe(loaded, info), "tokens": str(len(cache)), "token_ids": json.dumps(cache.ids)}
     metadata["checksum"] = checksum(tensors, metadata)
     path = Path(path)
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -164,6 +167,9 @@ def _tensors(cache: KVCache) -> dict[str, torch.Tensor]:
             )
         tensors[f"layers.{i}.keys"] = layer.keys.contiguous().cpu()  # hashed here, then written
         tensors[f"layers.{i}.values"] = layer.values.contiguous().cpu()
+        if cache.quantized:
+            tensors[f"layers.{i}.key_scales"] = layer.key_scales.contiguous().cpu()
+            tensors[f"layers.{i}.value_scales"] = layer.value_scales.contiguous().cpu()
     return tensors
 
 
@@ -176,9 +182,14 @@ def _fsync(path: Path) -> None:
 
 
 def load_cache(
-    path: Path, loaded: LoadedModel, history: Sequence[int] | None = None, needed: int | None = None
+    path: Path,
+    loaded: LoadedModel,
+    history: Sequence[int] | None = None,
+    needed: int | None = None,
+    info: ModelInfo | None = None,
 ) -> tuple[KVCache | None, str]:
-    """A KVCache from `path` if it was made by this very model, precision and dtype; else (None, why).
+    """A KVCache from `path` if it was made by this very model, precision and cache precision
+    (`info`'s, default the model's own); else (None, why).
 
     `history` is the templated conversation the cache is for (default: the file's own ids): the
     cache keeps only its longest common prefix with it. `needed` is how many of those tokens it
@@ -192,9 +203,10 @@ def load_cache(
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = f.metadata() or {}
-            ids = _check_metadata(metadata, loaded)
+            info = info or loaded.info
+            ids = _check_metadata(metadata, loaded, info)
             tensors = {name: f.get_tensor(name) for name in f.keys()}
-        _check_tensors(tensors, ids, loaded)
+        _check_tensors(tensors, ids, info)
         _check_checksum(tensors, metadata)
     except _Mismatch as e:
         return None, f"saved KV cache ignored ({e}): the history will be prefilled"
@@ -206,7 +218,7 @@ def load_cache(
     if reused == 0:
         why = "none of its tokens match this conversation"
         return None, f"saved KV cache ignored ({why}): the history will be prefilled"
-    cache = _fill(tensors, ids, loaded)
+    cache = _fill(tensors, ids, loaded, info)
     cache.crop(reused)
     if reused >= needed:
         return cache, f"KV cache loaded from disk: {reused} tokens, no prefill needed"
@@ -220,7 +232,7 @@ class _Mismatch(ValueError):
     """The file is readable but was not made by this model, or does not add up."""
 
 
-def _check_metadata(metadata: dict[str, str], loaded: LoadedModel) -> list[int]:
+def _check_metadata(metadata: dict[str, str], loaded: LoadedModel, info: ModelInfo) -> list[int]:
     """Compare every field with the model in memory; returns the token ids."""
     if metadata.get("format") != FORMAT:
         raise _Mismatch("not an llmchat KV cache file")
@@ -228,7 +240,12 @@ def _check_metadata(metadata: dict[str, str], loaded: LoadedModel) -> list[int]:
         raise _Mismatch(
             f"format version {metadata.get('format_version')}, this llmchat reads {FORMAT_VERSION}"
         )
-    for key, expected in describe(loaded).items():
+    for key, expected in describe(loaded, info).items():
+        if key == "dtype" and metadata.get(key) != expected:
+            made = cache_precision_of(str(metadata.get(key)))
+            raise _Mismatch(
+                f"its KV cache precision is {made}, this chat's is {cache_precision_of(expected)}"
+            )
         if metadata.get(key) != expected:
             raise _Mismatch(f"made with {key} {metadata.get(key)!r}, the loaded model has {expected!r}")
     try:
@@ -243,17 +260,19 @@ def _check_metadata(metadata: dict[str, str], loaded: LoadedModel) -> list[int]:
     return ids
 
 
-def _check_tensors(tensors: dict[str, torch.Tensor], ids: list[int], loaded: LoadedModel) -> None:
-    info = loaded.info
-    expected_names = {f"layers.{i}.{kind}" for i in range(info.layers) for kind in ("keys", "values")}
+def _check_tensors(tensors: dict[str, torch.Tensor], ids: list[int], info: ModelInfo) -> None:
+    kinds = ("keys", "values") + (("key_scales", "value_scales") if info.cache_scale_bytes else ())
+    expected_names = {f"layers.{i}.{kind}" for i in range(info.layers) for kind in kinds}
     if set(tensors) != expected_names:
-        raise _Mismatch("its tensors are not one K and one V per layer")
-    shape = (1, info.kv_heads, len(ids), info.head_dim)
+        raise _Mismatch(f"its tensors are not one {' and one '.join(kinds)} per layer")
     for name, tensor in tensors.items():
+        scales = name.endswith("_scales")
+        shape = (1, info.kv_heads, len(ids)) if scales else (1, info.kv_heads, len(ids), info.head_dim)
+        dtype = "float32" if scales else info.cache_dtype
         if tuple(tensor.shape) != shape:
             raise _Mismatch(f"{name} has shape {tuple(tensor.shape)}, expected {shape}")
-        if str(tensor.dtype).removeprefix("torch.") != info.cache_dtype:
-            raise _Mismatch(f"{name} is {tensor.dtype}, this model's cache holds {info.cache_dtype}")
+        if str(tensor.dtype).removeprefix("torch.") != dtype:
+            raise _Mismatch(f"{name} is {tensor.dtype}, this chat's cache holds {dtype}")
         if not torch.isfinite(tensor).all():
             raise _Mismatch(f"{name} holds NaN or infinite values")
 
@@ -267,11 +286,12 @@ def _check_checksum(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) 
         raise _Mismatch("its checksum does not match its contents: it was changed or damaged after saving")
 
 
-def _fill(tensors: dict[str, torch.Tensor], ids: list[int], loaded: LoadedModel) -> KVCache:
-    """A fresh KVCache holding the loaded positions, on the model's device."""
+def _fill(tensors: dict[str, torch.Tensor], ids: list[int], loaded: LoadedModel, info: ModelInfo) -> KVCache:
+    """A fresh KVCache holding the loaded positions as stored (int8 with its scales), on the device."""
     device = next(loaded.model.parameters()).device
-    cache = KVCache.for_model(loaded.info)
+    cache = KVCache.for_model(info)
+    kinds = ("keys", "values") + (("key_scales", "value_scales") if cache.quantized else ())
     for i, layer in enumerate(cache.hf.layers):
-        layer.update(tensors[f"layers.{i}.keys"].to(device), tensors[f"layers.{i}.values"].to(device))
+        layer.load_positions(*(tensors[f"layers.{i}.{kind}"].to(device) for kind in kinds))
     cache.appended(ids)
     return cache

@@ -156,7 +156,7 @@ class SavedChat:
         if use_cache and self.session.saves_cache:
             history, needed = self._history()
             path = self.store.cache_path(conversation.id)
-            cache, notice = load_cache(path, self.session.loaded, history, needed)
+            cache, notice = load_cache(path, self.session.loaded, history, needed, self.session.info)
             if cache is not None:
                 self.session.cache = cache
             yield Notice(notice)
@@ -222,7 +222,7 @@ class SavedChat:
             return None
         path = self.store.cache_path(self.conversation_id)
         try:
-            size = save_cache(self.session.cache, self.session.loaded, path)
+            size = save_cache(self.session.cache, self.session.loaded, path, self.session.info)
         except CacheFileError as e:  # the turns are in the store; only the fast resume is lost
             return Notice(f"{e}; the conversation itself is saved")
         return Notice(f"KV cache saved: {len(self.session.cache)} tokens, {binary_size(size)}")

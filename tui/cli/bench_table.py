@@ -162,3 +162,46 @@ def print_tables(result: dict) -> None:
                     f"{row['verify_ms_per_round']:.1f}",
                 )
         console.print(spec)
+
+    if any(r.get("kv_cache") for r in result["results"]):
+        print_kv_cache_table(console, result)
+
+
+def print_kv_cache_table(console, result: dict) -> None:
+    """Decode at long context with each KV cache precision: bytes, ITL and quality against fp32's."""
+    first = next(r["kv_cache"] for r in result["results"] if r.get("kv_cache"))
+    some = next(iter(first.values()))
+    table = Table(
+        title=f"KV cache precision at {some['context']:,} tokens of context, same run ({some['path']})"
+    )
+    for column in (
+        "precision",
+        "KV cache",
+        "B/token",
+        "KV read/step",
+        "all read/step",
+        "ITL p50 ms",
+        "ITL p90 ms",
+        "vs fp32 cache",
+        "top-1 agree",
+        "mean KL",
+    ):
+        table.add_column(column, justify="right")
+    for r in result["results"]:
+        caches = r.get("kv_cache") or {}
+        base = caches.get("fp32", {}).get("itl_ms_long")
+        for name, row in caches.items():
+            quality = row.get("quality", {})
+            table.add_row(
+                r["precision"],
+                name,
+                f"{row['bytes_per_token']:,}",
+                f"{row['kv_bytes_read_per_step'] / 1e6:.1f} MB",
+                f"{row['bytes_read_per_step'] / 1e6:.1f} MB",
+                f"{row['itl_ms_long']:.1f}",
+                f"{row['itl_ms_p90']:.1f}",
+                f"{row['itl_ms_long'] / base:.2f}x" if base else "–",
+                f"{quality['top1_agreement']:.1%}" if quality else "–",
+                f"{quality['mean_kl_nats']:.5f}" if quality else "–",
+            )
+    console.print(table)

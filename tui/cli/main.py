@@ -43,6 +43,12 @@ SpeculativeOpt = typer.Option(
     "or a draft MODEL[@PRECISION] with the same tokenizer (default precision: w8 on a CPU).",
 )
 DraftTokensOpt = typer.Option(4, "--draft-tokens", help="Tokens drafted per speculative round, 1..8.")
+KVCacheOpt = typer.Option(
+    None,
+    "--kv-cache",
+    help="KV cache precision: fp32, bf16, fp16 or int8 (one scale per token and head); "
+    "default: the model precision's own (fp32 on a CPU).",
+)
 
 
 def sampling_from(**flags):
@@ -59,6 +65,14 @@ def sampling_from(**flags):
 def fail(message: str) -> NoReturn:
     typer.echo(f"llmchat: {message}", err=True)
     raise typer.Exit(2)
+
+
+def check_kv_cache(precision: str | None) -> None:
+    """--kv-cache names one of the cache precisions (checked before anything loads)."""
+    from tui.config import KV_CACHE_CHOICES
+
+    if precision is not None and precision not in KV_CACHE_CHOICES:
+        fail(f"--kv-cache must be one of {', '.join(KV_CACHE_CHOICES)}, got {precision!r}")
 
 
 def check_draft_tokens(k: int) -> None:
@@ -133,6 +147,7 @@ def main(
     draft_tokens: Optional[int] = typer.Option(
         None, "--draft-tokens", help="Tokens drafted per speculative round, 1..8 (default 4)."
     ),
+    kv_cache: Optional[str] = KVCacheOpt,
     server: Optional[str] = remote.ServerOpt,
     api_key_env: Optional[str] = remote.ApiKeyEnvOpt,
     read_timeout: Optional[float] = typer.Option(
@@ -163,6 +178,9 @@ def main(
     check_context(context)
     if draft_tokens is not None:
         check_draft_tokens(draft_tokens)
+    check_kv_cache(kv_cache)
+    if server is not None and kv_cache is not None:
+        fail("--kv-cache: a server keeps its own KV cache")
     problem = text_problem(system)
     if problem:
         fail(problem)
@@ -182,6 +200,7 @@ def main(
         resume=resume_id,
         speculative=speculative,
         draft_tokens=draft_tokens,
+        kv_cache=kv_cache,
         server=server,
         api_key_env=api_key_env,
         read_timeout=read_timeout,
@@ -237,6 +256,7 @@ def ask(
     no_save: bool = typer.Option(False, "--no-save", help="Do not save the turns of this run."),
     speculative: Optional[str] = SpeculativeOpt,
     draft_tokens: int = DraftTokensOpt,
+    kv_cache: Optional[str] = KVCacheOpt,
     server: Optional[str] = remote.ServerOpt,
     api_key_env: Optional[str] = remote.ApiKeyEnvOpt,
     read_timeout: float = remote.ReadTimeoutOpt,
@@ -252,6 +272,9 @@ def ask(
         fail("--precision and --device: the server decides where and at what precision its model runs")
     check_context(context)
     check_draft_tokens(draft_tokens)
+    check_kv_cache(kv_cache)
+    if server is not None and kv_cache is not None:
+        fail("--kv-cache: a server keeps its own KV cache")
     problem = text_problem(system, prompts)
     if problem:  # before a model loads or anything is saved
         refuse(problem, as_json)
@@ -302,7 +325,7 @@ def ask(
         stops.on_stop = session.cancel.set  # a silent server would hold the stop until it spoke
     else:
         session = local_session(
-            model or DEFAULT_MODEL, precision, device, sampling, system, context, emit, as_json
+            model or DEFAULT_MODEL, precision, device, sampling, system, context, emit, as_json, kv_cache
         )
     emit(ModelReady(session.info))
     if speculative is not None:
@@ -397,6 +420,15 @@ def bench(
     no_compile: bool = typer.Option(False, "--no-compile", help="Measure the eager decode step only."),
     speculative: Optional[str] = SpeculativeOpt,
     draft_tokens: int = DraftTokensOpt,
+    kv_cache: Optional[list[str]] = typer.Option(
+        None,
+        "--kv-cache",
+        help="Time decode at --kv-cache-context tokens with each of these KV cache precisions "
+        "(repeat the flag, or 'all': fp32, bf16, fp16, int8), in one run.",
+    ),
+    kv_cache_context: int = typer.Option(
+        4000, "--kv-cache-context", help="Context length for the --kv-cache measurement."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     server: Optional[str] = remote.ServerOpt,
     api_key_env: Optional[str] = remote.ApiKeyEnvOpt,
@@ -422,6 +454,7 @@ def bench(
     from engine.quant.precision import PrecisionError
 
     check_draft_tokens(draft_tokens)
+    kv_caches = kv_cache_list(kv_cache or [])
     try:
         config = bench_engine.BenchConfig(
             model=model or DEFAULT_MODEL,
@@ -436,6 +469,8 @@ def bench(
             compile=not no_compile,
             speculative=speculative,
             draft_tokens=draft_tokens,
+            kv_caches=kv_caches,
+            kv_cache_context=kv_cache_context,
         )
     except ValueError as e:
         fail(flag_named(e))
@@ -444,6 +479,19 @@ def bench(
     except (ModelError, PrecisionError) as e:
         fail(str(e))
     emit_result(result, as_json, "tui.cli.bench_table", "print_tables")
+
+
+def kv_cache_list(values: list[str]) -> tuple[str, ...]:
+    """`--kv-cache int8 --kv-cache fp32`, `--kv-cache fp32,int8` or `all`: the cache precisions, in
+    the order fp32 first (the reference the others are compared with)."""
+    from tui.config import KV_CACHE_CHOICES
+
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if "all" in names:
+        return KV_CACHE_CHOICES
+    for name in names:
+        check_kv_cache(name)
+    return tuple(p for p in KV_CACHE_CHOICES if p in names)
 
 
 def numbers(text: str, flag: str) -> tuple[int, ...]:
@@ -471,7 +519,7 @@ def emit_result(result: dict, as_json: bool, module: str, printer: str) -> None:
     getattr(importlib.import_module(module), printer)(result)
 
 
-def local_session(model, precision, device, sampling, system, context, emit, as_json):
+def local_session(model, precision, device, sampling, system, context, emit, as_json, kv_cache=None):
     """Load the model here (loading progress as events with --json); exits with the reason if it cannot."""
     from engine import models
     from engine.events import ModelLoading
@@ -484,7 +532,13 @@ def local_session(model, precision, device, sampling, system, context, emit, as_
         )
     except (models.ModelError, PrecisionError) as e:
         refuse(str(e), as_json)
-    return ChatSession(loaded, sampling, system, context)
+    if kv_cache is not None:
+        from engine.kvcache import cache_precision_problem
+
+        problem = cache_precision_problem(kv_cache, loaded.info.device)
+        if problem:
+            refuse(f"--kv-cache {kv_cache}: {problem}", as_json)
+    return ChatSession(loaded, sampling, system, context, kv_cache=kv_cache)
 
 
 def counted(value: int | None, what: str) -> str:

@@ -2,7 +2,9 @@
 
 The second precision is loaded on the inference thread, the turn runs teacher-forced, and
 the second model is dropped again (`compare_turn_at` in engine/instruments/precision_compare.py);
-the chat's model stays as it was.
+the chat's model stays as it was. Or what is compared is the KV cache's precision: the same
+model with an fp32 cache and with a quantized one (`compare_turn_kv_cache`). Below, the lesson
+of the cache formula: how much context fits in a given memory at each cache precision.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import Button, Input, Label, Select, Static
 
-from engine.instruments.precision_compare import PrecisionComparison, compare_turn_at
+from engine.instruments import kv_budget
+from engine.instruments.precision_compare import PrecisionComparison, compare_turn_at, compare_turn_kv_cache
 from engine.quant.precision import PRECISIONS
 from tui.fmt import human_bytes, ms, subscript, visible_piece
 from tui.screens.instrument import InstrumentScreen
@@ -26,6 +29,11 @@ if TYPE_CHECKING:
     from tui.instruments import AnswerRef, Instruments
 
 DEFAULT_TOKENS = 32
+KV = "kv:"
+"""The prefix of a choice that compares KV cache precisions rather than weight precisions."""
+KV_CHOICES = [(f"KV cache {p}", f"{KV}{p}") for p in ("int8", "bf16", "fp16")]
+BUDGET_GIB = 16
+"""The memory the context lesson fills (a GPU's spare memory after the weights, say)."""
 
 
 def intro(precision: str, sampling) -> str:
@@ -36,9 +44,16 @@ def intro(precision: str, sampling) -> str:
     )
     if sampling.temperature == 0 and sampling.repetition_penalty == 1:
         return text + " The chat answered greedily too, so they begin as the chat's answer did."
-    return text + (
-        f" The chat's answer was sampled (T {sampling.temperature:g}, repetition penalty "
-        f"{sampling.repetition_penalty:g}), so these tokens can differ from it."
+    return (
+        text
+        + (
+            f" The chat's answer was sampled (T {sampling.temperature:g}, repetition penalty "
+            f"{sampling.repetition_penalty:g}), so these tokens can differ from it."
+        )
+        + (
+            " Or choose a KV cache precision: the same model then answers with an fp32 cache (the "
+            "reference) and is teacher-forced with the quantized cache."
+        )
     )
 
 
@@ -56,6 +71,7 @@ def side_by_side(result: PrecisionComparison) -> list[Content]:
             (b.precision.rjust(width), "bold"),
         ),
         row("weights in memory", human_bytes(a.weight_bytes), human_bytes(b.weight_bytes)),
+        row("KV cache per token", f"{a.kv_bytes_per_token:,} B", f"{b.kv_bytes_per_token:,} B"),
         row("prefill", ms(a.prefill_s), ms(b.prefill_s)),
         row("ITL (median)", ms(a.itl_p50_s), ms(b.itl_p50_s)),
         row("decode", f"{a.decode_tok_s:.1f} tok/s", f"{b.decode_tok_s:.1f} tok/s"),
@@ -110,12 +126,37 @@ def step_chips(result: PrecisionComparison, piece) -> Content:
     return Content.assemble(*parts)
 
 
+def budget_lines(info, gib: int = BUDGET_GIB) -> list[Content]:
+    """Tokens of context whose KV cache fits in `gib` GiB, for this model and, by the same formula,
+    for a 7B and a 70B model, at each cache precision (engine/instruments/kv_budget.py)."""
+    memory = gib * kv_budget.GIB
+    shapes = [kv_budget.shape_of(info), *kv_budget.OTHERS]
+    columns = ("fp32", "bf16", "int8")
+    titles = [f"{'bf16/fp16' if p == 'bf16' else p} B/token → tokens".rjust(30) for p in columns]
+    header = Content.assemble("".ljust(26), *((title, "bold") for title in titles))
+    lines = [header]
+    for shape in shapes:
+        name = f"{shape.name} (loaded)" if shape is shapes[0] else shape.name
+        cells = [f"{shape.bytes_per_token(p):,} → {shape.tokens_in(memory, p):,}".rjust(30) for p in columns]
+        lines.append(Content.assemble((name[:25].ljust(26), "bold"), *cells))
+    others = "; ".join(f"{s.name}: {s.source}" for s in kv_budget.OTHERS)
+    lines.append(
+        Content.styled(
+            f"2 (K,V) × layers × kv heads × (head_dim × bytes + scale: 4 B for int8) per token; "
+            f"{gib} GiB ÷ that. The 7B and 70B rows are computed from this formula with the configs "
+            f"named, not measured ({others}).",
+            "$text-muted",
+        )
+    )
+    return lines
+
+
 class PrecisionScreen(InstrumentScreen):
     INSTRUMENT = "precision"
     DEFAULT_CSS = """
     PrecisionScreen #controls { height: auto; margin-top: 1; }
     PrecisionScreen #controls > Label { padding: 0 1 0 0; }
-    PrecisionScreen #controls > Select { width: 12; }
+    PrecisionScreen #controls > Select { width: 18; }
     PrecisionScreen #controls > Input { width: 8; }
     PrecisionScreen #controls > Button { margin-left: 2; min-width: 11; }
     """
@@ -134,7 +175,8 @@ class PrecisionScreen(InstrumentScreen):
         yield Static(intro(current, self.link.session.sampling))
         with Horizontal(id="controls"):
             yield Label("second precision")
-            yield Select([(p, p) for p in others], value=default, allow_blank=False, id="other", compact=True)
+            choices = [(p, p) for p in others] + KV_CHOICES
+            yield Select(choices, value=default, allow_blank=False, id="other", compact=True)
             yield Label("  tokens")
             yield Input(str(DEFAULT_TOKENS), id="tokens", type="integer", compact=True)
             yield Button("Run (r)", id="run", variant="primary", compact=True)
@@ -148,6 +190,9 @@ class PrecisionScreen(InstrumentScreen):
             classes="section",
         )
         yield Static(id="chips")
+        title = f"Context that fits in {BUDGET_GIB} GiB of KV cache, by cache precision"
+        yield Static(title, classes="section")
+        yield Static(Content("\n").join(budget_lines(self.link.session.info)), id="budget")
 
     def on_mount(self) -> None:
         options = getattr(self.app, "options", None)
@@ -176,17 +221,27 @@ class PrecisionScreen(InstrumentScreen):
             self._status("✖ tokens must be a whole number of at least 1")
             return
         busy = getattr(self.app, "turns", None) is not None and self.app.turns.busy
-        self._status(
-            f"loading {precision} and running the last turn at both precisions"
-            + (" (after the answer in progress)…" if busy else "…")
+        what = (
+            f"running the last turn with an fp32 and a {str(precision).removeprefix(KV)} KV cache"
+            if str(precision).startswith(KV)
+            else f"loading {precision} and running the last turn at both precisions"
         )
+        self._status(what + (" (after the answer in progress)…" if busy else "…"))
         self.run_worker(self._run(str(precision), tokens), exclusive=True)
 
     async def _run(self, precision: str, tokens: int) -> None:
+        if precision.startswith(KV):
+            cache = precision.removeprefix(KV)
+
+            def compare(s):
+                return compare_turn_kv_cache(s, cache, tokens, self.cancel)
+        else:
+
+            def compare(s):
+                return compare_turn_at(s, precision, tokens, self.cancel)
+
         try:
-            result = await self.on_engine(
-                self.link.engine.call(lambda s: compare_turn_at(s, precision, tokens, self.cancel))
-            )
+            result = await self.on_engine(self.link.engine.call(compare))
         except Exception as e:  # a precision this machine cannot load, or no turn yet
             self._status(f"✖ {e}")
             return

@@ -1,4 +1,5 @@
-"""Settings: precision (reloads in the background), sampling (applies from the next token), theme.
+"""Settings: precision (reloads in the background), KV cache precision (from the next turn),
+sampling (applies from the next token), theme.
 
 Every field is checked as it is typed; a bad value gets a message under it and is never
 applied. Imports the engine's settings, so the app opens this screen only once the
@@ -20,6 +21,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 from engine.events import ServerInfo
 from engine.quant.precision import PRECISIONS, cpu_note
 from engine.sampling import SamplingSettings
+from tui.config import KV_CACHE_CHOICES
 
 FIELDS = {
     "temperature": "Temperature (0 = greedy)",
@@ -128,6 +130,11 @@ class SettingsScreen(ModalScreen[None]):
             super().__init__()
             self.choice, self.k = choice, k
 
+    class KVCacheChosen(Message):
+        def __init__(self, precision: str) -> None:
+            super().__init__()
+            self.precision = precision
+
     class SamplingApplied(Message):
         def __init__(self, settings: SamplingSettings) -> None:
             super().__init__()
@@ -141,9 +148,12 @@ class SettingsScreen(ModalScreen[None]):
         themes: list[str],
         speculation: tuple[str | None, int, str] = (None, 4, ""),
         server: ServerInfo | None = None,
+        kv_cache: str = "fp32",
     ) -> None:
-        """`speculation`: (the drafter now, or None; K; the model spec, for its own draft copy)."""
+        """`speculation`: (the drafter now, or None; K; the model spec, for its own draft copy);
+        `kv_cache`: the KV cache precision in use."""
         super().__init__()
+        self.kv_cache = kv_cache
         self.speculation = speculation
         self.precision = precision
         self.device = device
@@ -216,6 +226,20 @@ class SettingsScreen(ModalScreen[None]):
                 id="precision",
             )
         yield Static(self._precision_note(self.precision), id="precision-note", classes="hint")
+        yield Static(
+            "KV cache precision: what the cache stores (int8: one scale per token and head); from "
+            "the next turn, which prefills the conversation again. F8 compares it with fp32.",
+            classes="hint",
+        )
+        with Horizontal(classes="row"):
+            yield Label("KV cache")
+            yield Select(
+                [(p, p) for p in KV_CACHE_CHOICES],
+                value=self.kv_cache if self.kv_cache in KV_CACHE_CHOICES else KV_CACHE_CHOICES[0],
+                allow_blank=False,
+                compact=True,
+                id="kv_cache",
+            )
 
     def _server_precision(self):
         weights = self.server.quantization or "not reported"
@@ -252,6 +276,12 @@ class SettingsScreen(ModalScreen[None]):
         if event.value != self.precision:
             self.precision = str(event.value)
             self.post_message(self.PrecisionChosen(self.precision))
+
+    @on(Select.Changed, "#kv_cache")
+    def _kv_cache(self, event: Select.Changed) -> None:
+        if event.value != self.kv_cache:
+            self.kv_cache = str(event.value)
+            self.post_message(self.KVCacheChosen(self.kv_cache))
 
     @on(Select.Changed, "#theme")
     def _theme(self, event: Select.Changed) -> None:

@@ -26,10 +26,15 @@ SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def formula(info: ModelInfo) -> str:
-    """The bytes-per-token formula with this model's numbers plugged in."""
+    """The bytes-per-token formula with this model's numbers plugged in; a quantized cache adds
+    its scale per token and head (int8: one float32 beside each row of head_dim int8 values)."""
+    element = f"{info.cache_element_bytes} B ({SHORT_DTYPE.get(info.cache_dtype, info.cache_dtype)})"
+    if info.cache_scale_bytes:
+        row = f"({info.head_dim} dims × {element} + {info.cache_scale_bytes} B scale)"
+    else:
+        row = f"{info.head_dim} dims × {element}"
     return (
-        f"2 (K,V) × {info.layers} layers × {info.kv_heads} kv heads × {info.head_dim} dims"
-        f" × {info.cache_element_bytes} B ({SHORT_DTYPE.get(info.cache_dtype, info.cache_dtype)})"
+        f"2 (K,V) × {info.layers} layers × {info.kv_heads} kv heads × {row}"
         f" = {info.kv_bytes_per_token:,} B/token"
     )
 
