@@ -30,6 +30,7 @@ def test_kernel_attends_as_sdpa_does(kernel, heads, kv_heads, position):
         torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 
 
-def test_kernel_is_used_only_for_a_float32_cache_on_the_cpu(kernel):
-    assert kernel.can_attend(torch.zeros(1, 3, 8, 64))
-    assert not kernel.can_attend(torch.zeros(1, 3, 8, 64, dtype=torch.bfloat16))
+def test_kernel_is_used_for_the_cache_types_it_reads_on_the_cpu(kernel):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int8):  # as stored (int8: + scales)
+        assert kernel.can_attend(torch.zeros(1, 3, 8, 64, dtype=dtype))
+    assert not kernel.can_attend(torch.zeros(1, 3, 8, 64, dtype=torch.float64))

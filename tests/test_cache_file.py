@@ -108,7 +108,7 @@ def test_a_missing_file_means_prefill(tmp_path, tiny_loaded):
     "field, value, reason",
     [
         ("precision", "bf16", "precision 'bf16'"),
-        ("dtype", "bfloat16", "dtype 'bfloat16'"),
+        ("dtype", "bfloat16", "its KV cache precision is bf16, this chat's is fp32"),
         ("model_spec", "smollm2-135m", "model_spec"),
         ("model_name", "other", "model_name"),
         ("weights", "0123456789abcdef", "weights"),

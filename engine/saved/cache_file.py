@@ -264,7 +264,8 @@ def _check_tensors(tensors: dict[str, torch.Tensor], ids: list[int], info: Model
     kinds = ("keys", "values") + (("key_scales", "value_scales") if info.cache_scale_bytes else ())
     expected_names = {f"layers.{i}.{kind}" for i in range(info.layers) for kind in kinds}
     if set(tensors) != expected_names:
-        raise _Mismatch(f"its tensors are not one {' and one '.join(kinds)} per layer")
+        scales = " with their scales" if info.cache_scale_bytes else ""
+        raise _Mismatch(f"its tensors are not one K and one V per layer{scales}")
     for name, tensor in tensors.items():
         scales = name.endswith("_scales")
         shape = (1, info.kv_heads, len(ids)) if scales else (1, info.kv_heads, len(ids), info.head_dim)
