@@ -93,7 +93,10 @@ EXPLANATIONS: dict[str, Explanation] = {
         "Top-1 agreement counts where the second would have picked the same token, the KL "
         "divergence measures how far its whole distribution moved, and the first divergent token "
         "is where a free-running answer would part ways. Fewer bits per weight means less memory "
-        "to read per token; the cost is this drift.",
+        "to read per token; the cost is this drift. A KV cache precision compares one model with an "
+        "fp32 cache and a rounded one: the cache, not the weights, grows with the context, so its "
+        "bytes per token decide how much context fits (the table below: the same formula for a 7B "
+        "and a 70B model).",
         "KL(P‖Q) = Σ_v P(v)·(ln P(v) − ln Q(v));  agreement = #{t : argmax Q_t = x_t} / steps",
     ),
 }
