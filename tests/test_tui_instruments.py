@@ -17,7 +17,7 @@ import threading
 
 import pytest
 from rich.cells import cell_len
-from textual.widgets import Input, Markdown
+from textual.widgets import Input, Markdown, Select
 
 from engine import models
 from engine.events import (
@@ -674,6 +674,22 @@ def test_snapshot_precision_compare(snap_compare, tiny_model_dir, tmp_path, monk
     async def before(pilot):
         await answered(pilot, recorder_of(pilot))
         await opened(pilot, "f8", PrecisionScreen)
+        pilot.app.screen.query_one("#tokens", Input).value = "12"
+        await pilot.press("r")
+        await wait_for(pilot, lambda: pilot.app.screen.result is not None, timeout=120)
+        await settled(pilot)
+
+    assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
+
+
+def test_snapshot_kv_cache_precision_compare(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
+    """F8 with the KV cache as what is compared: an fp32 cache against an int8 one, same model."""
+    monkeypatch.setattr(precision_compare, "time", FakeClock())
+
+    async def before(pilot):
+        await answered(pilot, recorder_of(pilot))
+        await opened(pilot, "f8", PrecisionScreen)
+        pilot.app.screen.query_one("#other", Select).value = "kv:int8"
         pilot.app.screen.query_one("#tokens", Input).value = "12"
         await pilot.press("r")
         await wait_for(pilot, lambda: pilot.app.screen.result is not None, timeout=120)

@@ -4,11 +4,43 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
 constexpr int64_t kBlock = 512;
+
+// A row of the cache as float32: float32 rows are used in place; other types are widened once
+// into `buffer` (L1-resident), so the G query heads that share the row do not convert it G times.
+template <typename T>
+inline const float* as_float(const T* row, float* buffer, int64_t D) {
+  if constexpr (std::is_same_v<T, float>) {
+    return row;
+  } else {
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) buffer[d] = static_cast<float>(row[d]);
+    return buffer;
+  }
+}
+
+#if defined(__F16C__)
+// float16 -> float32 eight at a time (the scalar conversion is a bit-twiddling function call).
+template <>
+inline const float* as_float<at::Half>(const at::Half* row, float* buffer, int64_t D) {
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) {
+    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d));
+    _mm256_storeu_ps(buffer + d, _mm256_cvtph_ps(half));
+  }
+  for (; d < D; ++d) buffer[d] = static_cast<float>(row[d]);
+  return buffer;
+}
+#endif
 
 // One new token's attention over the KV cache, for engine/fast/attention.py.
 //
@@ -18,9 +50,9 @@ constexpr int64_t kBlock = 512;
 // row (ks, vs [H, C]: token t of head h is k[h, t] * ks[h, t]). Each (head, block of 512 keys)
 // is one task on torch's thread pool: scores, a softmax local to the block and a partial
 // output; the partials are then merged with their max-and-sum weights (flash-decoding). K and V
-// are each read once, as stored: an element is widened to float32 in the register that uses it,
-// and an int8 row's scale multiplies its dot product (K) or its softmax weight (V), never the
-// row, so no dequantized copy of the cache is ever made.
+// are each read once, as stored: a row is widened to float32 into a buffer of D floats that the
+// G query heads then share, and an int8 row's scale multiplies its dot product (K) or its
+// softmax weight (V), never the row, so no dequantized copy of the cache is ever made.
 //
 // Built with -ffast-math (engine/fast/attention.py), so nothing here may rely on infinities.
 template <typename T>
@@ -49,6 +81,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
   at::parallel_for(0, H * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(G * kBlock);
+    std::vector<float> widened(D);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, b = task % blocks;
       const int64_t first = b * kBlock, n = std::min(kBlock, length - first);
@@ -58,13 +91,13 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       const float* value_scales = vs ? vs + h * scale_head_stride + first : nullptr;
       const float* queries = qp + h * G * D;
       for (int64_t t = 0; t < n; ++t) {
-        const T* key = keys + t * D;
+        const float* key = as_float(keys + t * D, widened.data(), D);
         const float row = key_scales ? key_scales[t] * scale : scale;
         for (int64_t g = 0; g < G; ++g) {
           const float* query = queries + g * D;
           float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += query[d] * static_cast<float>(key[d]);
+          for (int64_t d = 0; d < D; ++d) dot += query[d] * key[d];
           scores[g * kBlock + t] = dot * row;
         }
       }
@@ -81,13 +114,13 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         sp[task * G + g] = sum;
       }
       for (int64_t t = 0; t < n; ++t) {
-        const T* value = values + t * D;
+        const float* value = as_float(values + t * D, widened.data(), D);
         const float row = value_scales ? value_scales[t] : 1.0f;
         for (int64_t g = 0; g < G; ++g) {
           const float p = scores[g * kBlock + t] * row;
           float* o = out + g * D;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) o[d] += p * static_cast<float>(value[d]);
+          for (int64_t d = 0; d < D; ++d) o[d] += p * value[d];
         }
       }
     }

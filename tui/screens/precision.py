@@ -40,20 +40,15 @@ def intro(precision: str, sampling) -> str:
     """What is compared, and why its tokens need not be the chat's."""
     text = (
         f"The last turn's prompt is answered again at {precision} (the reference) by plain greedy decoding "
-        "(always the most probable token: repeatable), and the second precision is fed those same tokens."
+        "(always the most probable token: repeatable), and the second precision is fed those same tokens "
+        "(a KV cache precision: the same model with an fp32 cache answers, and is fed them with the "
+        "rounded cache)."
     )
     if sampling.temperature == 0 and sampling.repetition_penalty == 1:
         return text + " The chat answered greedily too, so they begin as the chat's answer did."
-    return (
-        text
-        + (
-            f" The chat's answer was sampled (T {sampling.temperature:g}, repetition penalty "
-            f"{sampling.repetition_penalty:g}), so these tokens can differ from it."
-        )
-        + (
-            " Or choose a KV cache precision: the same model then answers with an fp32 cache (the "
-            "reference) and is teacher-forced with the quantized cache."
-        )
+    return text + (
+        f" The chat's answer was sampled (T {sampling.temperature:g}, repetition penalty "
+        f"{sampling.repetition_penalty:g}), so these tokens can differ from it."
     )
 
 
