@@ -317,3 +317,14 @@ def test_kv_cache_converted_holds_the_same_positions(tiny_loaded):
         assert len(other) == len(session.cache) and other.precision == precision
         keys, _ = other.hf.layers[0].dequantized(torch.float32)
         torch.testing.assert_close(keys, session.cache.hf.layers[0].keys, atol=0.05, rtol=0.02)
+
+
+def test_the_kv_panel_formula_shows_the_element_size_and_the_scale(tiny_loaded):
+    from engine.kvcache import with_cache_precision
+    from tui.widgets.kv_cache import formula
+
+    int8 = with_cache_precision(tiny_loaded.info, "int8")
+    d, per_token = int8.head_dim, int8.kv_bytes_per_token
+    assert formula(int8).endswith(f"× ({d} dims × 1 B (int8) + 4 B scale) = {per_token:,} B/token")
+    bf16 = with_cache_precision(tiny_loaded.info, "bf16")
+    assert formula(bf16).endswith(f"× {d} dims × 2 B (bf16) = {bf16.kv_bytes_per_token:,} B/token")

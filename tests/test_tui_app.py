@@ -685,3 +685,20 @@ def test_help_draws_the_token_colours_in_the_theme(tmp_path, theme):
                 assert colours["prefilled now"] != colours[level], level
 
     run(scenario)
+
+
+def test_the_kv_cache_precision_chosen_in_settings_reaches_the_engine(tmp_path):
+    async def scenario():
+        factory = FakeFactory()
+        app = fake_app(factory, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await ready(pilot)
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
+            choice = app.screen.query_one("#kv_cache", Select)
+            assert choice.value == "fp32"  # the cache in use (the fake model's: float32)
+            choice.value = "int8"
+            await wait_for(pilot, lambda: ("set_cache_precision", "int8") in factory.engine.calls)
+            assert app.kv_cache == "int8"
+
+    run(scenario)

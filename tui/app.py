@@ -400,7 +400,7 @@ class ChatApp(App[None]):
             return self.kv_cache or "fp32"
         return SHORT_DTYPE.get(info.cache_dtype, info.cache_dtype)
 
-    def on_settings_screen_kv_cache_chosen(self, message) -> None:
+    def on_settings_screen_kvcache_chosen(self, message) -> None:
         self.kv_cache = message.precision
         if self.engine is not None and not self.options.remote:
             self.engine.set_cache_precision(message.precision)
