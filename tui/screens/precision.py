@@ -32,6 +32,9 @@ DEFAULT_TOKENS = 32
 KV = "kv:"
 """The prefix of a choice that compares KV cache precisions rather than weight precisions."""
 KV_CHOICES = [(f"KV cache {p}", f"{KV}{p}") for p in ("int8", "bf16", "fp16")]
+NAME_WIDTH = 24
+CELL_WIDTH = 18
+"""The context lesson's columns: it fits an 80-column terminal."""
 BUDGET_GIB = 16
 """The memory the context lesson fills (a GPU's spare memory after the weights, say)."""
 
@@ -126,18 +129,23 @@ def budget_lines(info, gib: int = BUDGET_GIB) -> list[Content]:
     for a 7B and a 70B model, at each cache precision (engine/instruments/kv_budget.py)."""
     memory = gib * kv_budget.GIB
     shapes = [kv_budget.shape_of(info), *kv_budget.OTHERS]
-    columns = ("fp32", "bf16", "int8")
-    titles = [f"{'bf16/fp16' if p == 'bf16' else p} B/token → tokens".rjust(30) for p in columns]
-    header = Content.assemble("".ljust(26), *((title, "bold") for title in titles))
+    columns = {"fp32": "fp32", "bf16": "bf16/fp16", "int8": "int8"}
+    header = Content.assemble(
+        "".ljust(NAME_WIDTH), *((title.rjust(CELL_WIDTH), "bold") for title in columns.values())
+    )
     lines = [header]
     for shape in shapes:
-        name = f"{shape.name} (loaded)" if shape is shapes[0] else shape.name
-        cells = [f"{shape.bytes_per_token(p):,} → {shape.tokens_in(memory, p):,}".rjust(30) for p in columns]
-        lines.append(Content.assemble((name[:25].ljust(26), "bold"), *cells))
+        name = shape.name if len(shape.name) < NAME_WIDTH else shape.name[: NAME_WIDTH - 2] + "…"
+        cells = [
+            f"{shape.bytes_per_token(p):,} → {shape.tokens_in(memory, p):,}".rjust(CELL_WIDTH)
+            for p in columns
+        ]
+        lines.append(Content.assemble((name.ljust(NAME_WIDTH), "bold"), *cells))
     others = "; ".join(f"{s.name}: {s.source}" for s in kv_budget.OTHERS)
     lines.append(
         Content.styled(
-            f"2 (K,V) × layers × kv heads × (head_dim × bytes + scale: 4 B for int8) per token; "
+            f"Each cell: bytes per token → tokens that fit. The first row is the loaded model. Bytes per "
+            f"token = 2 (K,V) × layers × kv heads × (head_dim × element bytes + scale: 4 B for int8); "
             f"{gib} GiB ÷ that. The 7B and 70B rows are computed from this formula with the configs "
             f"named, not measured ({others}).",
             "$text-muted",
