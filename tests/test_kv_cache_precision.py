@@ -328,3 +328,17 @@ def test_the_kv_panel_formula_shows_the_element_size_and_the_scale(tiny_loaded):
     assert formula(int8).endswith(f"× ({d} dims × 1 B (int8) + 4 B scale) = {per_token:,} B/token")
     bf16 = with_cache_precision(tiny_loaded.info, "bf16")
     assert formula(bf16).endswith(f"× {d} dims × 2 B (bf16) = {bf16.kv_bytes_per_token:,} B/token")
+
+
+@pytest.mark.real_model
+def test_an_int8_cache_agrees_with_the_fp32_cache_on_smollm2(smollm2):
+    """Measured, not assumed: SmolLM2's greedy answers teacher-forced with an int8 cache."""
+    session = greedy(smollm2)
+    steps, agree, kl = 0, 0, 0.0
+    for question in ("What is the capital of France?", "Name three rivers in Europe."):
+        ids = session.template([types.SimpleNamespace(role="user", content=question)])
+        result = compare_kv_cache(smollm2, ids, "int8", 24, session.stop_ids)
+        steps += len(result.steps)
+        agree += sum(s.agree for s in result.steps)
+        kl += sum(s.kl for s in result.steps)
+    assert agree / steps >= 0.9 and kl / steps < 0.02, (agree, steps, kl / steps)
