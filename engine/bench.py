@@ -362,12 +362,14 @@ def bench_kv_cache(
     filled = session.cache
     caches = {p: filled.converted(p) for p in precisions}
     itls: dict[str, list[float]] = {p: [] for p in precisions}
+    attention_s: dict[str, list[float]] = {p: [] for p in precisions}
     for _ in range(repeats):
         for precision in precisions:
             session.info = with_cache_precision(loaded.info, precision)
             session.cache = caches[precision]
             runner = session.run(ids, stop_at_eos=False)  # reuses all but the last id, then decodes
             itls[precision] += _latencies(runner)[1:]
+            attention_s[precision] += _attention_alone(session, tokens)
     path = "eager fast path; attention: " + (
         "the C++ kernel (reads each precision as stored)" if kernel is None else f"tensor ops ({kernel})"
     )
@@ -380,10 +382,32 @@ def bench_kv_cache(
             "kv_bytes_read_per_step": per_token * context,
             "bytes_read_per_step": read_bytes + per_token * context,
             "itl_ms_long": round(statistics.median(itls[precision]) * 1000, 3),
+            "attention_ms": round(statistics.median(attention_s[precision]) * 1000, 3),
             **_ms(itls[precision]),
             "path": path,
         }
     return result
+
+
+def _attention_alone(session: ChatSession, repeats: int) -> list[float]:
+    """Seconds for one token's attention over every layer of the session's cache, as the decode
+    step calls it (the cache read as stored), without the rest of the step: what the cache's
+    precision changes, apart from the weights' reads that dominate a small model's step."""
+    fast = session.fast
+    if fast is None:
+        return []
+    position = torch.tensor([len(session.cache) - 1])
+    q = torch.randn(1, fast.heads, 1, fast.head_dim)
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for layer in session.cache.hf.layers:
+                stored = layer.quantized() if session.cache.quantized else (layer.keys, layer.values)
+                keys, values = (stored, None) if session.cache.quantized else stored
+                fast._attention(q, keys, values, None, position)
+            times.append(time.perf_counter() - started)
+    return times
 
 
 def _latencies(runner) -> list[float]:

@@ -183,6 +183,7 @@ def print_kv_cache_table(console, result: dict) -> None:
         "ITL p50 ms",
         "ITL p90 ms",
         "vs fp32 cache",
+        "attention ms",
         "top-1 agree",
         "mean KL",
     ):
@@ -201,6 +202,7 @@ def print_kv_cache_table(console, result: dict) -> None:
                 f"{row['itl_ms_long']:.1f}",
                 f"{row['itl_ms_p90']:.1f}",
                 f"{row['itl_ms_long'] / base:.2f}x" if base else "–",
+                f"{row['attention_ms']:.1f}",
                 f"{quality['top1_agreement']:.1%}" if quality else "–",
                 f"{quality['mean_kl_nats']:.5f}" if quality else "–",
             )
