@@ -440,6 +440,8 @@ def bench(
     """Measure prefill, decode, multi-turn reuse and memory against transformers' generate;
     with --server, the server's prefill, decode, prefix cache and concurrent streams."""
     if server is not None:
+        if kv_cache:
+            fail("--kv-cache: a server keeps its own KV cache")
         where = remote.target(server, model, api_key_env, read_timeout)
         lengths = numbers(prompt_lengths or "64,256,1024", "--prompt-lengths")
         streams = numbers(concurrency, "--concurrency")
