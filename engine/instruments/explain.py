@@ -82,9 +82,33 @@ EXPLANATIONS: dict[str, Explanation] = {
         "In each layer, every head turns the newest token into a query and scores it against the "
         "key of every position in the context; softmax turns the scores into weights that sum to "
         "1, and the output mixes the positions' values by those weights. The view shows those "
-        "weights for one layer and head (or their mean), summed per message. It needs eager "
+        "weights for one layer and head (or their mean), summed per message, and each query head "
+        "under the K/V head it shares: with grouped-query attention several query heads read one "
+        "cached K and V, yet look at different places because their queries differ. It needs eager "
         "attention, which builds the full weight matrix, so decoding is slower while it is open.",
-        "weights = softmax(q·Kᵀ / √d);  output = weights · V;  Σ weights = 1",
+        "weights = softmax(q·Kᵀ / √d);  output = weights · V;  Σ weights = 1;  "
+        "kv head = head ÷ (heads / kv heads)",
+    ),
+    "attention_matrix": Explanation(
+        "Attention over the whole prompt",
+        "A prefill computes attention for every prompt position at once: one matrix per layer and "
+        "head, a row per query position and a column per key. The causal mask hides every key after "
+        "the query (the dotted upper triangle, weight exactly 0), so row q is where position q looks "
+        "among positions 0..q, and a row never changes when later tokens arrive: that is why the "
+        "K/V cache can keep them. Many heads put a large share of every row on position 0, whatever "
+        "token it is: an attention sink, a place to park weight the head does not need elsewhere.",
+        "A = softmax(Q·Kᵀ / √d + M),  M[q,k] = −∞ for k > q;  Σ_k A[q,k] = 1;  "
+        "sink share = mean over q ≥ 1 of A[q,0] (even spread: mean 1/(q+1))",
+    ),
+    "kv_heads": Explanation(
+        "K/V heads: MHA, GQA, MQA",
+        "The cache keeps a key and a value vector per K/V head, per layer, per token. Multi-head "
+        "attention (MHA) gives every query head its own K/V head; grouped-query attention (GQA) "
+        "lets a group of query heads share one, and multi-query attention (MQA) has them all share "
+        "a single head. The cache shrinks by the same factor, and so do the bytes each decode step "
+        "reads; the cost is some quality. The KV panel computes what this context would take with "
+        "each count; only this model's row is measured from the tensors.",
+        "bytes/token = 2 (K,V) × layers × kv heads × head_dim × bytes per element;  group = heads / kv heads",
     ),
     "precision": Explanation(
         "Precision compare",
@@ -97,7 +121,8 @@ EXPLANATIONS: dict[str, Explanation] = {
         "KL(P‖Q) = Σ_v P(v)·(ln P(v) − ln Q(v));  agreement = #{t : argmax Q_t = x_t} / steps",
     ),
 }
-"""Keyed by instrument: inspector, fork, step, stages, tokenizer, phases, attention, precision."""
+"""Keyed by instrument: inspector, fork, step, stages, tokenizer, phases, attention (its matrix mode:
+attention_matrix), precision; kv_heads explains the KV panel's head-count table (Help, F1)."""
 
 
 def explain(instrument: str) -> Explanation:

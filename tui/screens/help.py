@@ -8,6 +8,8 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Markdown, Static
 
+from engine.instruments.explain import explain
+from tui.widgets.explanation import explanation_content
 from tui.widgets.token_stream import NEW, REUSED, legend
 
 HELP = """\
@@ -38,6 +40,8 @@ HELP = """\
   shows where bytes per token come from. A follow-up turn only prefills its *new* tokens:
   the rest are **reused**. The answer's last token is never fed back (decoding stopped on
   it), so it is not cached: the next turn reuses prompt + answer − 1 and prefills it.
+  The **K/V heads** table: the same context with one K/V head per query head (MHA), this
+  model's count (◀, measured from the tensors) and one shared head (MQA), computed.
 - **Top-k**: the most probable next tokens of the latest step after your sampling
   settings, the chosen one marked **▶**, and the entropy (how unsure the model was).
 - **Tokens**: the prompt as the model sees it, each token marked as reused from the cache
@@ -80,6 +84,7 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen > VerticalScroll { width: 90; max-width: 100%; height: auto; max-height: 100%;
         border: thick $primary; background: $surface; }
     HelpScreen #colours { margin: 0 1 0 1; }
+    HelpScreen #kv-heads { margin: 1 1 0 1; }
     """
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
 
@@ -87,6 +92,7 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll():
             yield Markdown(HELP)
             yield Static(colours(), id="colours")
+            yield Static(explanation_content(explain("kv_heads"), closes=False), id="kv-heads")
             yield Markdown(INSTRUMENTS)
 
     def on_mount(self) -> None:
