@@ -78,6 +78,7 @@ def test_the_last_row_is_the_newest_row_view(tiny_loaded):
             row = matrix.row_view(matrix.size - 1)
             assert row.query_position == newest.query_position and row.ids == newest.ids
             assert [s.weight for s in row.spans] == pytest.approx([s.weight for s in newest.spans], abs=1e-5)
+            assert [s.span for s in row.spans] == [s.span for s in newest.spans]  # roles, ends, defaults
             assert newest.head_weights[head] == pytest.approx(newest.weights, abs=1e-7)
         # An earlier row's spans end at its query and still sum to 1.
         early = matrix.row_view(3)

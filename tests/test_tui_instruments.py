@@ -497,7 +497,7 @@ def test_attention_groups_query_heads_and_shows_the_whole_prompts_matrix(tiny_mo
             window = screen.window
             assert window.bottom == n and window.left == 0  # the last row is the query: in view
             assert f"Query position {n - 1} " in shown
-            assert f"query rows {window.top}–{n - 1}, keys 0–{window.right - 1} of {n} shown" in shown
+            assert f"rows {window.top}–{n - 1}, keys 0–{window.right - 1} of {n} shown" in shown
             assert f"{expected.sink_share:.1%} of each row on average" in shown
             assert ("◆ attention sink" in shown) == expected.is_sink
             grid = screen.query_one("#grid")

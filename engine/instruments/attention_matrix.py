@@ -16,7 +16,7 @@ not another pass. Call these on the thread that owns the model (`engine.call`).
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -85,9 +85,7 @@ class PrefillMatrix:
         if not 0 <= query < self.size:
             raise ValueError(f"query must be in [0, {self.size - 1}], got {query}")
         weights = tuple(self.rows[query])
-        spans = [
-            Span(s.role, s.start, min(s.end, query + 1), s.message) for s in self.spans if s.start <= query
-        ]
+        spans = [replace(s, end=min(s.end, query + 1)) for s in self.spans if s.start <= query]
         return AttentionView(
             layer=self.layer,
             head=self.head,

@@ -70,7 +70,7 @@ def span_lines(view: AttentionView, width: int) -> list[Content]:
         lines.append(
             Content.assemble(
                 (f"{span_label(sw.span):<22}", "bold"),
-                f"{sw.span.tokens:>5} tokens  ",
+                f"{sw.span.tokens:>5} {'token ' if sw.span.tokens == 1 else 'tokens'}  ",
                 ("█" * filled, "$accent"),
                 ("░" * (width - filled), "$text-muted 30%"),
                 f" {sw.weight:6.1%}",
@@ -274,7 +274,7 @@ class AttentionScreen(InstrumentScreen):
             ("   head ", "bold"),
             head,
             ("  [ ]", "$text-muted"),
-            ("   query ↑↓ PgUp PgDn Home End · m: the newest row", "$text-muted"),
+            ("   query ↑↓ PgUp PgDn Home End", "$text-muted"),
         )
         if not self.matrix_mode:
             keys = (
@@ -360,18 +360,15 @@ class AttentionScreen(InstrumentScreen):
             return
         query = self._query()
         pieces = list(self.link.session.namer.pieces(matrix.ids))
-        rows = max(8, self.size.height - 26)  # room below for the chosen row's top positions
+        rows = max(8, self.size.height - 23)  # room below for the chosen row's top positions
         cols = max(16, self.size.width - LABEL_WIDTH - 4)
         window = self.window = window_for(matrix.size, query, self._top, rows, cols)
         self._top = window.top
         prefill = ""
         if matrix.prefilled is not None:
             start, end = matrix.prefilled
-            prefill = f" · rows {start}–{end - 1} were the last turn's prefill" if end > start else ""
-        self._status(
-            f"layer {matrix.layer}, head {matrix.head} (reads K/V head {matrix.kv_head}) · the causal matrix "
-            f"of one prefill over {matrix.context} cached positions{prefill}"
-        )
+            prefill = f" · rows {start}–{end - 1}: the last turn's prefill" if end > start else ""
+        self._status(f"the causal matrix of one prefill over {matrix.context} cached positions{prefill}")
         self.query_one("#window", Static).update(window_line(matrix, window))
         self.query_one("#grid", Static).update(Content("\n").join(grid_lines(matrix, window, query, pieces)))
         self.query_one("#sink", Static).update(sink_line(matrix, window))

@@ -99,8 +99,8 @@ def window_line(matrix: PrefillMatrix, window: Window) -> str:
     shown = (
         f"all {matrix.size} positions shown"
         if whole
-        else f"query rows {window.top}–{window.bottom - 1}, keys {window.left}–{window.right - 1} "
-        f"of {matrix.size} shown (the window follows the query: ↑↓ PgUp PgDn Home End)"
+        else f"rows {window.top}–{window.bottom - 1}, keys {window.left}–{window.right - 1} of {matrix.size} "
+        "shown: the window follows the query"
     )
     if matrix.context > matrix.size:
         shown += (
@@ -111,11 +111,10 @@ def window_line(matrix: PrefillMatrix, window: Window) -> str:
 
 
 def legend() -> Content:
-    parts: list = [("weight ", "bold")]
-    bounds = ["≥ 20%", "5–20%", "1–5%", "< 1%"]
-    for (_, char, style), bound in zip(SHADES, bounds):
-        parts += [(char * 2, style), f" {bound}   "]
-    parts += [(MASKED[0] * 2, MASKED[1]), " masked (a key after the query: exactly 0)"]
+    parts: list = []
+    for (_, char, style), bound in zip(SHADES, ["≥20%", "5–20%", "1–5%", "<1%"]):
+        parts += [(char * 2, style), f" {bound}  "]
+    parts += [(MASKED[0] * 2, MASKED[1]), " masked: exactly 0"]
     return Content.assemble(*parts)
 
 

@@ -59,7 +59,8 @@ INSTRUMENTS = """\
 | **F4** | sampler stages: how penalty, temperature, top-k, top-p, min-p reshape the step's distribution |
 | **F5** | tokenizer view: pieces and IDs, chat template, cached vs new; compare the cost of two texts |
 | **F6** | two phases measured: FLOP/s, bytes/s, arithmetic intensity against this machine's peaks |
-| **F7** | attention view by layer and head (slows decoding while open) |
+| **F7** | attention view by layer and head, query heads grouped under their K/V head; **m** the whole \
+prompt's causal matrix, ↑↓ choose the query row (slows decoding while open) |
 | **F8** | precision compare: the last turn at two precisions |
 
 Press **Esc** to close.
