@@ -96,7 +96,7 @@ INSTRUMENTS = (
     ),
 )
 BY_NAME = {i.name: i for i in INSTRUMENTS}
-REMOTE = {"inspector"}
+REMOTE = {"inspector", "tokenizer"}
 """Instruments that work from what a server sent (the rest need the weights or the decode loop)."""
 SHOWN: set[str] = set()
 """Instruments whose key the main footer shows (the 80-column footer is full: all are in
