@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from engine.events import DraftRound, ModelReady, TurnFinished, TurnStats, to_json
-from engine.instruments.phases import ModelShape
+from engine.instruments.phases import ModelShape, turn_phases
 from engine.instruments.verify_cost import measured_rounds, verify_cost
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -87,6 +87,13 @@ def test_a_verify_pass_moves_about_one_steps_bytes_for_k_plus_one_times_the_flop
     assert 5.0 <= cost.flops_ratio < 5.1  # a little over K+1: later drafts attend to more keys
 
 
+def test_a_speculative_answer_has_no_plain_decode_step_to_time(tiny_loaded):
+    shape = ModelShape.of(tiny_loaded)
+    assert turn_phases(shape, stats(20.0)).decode is not None
+    spec = turn_phases(shape, dataclasses.replace(stats(20.0, "lookup, K 4"), itl_p50_s=1e-5))
+    assert spec.decode is None and spec.prefill is not None
+
+
 def test_measured_rounds_time_the_usual_k():
     rounds = [
         DraftRound(1, "lookup", (1, 2, 3, 4), ("a",) * 4, 2, 9, 0.001, 0.030),
@@ -153,6 +160,7 @@ def test_the_app_shows_the_speed_up_and_f6_the_verify_pass(tiny_model_dir, tmp_p
             assert f"{ms(measured.verify_s)} (median of {measured.rounds})" in shown
             assert f"{ms(plain.itl_p50_s)} (answer 2, fused)" in shown
             assert f"{measured.verify_s / plain.itl_p50_s:.2f}×" in shown
+            assert "The last answer was speculative (lookup, K 4)" in shown
             assert info.precision == "fp32"
 
     asyncio.run(scenario())

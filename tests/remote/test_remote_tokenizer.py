@@ -103,7 +103,8 @@ def test_f5_shows_the_turn_and_the_costs_from_the_server(llama_server, tmp_path)
             finished = recorder.of(TurnFinished)[-1].stats
             assert f"prompt {finished.prompt_tokens} tokens" in shown
             assert f"{finished.generated_tokens} generated" in shown
-            assert f"{llama_server.url}'s own tokenizer" in shown
+            assert f"{llama_server.url}'s own tokenizer (/tokenize, /detokenize)" in shown
+            assert "$text-muted" not in shown
             assert "system (template)" in shown and "user #1" in shown
             assert not any("needs the local engine" in n.message for n in app._notifications)
 

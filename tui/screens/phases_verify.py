@@ -51,6 +51,14 @@ def verify_lines(
         ),
         _time_row(rounds, plain),
     ]
+    if stats is not None and stats.speculative is not None:
+        lines.append(
+            Content.styled(
+                f"The last answer was speculative ({stats.speculative}): its tokens came a round at a time, "
+                "so the table above times no plain decode step; its verify passes are timed here.",
+                "$text-warning",
+            )
+        )
     extra = cost.verify_bytes - cost.step_bytes
     lines.append(
         Content.styled(

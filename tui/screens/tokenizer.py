@@ -245,11 +245,7 @@ class TokenizerScreen(InstrumentScreen):
                 ("answer ", "bold"),
                 (f"{view.generated} generated", SOURCE_STYLES["generated"][0]),
                 f" · {len(view.pieces)} tokens in all ({label})",
-                *(
-                    (f"\n{self.server.client.shown}'s own tokenizer (/tokenize)", "$text-muted")
-                    if self.server
-                    else ()
-                ),
+                *self._source_line(),
                 *((f"\n{note}", "$text-muted") for note in notes),
             )
         )
@@ -258,6 +254,12 @@ class TokenizerScreen(InstrumentScreen):
         )
         self.query_one("#spans", Static).update(Content("\n").join(span_lines(view)))
         self.query_one("#template", Static).update(template_content(view, specials))
+
+    def _source_line(self) -> list[tuple[str, str]]:
+        """Whose tokenizer this is, when it is not the local one."""
+        if self.server is None:
+            return []
+        return [(f"\n{self.server.client.shown}'s own tokenizer (/tokenize, /detokenize)", "$text-muted")]
 
     # -- the turn, from a server's tokenizer ------------------------------------------------
     def _server_turn(self, answer: AnswerRef) -> None:
