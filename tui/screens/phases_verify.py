@@ -63,9 +63,11 @@ def verify_lines(
     lines.append(
         Content.styled(
             f"The weights (W = {human_bytes(shape.streamed_weight_bytes)}) are read once either way; the {k} "
-            f"extra tokens add {human_bytes(extra)} of K/V. A decode step waits on its bytes, not its "
-            f"arithmetic, so checking {k} drafts costs about one step: each kept draft is a token "
-            "without a step of its own. That is the reason speculation pays.",
+            f"extra tokens add {human_bytes(extra)} of K/V. Counted in bytes, checking {k} drafts is one "
+            "decode step: a step waits on its bytes, not its arithmetic, so the extra work rides along, and "
+            "each kept draft is a token without a step of its own. That is the reason speculation pays. "
+            "Where the measured ratio is well above 1, this machine does not run a few-row matmul at memory "
+            "speed (CPUs often do not): the pass then costs more than its bytes.",
             "$text-muted",
         )
     )
