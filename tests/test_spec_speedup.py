@@ -164,3 +164,13 @@ def test_the_app_shows_the_speed_up_and_f6_the_verify_pass(tiny_model_dir, tmp_p
             assert info.precision == "fp32"
 
     asyncio.run(scenario())
+
+
+def test_bench_speculative_reports_a_plain_step_beside_the_verify_round(tiny_loaded):
+    from engine.spec.bench import bench_speculative
+
+    result = bench_speculative(tiny_loaded, "lookup", 4, tokens=12, repeats=1, compile=False)
+    assert result["identical"]
+    for row in (result, *result["prompts"].values()):
+        assert row["plain_step_ms"] > 0 and row["verify_ms_per_round"] >= 0
+        assert row["speedup"] == pytest.approx(row["tok_s"] / row["plain_tok_s"], abs=2e-3)
