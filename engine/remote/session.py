@@ -275,7 +275,8 @@ class RemoteSession:
         self._noted_unsupported = names
 
     def cache_event(self) -> CacheChanged:
-        return self._cache_event(None)
+        """This chat's share is not known until a turn; the server-wide fill is asked now."""
+        return self._cache_event(None, fill=True)
 
     def _cache_event(self, tokens: int | None, fill: bool = False) -> CacheChanged:
         server_fill, source = cache_fill(self.client, self.server.dialect) if fill else (None, "")

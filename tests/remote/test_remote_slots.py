@@ -46,3 +46,13 @@ def test_the_fill_after_a_turn_on_the_real_server(llama_server):
     assert cache.server_fill == held / 2048
     assert cache.server_fill_source == f"/slots: {held:,} tokens held / 2,048 in 1 slot"
     session.close()
+
+
+def test_the_fill_is_read_on_connecting_before_any_turn(llama_server):
+    session = session_for(llama_server)
+    cache = session.cache_event()  # the worker sends this right after ModelReady
+    slots = httpx2.get(llama_server.root + "/slots", timeout=10).json()
+    held = sum(slot.get("n_prompt_tokens", 0) for slot in slots)
+    assert cache.tokens is None  # this chat holds nothing yet
+    assert cache.server_fill == held / 2048 and cache.server_fill_source.startswith("/slots: ")
+    session.close()
