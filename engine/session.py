@@ -120,6 +120,8 @@ class ChatSession:
         self._no_ids = torch.empty(0, dtype=torch.long, device=self.device)
         self.fast = None
         self.compiled = None
+        self.decoded_by: tuple[str | None, str] = (None, "")
+        """How the last answer was decoded (`_decoding`)."""
         if self.fast_path_wanted and fused.supports(self.model) is None:
             self.fast = fused.for_model(self.model, compiled=self.compile_wanted)
             if self.compile_wanted:
@@ -303,6 +305,7 @@ class ChatSession:
         detok: StreamingDetokenizer | None = None,
     ) -> Generator[Event, None, tuple[str, list[float], StopReason]]:
         """Sample, emit, and feed tokens until a stop; returns (text, latencies, stop reason)."""
+        self.decoded_by = self._decoding()
         if self.speculation is not None and not self.step_gate.enabled:
             from engine.spec import loop
 
@@ -440,6 +443,18 @@ class ChatSession:
             capacity=self.context,
         )
 
+    def _decoding(self) -> tuple[str | None, str]:
+        """(speculative setting or None, step path) of the answer about to be decoded, for its
+        TurnStats: a speed is comparable only with one decoded the same way."""
+        if self.step_gate.enabled:
+            return None, "step mode"
+        path = "reference" if self.fast is None else "fused"
+        if self.speculation is not None:  # a round's verify pass runs the eager fast path
+            return f"{self.speculation.drafter.name}, K {self.speculation.k}", path
+        if self.compiled is not None and self.compiled.ready.is_set():
+            path = "compiled"
+        return None, path
+
     def _stats(
         self, ids: list[int], reused: int, latencies: list[float], prefill_s: float, stop: StopReason
     ) -> TurnStats:
@@ -456,6 +471,8 @@ class ChatSession:
             prefill_tok_s=prefilled / prefill_s if prefill_s > 0 else 0.0,
             decode_tok_s=len(itl) / sum(itl) if itl and sum(itl) > 0 else 0.0,
             stop=stop,
+            speculative=self.decoded_by[0] if latencies else None,
+            step_path=self.decoded_by[1] if latencies else None,
         )
 
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Iterable
 
 from textual.binding import Binding
 
-from engine.events import Event, Forked, StepPaused, TurnFinished, TurnStats
+from engine.events import DraftRound, Event, Forked, PhaseChanged, StepPaused, TurnFinished, TurnStats
+from engine.spec.speedup import PlainBaseline, SpeedUp
 
 if TYPE_CHECKING:
     from textual.app import SystemCommand
@@ -96,7 +97,7 @@ INSTRUMENTS = (
     ),
 )
 BY_NAME = {i.name: i for i in INSTRUMENTS}
-REMOTE = {"inspector"}
+REMOTE = {"inspector", "tokenizer"}
 """Instruments that work from what a server sent (the rest need the weights or the decode loop)."""
 SHOWN: set[str] = set()
 """Instruments whose key the main footer shows (the 80-column footer is full: all are in
@@ -173,6 +174,13 @@ class Instruments:
         self.last_stats: TurnStats | None = None
         """The newest finished turn's measurements (for the two phases)."""
         self._fork: PendingFork | None = None
+        self.plain = PlainBaseline()
+        """Plain answers' decode speeds in this session: what speculation is measured against."""
+        self.speedup: SpeedUp | None = None
+        """The newest answer's speed-up over plain decoding, when it was speculative."""
+        self.spec_rounds: tuple[DraftRound, ...] = ()
+        """The rounds of the newest answer that had any (the phases view times a verify pass)."""
+        self._rounds: list[DraftRound] = []
 
     # -- the engine ----------------------------------------------------------------
     @property
@@ -256,12 +264,23 @@ class Instruments:
                 await self._forked(event)
             case TurnFinished(stats):
                 self.last_stats = stats
+                self._measure_speculation(stats)
                 self._turn_finished()
+            case DraftRound():
+                self._rounds.append(event)
+            case PhaseChanged(phase="prefill"):
+                self._rounds = []
         from tui.screens.instrument import InstrumentScreen
 
         for screen in self.app.screen_stack:
             if isinstance(screen, InstrumentScreen):
                 screen.engine_said(event)
+
+    def _measure_speculation(self, stats: TurnStats) -> None:
+        session = self.session
+        self.speedup = self.plain.finished(stats, session.info if session is not None else None)
+        if self._rounds:
+            self.spec_rounds, self._rounds = tuple(self._rounds), []
 
     # -- step mode --------------------------------------------------------------------
     @property

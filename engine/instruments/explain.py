@@ -62,7 +62,8 @@ EXPLANATIONS: dict[str, Explanation] = {
         "text the tokenizer saw rarely splits into many, sometimes mid-character: in SmolLM2 "
         "'How does inference work?' is 5 tokens and the same question in Korean is 32. The chat "
         "template wraps each message in special tokens. The marker shows which tokens came from "
-        "the K/V cache and which this turn had to prefill.",
+        "the K/V cache and which this turn had to prefill. With --server the pieces come from the "
+        "server's own tokenizer (its /tokenize and /detokenize), the one the model there reads.",
         "cost = tokens;  characters per token = len(text) / tokens;  prefilled = prompt tokens − reused",
     ),
     "phases": Explanation(
@@ -73,9 +74,11 @@ EXPLANATIONS: dict[str, Explanation] = {
         "arithmetic intensity, limited by compute. A decode step does the same reading for a "
         "single token: about 0.5 FLOP per byte at fp32, far below the machine's balance point, "
         "so it waits on memory. The bars compare the achieved rates with this machine's measured "
-        "peaks.",
+        "peaks. Speculative decoding uses that idle arithmetic: a verify pass over K drafts and the "
+        "last token reads the weights once, like one step, and does K+1 tokens' work.",
         "FLOPs ≈ 2·P·n + 4·layers·heads·d·pairs;  bytes ≈ W + kv·context;  intensity = FLOPs/bytes;  "
-        "memory-bound if intensity < peak FLOP/s ÷ bandwidth",
+        "memory-bound if intensity < peak FLOP/s ÷ bandwidth;  verify of K: FLOPs ≈ (K+1)× a step, "
+        "bytes ≈ 1× a step",
     ),
     "attention": Explanation(
         "Attention view",

@@ -19,8 +19,10 @@ from textual.widgets import Static
 from engine.events import Event, TurnFinished
 from engine.instruments import phases
 from engine.instruments.phases import Calibration, ModelShape, PhaseMeasure, TurnPhases, turn_phases
+from engine.instruments.verify_cost import measured_rounds
 from tui.fmt import human_bytes, ms
 from tui.screens.instrument import InstrumentScreen
+from tui.screens.phases_verify import verify_lines
 
 if TYPE_CHECKING:
     from tui.instruments import AnswerRef, Instruments
@@ -179,6 +181,8 @@ class PhasesScreen(InstrumentScreen):
         yield Static("Where each phase sits", classes="section")
         yield Static(id="roofline")
         yield Static(id="verdict")
+        yield Static("Speculative decoding: why a verify pass costs about one step", classes="section")
+        yield Static(id="verify")
 
     def on_mount(self) -> None:
         info = self.link.session.info
@@ -226,7 +230,20 @@ class PhasesScreen(InstrumentScreen):
             return
         self.draw()
 
+    def draw_verify(self) -> None:
+        """The verify pass against a decode step (tui/screens/phases_verify.py), kept apart from the
+        measurements: counted always, timed from this session's rounds and plain answers."""
+        link = self.link
+        info = link.session.info
+        stats = link.last_stats
+        path = stats.step_path if stats is not None and stats.speculative else "fused"
+        plain = link.plain.plain_for(info, path) or link.plain.newest(info)
+        k = getattr(link.app, "speculation", (None, 4))[1]
+        lines = verify_lines(self.shape, k, stats, measured_rounds(link.spec_rounds), plain)
+        self.query_one("#verify", Static).update(Content("\n").join(lines))
+
     def draw(self) -> None:
+        self.draw_verify()
         peaks = self.peaks
         if peaks is not None:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(peaks.measured_at))
