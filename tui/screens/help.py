@@ -57,6 +57,9 @@ INSTRUMENTS = """\
 | **F6** | two phases measured: FLOP/s, bytes/s, arithmetic intensity against this machine's peaks |
 | **F7** | attention view by layer and head (slows decoding while open) |
 | **F8** | precision compare: the last turn at two precisions |
+| **x** in F6 | context length is not free: TTFT and ITL measured at 16 … 2,048 tokens, \
+and when the KV cache outweighs the weights |
+| **e** in F2 | embeddings: the token's embedding row, its nearest tokens, what RoPE does to it |
 
 Press **Esc** to close.
 """
