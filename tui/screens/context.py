@@ -35,6 +35,32 @@ if TYPE_CHECKING:
     from tui.instruments import AnswerRef, Instruments
 
 CHART_HEIGHT = 6
+COLUMN = 8
+AXIS = 7
+"""Cells per size and for the axis labels in every chart, so the three line up (8 sizes fit 80 columns)."""
+
+
+def short_time(seconds: float) -> str:
+    """At most 7 characters: '20.0 ms', '1504 ms', '12.3 s'."""
+    return ms(seconds) if seconds < 10 else f"{seconds:.1f} s"
+
+
+def short_bytes(n: float) -> str:
+    """At most 7 characters: '720 KiB', '94 MiB', '5.6 MiB'."""
+    text = human_bytes(n)
+    number, unit = text.split()
+    return f"{float(number):.0f} {unit}" if float(number) >= 10 else text
+
+
+def beside(left: list[Content], right: list[Content], width: int, gap: int = 4) -> list[Content]:
+    """Two charts side by side when `width` holds both, else one above the other."""
+    left_width = max(line.cell_length for line in left)
+    if left_width + gap + max(line.cell_length for line in right) > width:
+        return [*left, Content(""), *right]
+    rows = max(len(left), len(right))
+    left = left + [Content("")] * (rows - len(left))
+    right = right + [Content("")] * (rows - len(right))
+    return [a + " " * (left_width - a.cell_length + gap) + b for a, b in zip(left, right)]
 
 
 def point_rows(points: list[ContextPoint], shape: CacheShape) -> list[Content]:
@@ -122,6 +148,9 @@ def contention(points: list[ContextPoint]) -> Content | None:
 
 class ContextScreen(InstrumentScreen):
     INSTRUMENT = "context"
+    DEFAULT_CSS = """
+    ContextScreen .charts { margin-top: 1; }
+    """
     BINDINGS = [
         Binding("escape", "close", "Stop / close"),
         Binding("r", "run", "Run again"),
@@ -141,16 +170,8 @@ class ContextScreen(InstrumentScreen):
         yield Static(id="intro")
         yield Static(id="status")
         yield Static(id="contention")
-        yield Static("Time to first token against prompt length", classes="section")
-        yield Static(id="ttft")
-        yield Static(
-            f"Inter-token latency against context (median of {DECODE_STEPS} steps)", classes="section"
-        )
-        yield Static(id="itl")
-        yield Static(
-            "KV cache bytes each decode step reads (top of the axis: the weights' W)", classes="section"
-        )
-        yield Static(id="kv")
+        yield Static(id="charts", classes="charts")
+        yield Static(id="kv", classes="charts")
         yield Static("Measured", classes="section")
         yield Static(id="table")
         yield Static(id="summary")
@@ -233,27 +254,43 @@ class ContextScreen(InstrumentScreen):
                 "$text-success",
             )
 
+    def on_resize(self) -> None:
+        if self.sizes:
+            self.draw()
+
     def draw(self) -> None:
         labels = [f"{n:,}" for n in self.sizes]
         measured = {p.context: p for p in self.points}
         ttft = [measured[n].ttft_s if n in measured else None for n in self.sizes]
         itl = [measured[n].itl_s if n in measured else None for n in self.sizes]
         kv = [float(self.shape.kv_bytes(n)) if n in measured else None for n in self.sizes]
-        self.query_one("#ttft", Static).update(
-            Content("\n").join(bar_chart(labels, ttft, ms, CHART_HEIGHT, "$text-primary"))
+
+        def chart(title: str, values, fmt, style: str, top: float | None = None) -> list[Content]:
+            lines = bar_chart(labels, values, fmt, CHART_HEIGHT, style, top=top, column=COLUMN, axis=AXIS)
+            return [Content.styled(title, "bold $text-primary"), *lines]
+
+        left = chart("Time to first token against prompt length", ttft, short_time, "$text-primary")
+        right = chart(
+            f"Inter-token latency against context (median of {DECODE_STEPS} steps)",
+            itl,
+            short_time,
+            "$text-success",
         )
-        self.query_one("#itl", Static).update(
-            Content("\n").join(bar_chart(labels, itl, ms, CHART_HEIGHT, "$text-success"))
-        )
+        self.query_one("#charts", Static).update(Content("\n").join(beside(left, right, self.size.width - 4)))
         self.query_one("#kv", Static).update(
             Content("\n").join(
-                bar_chart(
-                    labels, kv, human_bytes, CHART_HEIGHT, "$text-warning", top=float(self.shape.weight_bytes)
+                chart(
+                    "KV cache bytes each decode step reads (top of the axis: the weights' W)",
+                    kv,
+                    short_bytes,
+                    "$text-warning",
+                    top=float(self.shape.weight_bytes),
                 )
             )
         )
         if self.points:
             self.query_one("#table", Static).update(Content("\n").join(point_rows(self.points, self.shape)))
+        if len(self.points) > 1:
             self.query_one("#summary", Static).update(summary(self.points, self.shape))
         warning = contention(self.points)
         self.query_one("#contention", Static).update(warning or "")

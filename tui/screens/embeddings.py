@@ -135,7 +135,7 @@ class EmbeddingsScreen(InstrumentScreen):
         Binding("slash", "type", "Type text"),
     ]
     BODY_FOCUS = False
-    AUTO_FOCUS = None
+    AUTO_FOCUS = ""
     """The text box takes the focus only when asked for (the palette), so ← → move between chips."""
 
     def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:

@@ -29,16 +29,20 @@ def bar_chart(
     height: int = 8,
     style: str = "$text-primary",
     top: float | None = None,
+    column: int = 0,
+    axis: int = 1,
 ) -> list[Content]:
     """Lines of a column chart: the values above the bars, the labels under them.
 
     `values[i]` None: not measured yet (a dot). `top`: the axis' end, by default the largest value.
+    `column` and `axis`: the least width of a column and of the axis' labels (charts stacked
+    with the same ones line up).
     """
     shown = [v for v in values if v is not None]
     top = top if top is not None else max(shown, default=0.0)
     texts = [fmt(v) if v is not None else "" for v in values]
-    width = max([len(t) for t in labels] + [len(t) for t in texts] + [3]) + 1
-    axis = max(len(fmt(top)) if top > 0 else 1, 1)
+    width = max([len(t) for t in labels] + [len(t) for t in texts] + [3, column - 1]) + 1
+    axis = max(len(fmt(top)) if top > 0 else 1, axis)
     lines = [
         Content.assemble(" " * axis, " ", *((t.center(width), "$text-muted" if t else "") for t in texts))
     ]
