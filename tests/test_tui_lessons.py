@@ -282,3 +282,27 @@ def test_snapshot_embeddings(snap_compare, tiny_model_dir, tmp_path):
         await settled(pilot)
 
     assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
+
+
+# -- the text chart ------------------------------------------------------------------------------
+def test_bar_levels_fill_eighths_from_the_bottom():
+    from tui.widgets.bar_chart import bar_levels
+
+    assert bar_levels(10, 10, 2) == [8, 8]
+    assert bar_levels(5, 10, 2) == [0, 8]
+    assert bar_levels(7.5, 10, 2) == [4, 8]
+    assert bar_levels(0.01, 10, 2) == [0, 1]  # above zero never vanishes
+    assert bar_levels(0, 10, 2) == [0, 0]
+
+
+def test_a_chart_shows_values_labels_and_pending_points():
+    from tui.widgets.bar_chart import bar_chart
+
+    lines = [
+        line.plain for line in bar_chart(["16", "32", "64"], [1.0, 2.0, None], lambda v: f"{v:.1f} s", 2)
+    ]
+    assert "1.0 s" in lines[0] and "2.0 s" in lines[0]
+    assert lines[1].startswith("2.0 s┤") and "█" in lines[1]
+    assert "·" in lines[2]  # 64 not measured yet: a dot on the baseline
+    assert lines[-1].split() == ["16", "32", "64"]
+    assert len({len(line) for line in lines[1:-1]}) == 1  # the rows line up

@@ -250,3 +250,38 @@ class ContextSweep:
 
 def _initialized(cache: KVCache) -> bool:
     return all(layer.is_initialized for layer in cache.hf.layers)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m engine.instruments.context_sweep [MODEL] [--precision fp32] [--largest 2048]`:
+    the app's sweep without the app, one JSON line per size, then the crossovers."""
+    import argparse
+    import dataclasses
+    import json
+
+    from engine import models
+    from engine.session import ChatSession
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("model", nargs="?", default=models.DEFAULT_MODEL)
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--largest", type=int, default=LARGEST)
+    args = parser.parse_args(argv)
+    session = ChatSession(models.load(args.model, args.precision, "cpu"))
+    sweep = ContextSweep()
+    for n in sizes(session.context, args.largest):
+        print(json.dumps(dataclasses.asdict(sweep.measure(session, n))), flush=True)
+    for shape in (shape_of(session), LLAMA_2_7B, LLAMA_2_70B):
+        print(
+            json.dumps(
+                {
+                    **dataclasses.asdict(shape),
+                    "kv_bytes_per_token": shape.kv_bytes_per_token,
+                    "crossover": shape.crossover,
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
