@@ -63,10 +63,13 @@ def beside(left: list[Content], right: list[Content], width: int, gap: int = 4) 
     return [a + " " * (left_width - a.cell_length + gap) + b for a, b in zip(left, right)]
 
 
+SHORT_PATH = {"compiled step": "compiled", "eager fast path": "eager", "HF forward": "HF"}
+
+
 def point_rows(points: list[ContextPoint], shape: CacheShape) -> list[Content]:
-    """The measured table: one row per size."""
-    columns = ("context", "TTFT", "per prompt token", "ITL", "KV read/step", "of weights", "cores busy")
-    widths = (9, 10, 17, 10, 14, 11, 12)
+    """The measured table: one row per size (74 cells: it fits 80 columns)."""
+    columns = ("context", "TTFT", "per token", "ITL", "decode", "KV/step", "of W", "cores")
+    widths = (8, 9, 10, 9, 10, 11, 7, 10)
 
     def row(values, style: str = "") -> Content:
         return Content.assemble(*((str(v).rjust(w), style) for v, w in zip(values, widths)))
@@ -81,12 +84,28 @@ def point_rows(points: list[ContextPoint], shape: CacheShape) -> list[Content]:
                     ms(p.ttft_s),
                     f"{p.ttft_s / p.context * 1e3:.2f} ms",
                     ms(p.itl_s),
+                    SHORT_PATH.get(p.decode_path, p.decode_path),
                     human_bytes(kv),
                     f"{kv / shape.weight_bytes:.1%}",
                     f"{p.cpu_share:.1f} of {p.threads}",
                 )
             )
         )
+    if len({p.decode_path for p in points}) > 1:
+        lines.append(
+            Content.styled(
+                "The decode step changed during the sweep (the compiled step became ready): "
+                "compare ITL only between rows with the same decode step.",
+                "$text-warning",
+            )
+        )
+    lines.append(
+        Content.styled(
+            "per token: TTFT ÷ prompt tokens · KV/step: the cache bytes a decode step reads "
+            "(kv · context) · of W: as a share of the weights' bytes · cores: CPU seconds per second",
+            "$text-muted",
+        )
+    )
     return lines
 
 
@@ -108,7 +127,7 @@ def crossover_lines(this: CacheShape, window: int) -> list[Content]:
         )
         lines.append(
             Content.assemble(
-                (f"{shape.name:<14}", "bold"),
+                (shape.name + ":", "bold"),
                 f" W {human_bytes(shape.weight_bytes)}, kv 2·{shape.layers}·{shape.kv_heads}·"
                 f"{shape.head_dim}·{shape.element_bytes} = {shape.kv_bytes_per_token:,} B/token → ",
                 (f"c* = {shape.crossover:,} tokens", "bold $text-accent"),

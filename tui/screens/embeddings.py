@@ -82,18 +82,20 @@ def neighbour_lines(e: TokenEmbedding) -> list[Content]:
 
 
 def rope_lines(rope: RopeEffect) -> list[Content]:
-    label = 20
-    cell = 7
+    label = 12
+    cell = 6  # 12 + 10 distances · 6 = 72 cells: fits 80 columns
     lines = [
+        Content.styled(
+            "cos(x at position p, the same x at p + Δ), x rotated as the model rotates it:", "bold"
+        ),
         Content.assemble(
-            ("Δ positions".ljust(label), "bold"), *((f"{d:,}".rjust(cell), "bold") for d in rope.distances)
-        )
+            ("Δ =".ljust(label), "bold"), *((f"{d:,}".rjust(cell), "bold") for d in rope.distances)
+        ),
     ]
     for row in rope.rows:
-        name = f"{row.vector} at p={row.start:,} vs p+Δ"
         lines.append(
             Content.assemble(
-                name.ljust(label),
+                f"{row.vector}, p={row.start:,}".ljust(label),
                 *((f"{c:.3f}".rjust(cell), "$text-success" if c > 0.9 else "") for c in row.cosines),
             )
         )
@@ -133,6 +135,8 @@ class EmbeddingsScreen(InstrumentScreen):
         Binding("left", "move(-1)", "Token ←", show=False),
         Binding("right", "move(1)", "Token →"),
         Binding("slash", "type", "Type text"),
+        Binding("pagedown", "page(1)", "Page ↓", show=False),
+        Binding("pageup", "page(-1)", "Page ↑", show=False),
     ]
     BODY_FOCUS = False
     AUTO_FOCUS = ""
@@ -208,6 +212,10 @@ class EmbeddingsScreen(InstrumentScreen):
         self.source = f"the {len(ids)} token{'s' if len(ids) != 1 else ''} of {event.value!r}"
         self.set_focus(None)  # ← → now move between the new chips
         self._show_tokens()
+
+    def action_page(self, direction: int) -> None:
+        body = self.query_one("#body")
+        (body.scroll_page_down if direction > 0 else body.scroll_page_up)(animate=False)
 
     def action_type(self) -> None:
         self.query_one("#text", Input).focus()
