@@ -130,6 +130,7 @@ def test_a_token_outside_the_vocabulary_or_empty_text_is_refused(tiny_loaded):
         embeddings.tokens_of(session, "   ")
 
 
+@pytest.mark.real_model
 def test_smollm2_ties_its_embeddings_and_paris_sits_among_cities(smollm2):
     session = ChatSession(smollm2, GREEDY)
     [paris] = embeddings.tokens_of(session, " Paris")

@@ -161,6 +161,8 @@ class ContextSweep:
                 f"{n} tokens and {self.steps} decode steps do not fit the {session.context}-token window"
             )
         cancel = cancel or threading.Event()
+        if cancel.is_set():  # stopped while this point waited behind a chat turn
+            return None
         cache = self._ready_cache(session)
         prompt = self._prompt_of(session, n)
         wall, cpu = time.perf_counter(), time.process_time()
