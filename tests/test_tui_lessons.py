@@ -122,6 +122,10 @@ def test_esc_stops_the_sweep_and_a_second_esc_closes_it(tiny_model_dir, tmp_path
             await pilot.pause(0.1)
             assert [p.context for p in app.screen.points] == [16]
             assert "stopped after 1 of 5 sizes" in screen_text(app)
+            await pilot.press("r")  # runs again, from the first size
+            await wait_for(pilot, lambda: not app.screen.running and len(app.screen.points) == 5, timeout=120)
+            await pilot.pause(0.1)
+            assert "done: 5 sizes" in screen_text(app)
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.screen is app.default_screen)
 

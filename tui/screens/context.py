@@ -225,6 +225,8 @@ class ContextScreen(InstrumentScreen):
             return
         self.cancel = threading.Event()
         self.points = []
+        for old in ("#table", "#summary", "#contention"):  # the last run's; the charts restart empty
+            self.query_one(old, Static).update("")
         self.running = True
         self.run_worker(self._sweep(self.cancel), exclusive=True)
 
