@@ -273,27 +273,27 @@ class ChatSession:
             yield PrefillProgress(start + len(chunk), len(new_ids))
         return logits
 
-    def _forward(self, ids: list[int]) -> torch.Tensor:
-        """One forward pass over `ids` with the cache; the last position's logits."""
-        if (
-            len(ids) == 1
-            and len(self.cache)
-            and self.fast is not None
-            and self.compiled is not None
-            and self.compiled.ready.is_set()
-        ):
-            logits = self.compiled.step(self.fast, ids[0], self.cache)
-            self.cache.appended(ids)
+    def _forward(self, ids: list[int], cache: KVCache | None = None) -> torch.Tensor:
+        """One forward pass over `ids` with the cache (the chat's, or another an instrument
+        fills with the very same forward: engine/instruments/context_sweep.py); the last position's logits."""
+        cache = self.cache if cache is None else cache
+        if len(ids) == 1 and len(cache) and self.compiled_step_ready():
+            logits = self.compiled.step(self.fast, ids[0], cache)
+            cache.appended(ids)
             return logits
         inputs = torch.tensor([ids], device=self.device)
         if self.fast is not None:
-            logits = self.fast.forward(inputs, self.cache)
+            logits = self.fast.forward(inputs, cache)
         else:
-            logits = self.model(
-                input_ids=inputs, cache=self.cache.hf, use_cache=True, logits_to_keep=1
-            ).logits[0, -1]
-        self.cache.appended(ids)
+            logits = self.model(input_ids=inputs, cache=cache.hf, use_cache=True, logits_to_keep=1).logits[
+                0, -1
+            ]
+        cache.appended(ids)
         return logits
+
+    def compiled_step_ready(self) -> bool:
+        """A decode step (one token after a non-empty cache) runs the compiled step now."""
+        return self.fast is not None and self.compiled is not None and self.compiled.ready.is_set()
 
     def _decode(
         self,

@@ -15,6 +15,8 @@ INSTRUMENTS = {
     "attention_matrix",
     "precision",
     "kv_heads",
+    "context",
+    "embeddings",
 }
 
 

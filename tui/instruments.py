@@ -96,7 +96,24 @@ INSTRUMENTS = (
         "The last turn at two precisions: top-1 agreement, KL, first divergent token, speed and memory",
     ),
 )
-BY_NAME = {i.name: i for i in INSTRUMENTS}
+LESSONS = (
+    Instrument(
+        "context",
+        "x in F6",
+        "Context",
+        "Context length is not free",
+        "Prefill and decode at 16 ... 2,048 tokens: TTFT, ITL and when the KV cache outweighs the weights",
+    ),
+    Instrument(
+        "embeddings",
+        "e in F2",
+        "Embeddings",
+        "Embeddings",
+        "A token's embedding row: its norm, its nearest tokens by cosine, and what RoPE does to it",
+    ),
+)
+"""Views without an F-key of their own: opened from another instrument (`key` says where) or Ctrl+P."""
+BY_NAME = {i.name: i for i in INSTRUMENTS + LESSONS}
 REMOTE = {"inspector", "tokenizer"}
 """Instruments that work from what a server sent (the rest need the weights or the decode loop)."""
 SHOWN: set[str] = set()
@@ -117,6 +134,8 @@ SCREENS = {
     "phases": ("tui.screens.phases", "PhasesScreen"),
     "attention": ("tui.screens.attention", "AttentionScreen"),
     "precision": ("tui.screens.precision", "PrecisionScreen"),
+    "context": ("tui.screens.context", "ContextScreen"),
+    "embeddings": ("tui.screens.embeddings", "EmbeddingsScreen"),
 }
 """Each instrument's screen: module and class, each taking `(link, step=None, answer=None)`.
 Step mode has none: its key toggles the gate, and the gate opens `StepScreen` when it pauses."""
@@ -245,6 +264,12 @@ class Instruments:
                 f"Instrument: {instrument.title}",
                 f"{instrument.help} ({instrument.key.upper()})",
                 lambda name=instrument.name: self.open(name),
+            )
+        for lesson in LESSONS:
+            yield SystemCommand(
+                f"Lesson: {lesson.title}",
+                f"{lesson.help} ({lesson.key})",
+                lambda name=lesson.name: self.open(name),
             )
         from tui.screens.instrument import InstrumentScreen
 

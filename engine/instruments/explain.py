@@ -123,9 +123,37 @@ EXPLANATIONS: dict[str, Explanation] = {
         "to read per token; the cost is this drift.",
         "KL(P‖Q) = Σ_v P(v)·(ln P(v) − ln Q(v));  agreement = #{t : argmax Q_t = x_t} / steps",
     ),
+    "context": Explanation(
+        "Context length is not free",
+        "Each size is prefilled from an empty cache of the experiment's own (the chat's cache is "
+        "left as it was) and then decoded a few steps, with the chat's own forward. Prefill "
+        "multiplies every prompt token through every weight and attends over every pair of "
+        "tokens, so TTFT grows with the prompt (linearly, then faster as the pairs add up). A "
+        "decode step reads every weight once whatever the context, plus the K and V of every "
+        "cached position: ITL grows slowly while the weights dominate the bytes read, and the "
+        "cache's share grows with the context until, at c*, it outweighs them. Small models with "
+        "few KV heads reach c* late; grouped-query attention (fewer KV heads) pushes it further out.",
+        "TTFT(n) ≈ 2·P·n + 4·layers·heads·d·n²/2 FLOPs;  bytes per decode step = W + kv·c,  "
+        "kv = 2·layers·kv_heads·head_dim·bytes;  c* = W / kv",
+    ),
+    "embeddings": Explanation(
+        "Embeddings",
+        "A token enters the model as one row of the embedding table: a vector of hidden-size numbers "
+        "learned in training. Tokens used alike end up with rows pointing alike, so the nearest "
+        "rows by cosine similarity are often the same word in other spellings, or words of the "
+        "same kind. Where the table is tied to the LM head, the same row also scores the token as "
+        "the next one (its logit is the final hidden state · this row). The vector carries no "
+        "position: in each layer the query and key are rotated by an angle proportional to the "
+        "position (RoPE), a different speed for each pair of dimensions. Two rotations by p and "
+        "p+Δ differ by Δ alone, so the similarity of the same token at two positions, like the "
+        "attention score q·k, depends on how far apart they are, not where they are.",
+        "cos(a, b) = a·b / (‖a‖‖b‖);  RoPE: pair i turns by p·θ_i, θ_i = base^(−2i/d);  "
+        "cos(R_p q, R_{p+Δ} q) = Σ_i ‖q_i‖² cos(Δ·θ_i) / ‖q‖²",
+    ),
 }
 """Keyed by instrument: inspector, fork, step, stages, tokenizer, phases, attention (its matrix mode:
-attention_matrix), precision; kv_heads explains the KV panel's head-count table (Help, F1)."""
+attention_matrix), precision, and the lessons context and embeddings; kv_heads explains the KV
+panel's head-count table (Help, F1)."""
 
 
 def explain(instrument: str) -> Explanation:

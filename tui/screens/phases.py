@@ -166,7 +166,7 @@ def verdict(turn: TurnPhases, peaks: Calibration) -> list[Content]:
 
 class PhasesScreen(InstrumentScreen):
     INSTRUMENT = "phases"
-    BINDINGS = [Binding("c", "calibrate", "Calibrate again")]
+    BINDINGS = [Binding("c", "calibrate", "Calibrate again"), Binding("x", "context", "Context sweep")]
 
     def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
         super().__init__(link, step, answer)
@@ -201,6 +201,10 @@ class PhasesScreen(InstrumentScreen):
         if self.peaks is None:
             self.action_calibrate()
         self.draw()
+
+    def action_context(self) -> None:
+        """The context experiment: TTFT and ITL at 16 ... 2,048 tokens (tui/screens/context.py)."""
+        self.link.open("context")
 
     def action_calibrate(self) -> None:
         info = self.link.session.info
