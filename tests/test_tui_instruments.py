@@ -18,6 +18,7 @@ import threading
 import pytest
 from rich.cells import cell_len
 from textual.widgets import Input, Markdown
+from textual.widgets._toast import Toast
 
 from engine import models
 from engine.events import (
@@ -648,6 +649,8 @@ async def settled(pilot) -> None:
     """Let the throttled panels repaint, and drop notices (they time out at different moments)."""
     await pilot.pause(0.7)
     pilot.app.clear_notifications()
+    # a toast leaves on a later repaint: a fixed pause missed it on a busy machine
+    await wait_for(pilot, lambda: not pilot.app.screen.query(Toast))
     await pilot.pause(0.1)
 
 
