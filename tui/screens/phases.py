@@ -19,8 +19,10 @@ from textual.widgets import Static
 from engine.events import Event, TurnFinished
 from engine.instruments import phases
 from engine.instruments.phases import Calibration, ModelShape, PhaseMeasure, TurnPhases, turn_phases
+from engine.instruments.verify_cost import measured_rounds
 from tui.fmt import human_bytes, ms
 from tui.screens.instrument import InstrumentScreen
+from tui.screens.phases_verify import verify_lines
 
 if TYPE_CHECKING:
     from tui.instruments import AnswerRef, Instruments
@@ -164,7 +166,7 @@ def verdict(turn: TurnPhases, peaks: Calibration) -> list[Content]:
 
 class PhasesScreen(InstrumentScreen):
     INSTRUMENT = "phases"
-    BINDINGS = [Binding("c", "calibrate", "Calibrate again")]
+    BINDINGS = [Binding("c", "calibrate", "Calibrate again"), Binding("x", "context", "Context sweep")]
 
     def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
         super().__init__(link, step, answer)
@@ -179,6 +181,8 @@ class PhasesScreen(InstrumentScreen):
         yield Static("Where each phase sits", classes="section")
         yield Static(id="roofline")
         yield Static(id="verdict")
+        yield Static("Speculative decoding: why a verify pass costs about one step", classes="section")
+        yield Static(id="verify")
 
     def on_mount(self) -> None:
         info = self.link.session.info
@@ -197,6 +201,10 @@ class PhasesScreen(InstrumentScreen):
         if self.peaks is None:
             self.action_calibrate()
         self.draw()
+
+    def action_context(self) -> None:
+        """The context experiment: TTFT and ITL at 16 ... 2,048 tokens (tui/screens/context.py)."""
+        self.link.open("context")
 
     def action_calibrate(self) -> None:
         info = self.link.session.info
@@ -226,7 +234,20 @@ class PhasesScreen(InstrumentScreen):
             return
         self.draw()
 
+    def draw_verify(self) -> None:
+        """The verify pass against a decode step (tui/screens/phases_verify.py), kept apart from the
+        measurements: counted always, timed from this session's rounds and plain answers."""
+        link = self.link
+        info = link.session.info
+        stats = link.last_stats
+        path = stats.step_path if stats is not None and stats.speculative else "fused"
+        plain = link.plain.plain_for(info, path) or link.plain.newest(info)
+        k = getattr(link.app, "speculation", (None, 4))[1]
+        lines = verify_lines(self.shape, k, stats, measured_rounds(link.spec_rounds), plain)
+        self.query_one("#verify", Static).update(Content("\n").join(lines))
+
     def draw(self) -> None:
+        self.draw_verify()
         peaks = self.peaks
         if peaks is not None:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(peaks.measured_at))

@@ -12,6 +12,7 @@ from textual.content import Content
 from textual.widget import Widget
 
 from engine.events import DraftRound, PhaseChanged, PrefillProgress, TokenSampled, TurnStats
+from engine.spec.speedup import SpeedUp
 from tui.fmt import count, ms, sparkline
 
 BADGES = {
@@ -59,6 +60,8 @@ class PhasePanel(Widget):
         """Step mode: the index of the token waiting for the user's choice."""
         self.rounds: list[DraftRound] = []
         """This turn's speculative rounds (none without --speculative)."""
+        self.speedup: SpeedUp | None = None
+        """A finished speculative answer against plain decoding in this session."""
 
     # -- what the engine said -------------------------------------------------
     def clear(self) -> None:
@@ -77,7 +80,7 @@ class PhasePanel(Widget):
         if event.phase == "prefill":
             self.prompt_new, self.prompt_reused = event.tokens, event.reused
             self.progress, self.ttft_s, self.final = None, None, None
-            self.itl, self.tokens, self.rounds = [], 0, []
+            self.itl, self.tokens, self.rounds, self.speedup = [], 0, [], None
         self.refresh()
 
     def add_round(self, event: DraftRound, repaint: bool = True) -> None:
@@ -101,8 +104,8 @@ class PhasePanel(Widget):
         if repaint:
             self.refresh()
 
-    def finish(self, stats: TurnStats) -> None:
-        self.final, self.waiting_step = stats, None
+    def finish(self, stats: TurnStats, speedup: SpeedUp | None = None) -> None:
+        self.final, self.waiting_step, self.speedup = stats, None, speedup
         self.phase = "idle"
         self.ttft_s = stats.ttft_s
         self.refresh()
@@ -135,7 +138,17 @@ class PhasePanel(Widget):
             "\n",
             (sparkline(self.itl, max(10, self.content_size.width)), "$accent"),
             "\n",
-            (f"ITL of each token, newest right (top = {ms(max(self.itl, default=None))})", "$text-muted"),
+            self._caption(),
+        )
+
+    def _caption(self) -> Content:
+        """Under the sparkline; after a speculative answer, its speed against plain decoding instead."""
+        if self.final is not None and self.final.speculative is not None and self.speedup is not None:
+            if self.speedup.plain is None:
+                return Content.styled(self.speedup.short(), "$text-muted")
+            return Content.assemble(("speed-up ", "bold"), self.speedup.short())
+        return Content.styled(
+            f"ITL of each token, newest right (top = {ms(max(self.itl, default=None))})", "$text-muted"
         )
 
     def _why(self) -> Content:
