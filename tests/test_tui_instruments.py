@@ -649,8 +649,11 @@ async def settled(pilot) -> None:
     """Let the throttled panels repaint, and drop notices (they time out at different moments)."""
     await pilot.pause(0.7)
     pilot.app.clear_notifications()
-    # a toast leaves on a later repaint: a fixed pause missed it on a busy machine
-    await wait_for(pilot, lambda: not pilot.app.screen.query(Toast))
+    # Clearing updates the top screen only: a screen under a modal keeps its toasts until they
+    # time out, so whether one showed depended on the machine's speed.
+    for screen in pilot.app.screen_stack:
+        screen.query(Toast).remove()
+    await wait_for(pilot, lambda: not any(screen.query(Toast) for screen in pilot.app.screen_stack))
     await pilot.pause(0.1)
 
 
