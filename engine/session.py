@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Generator, Iterator
 
 import torch
 
+from engine.contention import ContentionMeter
 from engine.detok import PieceNamer, StreamingDetokenizer
 from engine.events import (
     CacheChanged,
@@ -245,6 +246,9 @@ class ChatSession:
         A fork continues an answer: its steps count from `first`, its text from `detok`.
         """
         started = time.perf_counter()
+        self.meter = ContentionMeter()
+        self.paused_s = 0.0
+        """Step mode: seconds this turn waited for the student (not the machine's time)."""
         reused = self.cache.reuse(ids)
         self.trace = AnswerTrace(tuple(ids), reused)
         new_ids = ids[reused:]
@@ -360,7 +364,9 @@ class ChatSession:
             top_k=self.candidates(draw),
         )
         chosen = self.step_gate.wait(self.cancel)
-        return chosen, time.perf_counter() - waiting
+        waited = time.perf_counter() - waiting
+        self.paused_s += waited
+        return chosen, waited
 
     def _stop_reason(
         self, sampled_eos: bool, generated: int, position: int | None = None
@@ -410,7 +416,10 @@ class ChatSession:
         yield forced
         if finished:  # the alternative ends the answer: nothing to compute
             self.trace = AnswerTrace(tuple(ids), reused)
-            text, stats = prefix + detok.flush(), self._stats(ids[:-1], reused, [], 0.0, "eos")
+            text, stats = (
+                prefix + detok.flush(),
+                self._stats(ids[:-1], reused, [], 0.0, "eos", measured=False),
+            )
         else:
             text, stats = yield from self.run(ids, first=step + 1, detok=detok)
             text = prefix + forced.text + text
@@ -441,8 +450,15 @@ class ChatSession:
         )
 
     def _stats(
-        self, ids: list[int], reused: int, latencies: list[float], prefill_s: float, stop: StopReason
+        self,
+        ids: list[int],
+        reused: int,
+        latencies: list[float],
+        prefill_s: float,
+        stop: StopReason,
+        measured: bool = True,
     ) -> TurnStats:
+        """The turn's figures; `measured` False where nothing ran (no CPU share to judge)."""
         itl = latencies[1:]
         prefilled = len(ids) - reused
         return TurnStats(
@@ -456,6 +472,7 @@ class ChatSession:
             prefill_tok_s=prefilled / prefill_s if prefill_s > 0 else 0.0,
             decode_tok_s=len(itl) / sum(itl) if itl and sum(itl) > 0 else 0.0,
             stop=stop,
+            contention=self.meter.stop(self.paused_s) if measured else None,
         )
 
 

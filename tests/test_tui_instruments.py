@@ -408,9 +408,14 @@ def test_phases_measure_the_last_turn_against_a_calibration_made_once(tiny_model
             # Bytes in one unit system, the panels' (binary): bandwidth in MiB/s or GiB/s, never MB/s.
             assert human_bytes(peaks.bandwidth_bytes_s) + "/s" in shown and "iB/s" in shown
             assert not any(unit in shown for unit in (" kB/s", " MB/s", " GB/s", " TB/s"))
-            assert (
-                f"decode: {turn.decode.intensity:,.1f} FLOP/B < {peaks.balance:,.1f}: memory-bound" in shown
+            memory_roof = (
+                f"{turn.decode.intensity:,.1f} FLOP/B < balance {peaks.balance:,.1f}, so its roof is memory"
             )
+            assert f"decode, per step: {memory_roof}" in shown
+            # How far below the roof, and the median and spread of the calibration's runs.
+            assert f"{turn.decode.roof_use(peaks):.1%} of it" in shown
+            assert len(peaks.matmul_runs) == phases.CALIBRATION_RUNS and "median of 5 runs" in shown
+            assert "decode, per step" in shown and "/step" in shown
             # Opened again, it reads the saved calibration instead of measuring.
             await pilot.press("escape")
             await opened(pilot, "f6", PhasesScreen)

@@ -151,6 +151,11 @@ def _shape(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: 
     return q.new_empty(q.shape)
 
 
+def is_loaded() -> bool:
+    """The kernel is built and loaded (by the background compile job)."""
+    return _loaded.is_set()
+
+
 def can_attend(keys: torch.Tensor) -> bool:
     """Whether the kernel can attend over `keys` now (loaded; a float32 cache on the CPU)."""
     return _loaded.is_set() and keys.device.type == "cpu" and keys.dtype == torch.float32

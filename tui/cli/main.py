@@ -509,8 +509,14 @@ def stats_line(stats) -> str:
         f"TTFT {stats.ttft_s * 1000:.0f} ms | ITL p50 {stats.itl_p50_s * 1000:.1f} ms "
         f"p90 {stats.itl_p90_s * 1000:.1f} ms | "
         f"prefill {stats.prefill_tok_s:.0f} tok/s | decode {stats.decode_tok_s:.1f} tok/s | "
-        f"{stats.generated_tokens} tokens | stop: {stats.stop}{remote.server_figures(stats.server)}]"
+        f"{stats.generated_tokens} tokens | stop: {stats.stop}{remote.server_figures(stats.server)}"
+        f"{contention_part(stats.contention)}]"
     )
+
+
+def contention_part(contention) -> str:
+    """' | CPU share 97%, load 0.9 on 2 cores', or the busy-machine warning; '' where not measured."""
+    return "" if contention is None else f" | {contention.describe()}"
 
 
 if __name__ == "__main__":

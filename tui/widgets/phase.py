@@ -1,4 +1,5 @@
-"""The phase panel: IDLE / PREFILL / DECODE at a glance, TTFT, ITL, tokens/s and a latency sparkline.
+"""The phase panel: IDLE / PREFILL / DECODE at a glance, which decode step runs (eager, compiled,
+still compiling), TTFT, ITL, tokens/s with the CPU share they were measured at, and a latency sparkline.
 
 Drawn by `render()` at a fixed height, so an update repaints this panel only (no layout pass).
 Given a single line (small terminals), it draws a one-line strip instead.
@@ -7,11 +8,13 @@ Given a single line (small terminals), it draws a one-line strip instead.
 from __future__ import annotations
 
 import statistics
+import time
 
 from textual.content import Content
+from textual.timer import Timer
 from textual.widget import Widget
 
-from engine.events import DraftRound, PhaseChanged, PrefillProgress, TokenSampled, TurnStats
+from engine.events import DecodeStep, DraftRound, PhaseChanged, PrefillProgress, TokenSampled, TurnStats
 from tui.fmt import count, ms, sparkline
 
 BADGES = {
@@ -24,6 +27,40 @@ WHY = {
     "prefill": "the whole prompt at once: compute-bound",
     "decode": "one token per step: memory-bound",
 }
+
+
+STEPS = {"compiled": "compiled", "eager": "eager fused", "hf": "transformers forward"}
+
+
+def elapsed(seconds: float) -> str:
+    """0:07, 1:05: a build's running time."""
+    whole = int(seconds)
+    return f"{whole // 60}:{whole % 60:02d}"
+
+
+def step_line(step: DecodeStep | None, building_s: float | None = None) -> Content:
+    """Which decode step runs and why, in one line; `building_s` the compile's running time now."""
+    if step is None:
+        return Content.styled("decode step: not known yet", "$text-muted")
+    attention = "" if step.step == "hf" else f" · attention {step.attention}"
+    head = (("step ", "bold"), f"{STEPS[step.step]}{attention}", " ")
+    if step.compile == "building":
+        shown = step.elapsed_s if building_s is None else building_s
+        return Content.assemble(
+            *head, (f"· compiling {elapsed(shown)}… ", "$text-warning"), ("(eager meanwhile)", "$text-muted")
+        )
+    if step.compile in ("failed", "given up"):
+        return Content.assemble(*head, (f"· {step.why}", "$text-error"))
+    return Content.assemble(*head, (f"({step.why})", "$text-muted"))
+
+
+def step_word(step: DecodeStep | None, building_s: float | None = None) -> str:
+    """The decode step in a word or two, for the one-line strip."""
+    if step is None:
+        return ""
+    if step.compile == "building":
+        return f" · eager, compiling {elapsed(step.elapsed_s if building_s is None else building_s)}"
+    return f" · {STEPS[step.step]}"
 
 
 def prefill_rate(stats: TurnStats) -> str:
@@ -40,7 +77,7 @@ def prefill_rate(stats: TurnStats) -> str:
 
 class PhasePanel(Widget):
     DEFAULT_CSS = """
-    PhasePanel { height: 8; border: round $primary 50%; border-title-color: $text; padding: 0 1;
+    PhasePanel { height: 10; border: round $primary 50%; border-title-color: $text; padding: 0 1;
         text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
@@ -59,8 +96,34 @@ class PhasePanel(Widget):
         """Step mode: the index of the token waiting for the user's choice."""
         self.rounds: list[DraftRound] = []
         """This turn's speculative rounds (none without --speculative)."""
+        self.decode_step: DecodeStep | None = None
+        self._build_started = 0.0
+        """time.monotonic() when the compile shown started (its elapsed time counts on from it)."""
+        self._ticker: Timer | None = None
+
+    def on_mount(self) -> None:
+        self._ticker = self.set_interval(1.0, self.refresh, pause=True)
 
     # -- what the engine said -------------------------------------------------
+    def set_decode_step(self, step: DecodeStep | None) -> None:
+        """What runs a decode step now (None: unknown, e.g. a server decodes); while a compile
+        builds, its elapsed time counts on each second."""
+        self.decode_step = step
+        self._build_started = time.monotonic() - (step.elapsed_s if step else 0.0)
+        if self._ticker is not None:
+            if step is not None and step.compile == "building":
+                self._ticker.resume()
+            else:
+                self._ticker.pause()
+        self.refresh()
+
+    @property
+    def building_s(self) -> float | None:
+        step = self.decode_step
+        if step is None or step.compile != "building":
+            return None
+        return time.monotonic() - self._build_started
+
     def clear(self) -> None:
         """Nothing measured yet (a new chat, or a resumed one: the figures of the last turn are gone)."""
         self.phase, self.prompt_new, self.prompt_reused, self.progress = "idle", 0, 0, None
@@ -121,6 +184,8 @@ class PhasePanel(Widget):
             "\n",
             self._why(),
             "\n",
+            step_line(self.decode_step, self.building_s),
+            "\n",
             ("TTFT ", "bold"),
             ms(self.ttft_s),
             "  ",
@@ -132,6 +197,8 @@ class PhasePanel(Widget):
             "  ",
             ("prefill ", "bold"),
             prefill,
+            "\n",
+            self._contention(),
             "\n",
             (sparkline(self.itl, max(10, self.content_size.width)), "$accent"),
             "\n",
@@ -155,11 +222,28 @@ class PhasePanel(Widget):
             f"{ms(sum(r.verify_s for r in self.rounds) / n)} a round",
         )
 
+    def _contention(self) -> Content:
+        """Beside the figures: the CPU share they were measured at; a warning on a busy machine."""
+        measured = self.final.contention if self.final is not None else None
+        if measured is None:
+            return Content.styled("measured at: (after a turn) the CPU share this process got", "$text-muted")
+        if measured.busy:
+            return Content.styled(f"⚠ {measured.describe()}", "bold $text-warning")
+        return Content.styled(f"measured at {measured.describe()}", "$text-muted")
+
     def _strip(self) -> Content:
         """The one-line form for small terminals."""
         label, style = BADGES[self.phase]
         numbers = f"TTFT {ms(self.ttft_s)} · ITL {ms(self.median_itl)} · {self.decode_tok_s:.1f} tok/s"
-        return Content.assemble((f" {label} ", style), " ", self._detail(), ("  " + numbers, "$text-muted"))
+        busy = self.final is not None and self.final.contention is not None and self.final.contention.busy
+        return Content.assemble(
+            (f" {label} ", style),
+            " ",
+            self._detail(),
+            ("  " + numbers, "$text-muted"),
+            ("  ⚠ busy machine" if busy else "", "$text-warning"),
+            (step_word(self.decode_step, self.building_s), "$text-muted"),
+        )
 
     def _server_figures(self) -> Content:
         """Why the phase costs what it does; after a server's turn, its own figures instead."""
