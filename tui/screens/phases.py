@@ -216,8 +216,8 @@ def machine_line(peaks: Calibration) -> Content:
     if peaks.matmul_runs:
         flops, reads = Spread.of(peaks.matmul_runs), Spread.of(peaks.bandwidth_runs)
         spread = (
-            f"median of {flops.runs} runs · matmul {si(flops.low, '')}–{si(flops.high, 'FLOP/s')}"
-            f" · bandwidth {human_bytes(reads.low)}–{human_bytes(reads.high)}/s"
+            f"median of {flops.runs} runs · matmul {si(flops.low, 'FLOP/s')} to {si(flops.high, 'FLOP/s')}"
+            f" · bandwidth {human_bytes(reads.low)}/s to {human_bytes(reads.high)}/s"
         )
         if peaks.cpu_share is not None:
             spread += f" · CPU share {peaks.cpu_share:.0%}"
