@@ -47,12 +47,12 @@ class FakeBuild:
     [
         (FakeBuild("building", started_ago=12), "eager", "building", "compiling in the background"),
         (FakeBuild("ready", compile_s=58), "compiled", "ready", "torch.compile, ready after 58 s"),
-        (FakeBuild("failed", error="no C++ compiler"), "eager", "failed", "compile failed (no C++ compiler)"),
+        (FakeBuild("failed", error="no C++ compiler"), "eager", "failed", "compile failed: no C++ compiler"),
         (
-            FakeBuild("given up", error="the background build ran past 900 s"),
+            FakeBuild("given up", error="the build ran past 900 s"),
             "eager",
             "given up",
-            "compile given up (the background build ran past 900 s); the eager fast path serves",
+            "compile given up: the build ran past 900 s",
         ),
         (FakeBuild("stopped"), "eager", "stopped", "compile stopped"),
     ],

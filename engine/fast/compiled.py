@@ -99,7 +99,7 @@ class CompiledDecode:
             notes, timed_out = _fill_cache_in_a_subprocess(*self.source, self._child_started)
             self._note(notes)
             if timed_out:
-                self._give_up(f"the background build ran past {CHILD_TIMEOUT_S:.0f} s", started)
+                self._give_up(f"the build ran past {CHILD_TIMEOUT_S:.0f} s", started)
                 return
         if self._stopped:
             return

@@ -41,7 +41,7 @@ def decode_step(session: ChatSession) -> DecodeStep:
     state = build.state
     if state == "ready":
         kernel = "SDPA" if build.attention_error else _attention(session)
-        why = f"torch.compile, ready after {build.compile_s:.0f} s in the background"
+        why = f"torch.compile, ready after {build.compile_s:.0f} s"
         if build.attention_error:
             why += f"; attention by SDPA ({build.attention_error})"
         return DecodeStep("compiled", kernel, "ready", why, build.compile_s)
@@ -49,8 +49,8 @@ def decode_step(session: ChatSession) -> DecodeStep:
         elapsed = time.monotonic() - build.started
         return DecodeStep("eager", _attention(session), "building", BUILDING, elapsed)
     why = {
-        "failed": f"compile failed ({build.error}); the eager fast path serves",
-        "given up": f"compile given up ({build.error}); the eager fast path serves",
+        "failed": f"compile failed: {build.error}",
+        "given up": f"compile given up: {build.error}",
         "stopped": "compile stopped: the model or precision changed",
     }[state]
     return DecodeStep("eager", _attention(session), state, why, build.compile_s)

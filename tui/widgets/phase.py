@@ -39,19 +39,22 @@ def elapsed(seconds: float) -> str:
 
 
 def step_line(step: DecodeStep | None, building_s: float | None = None) -> Content:
-    """Which decode step runs and why, in one line; `building_s` the compile's running time now."""
+    """Which decode step runs, and why, in two lines; `building_s` the compile's running time now."""
     if step is None:
-        return Content.styled("decode step: not known yet", "$text-muted")
-    attention = "" if step.step == "hf" else f" · attention {step.attention}"
-    head = (("step ", "bold"), f"{STEPS[step.step]}{attention}", " ")
+        return Content.styled("decode step: not known yet\n", "$text-muted")
     if step.compile == "building":
         shown = step.elapsed_s if building_s is None else building_s
         return Content.assemble(
-            *head, (f"· compiling {elapsed(shown)}… ", "$text-warning"), ("(eager meanwhile)", "$text-muted")
+            ("decode step ", "bold"),
+            f"{STEPS[step.step]} · {step.attention}",
+            (f" · compiling {elapsed(shown)}…", "bold $text-warning"),
+            "\n",
+            ("the compiled step takes over when it is ready", "$text-muted"),
         )
-    if step.compile in ("failed", "given up"):
-        return Content.assemble(*head, (f"· {step.why}", "$text-error"))
-    return Content.assemble(*head, (f"({step.why})", "$text-muted"))
+    attention = "" if step.step == "hf" else f" · attention {step.attention}"
+    head = (("decode step ", "bold"), f"{STEPS[step.step]}{attention}")
+    style = "$text-error" if step.compile in ("failed", "given up") else "$text-muted"
+    return Content.assemble(*head, "\n", (step.why, style))
 
 
 def step_word(step: DecodeStep | None, building_s: float | None = None) -> str:
@@ -77,7 +80,7 @@ def prefill_rate(stats: TurnStats) -> str:
 
 class PhasePanel(Widget):
     DEFAULT_CSS = """
-    PhasePanel { height: 10; border: round $primary 50%; border-title-color: $text; padding: 0 1;
+    PhasePanel { height: 11; border: round $primary 50%; border-title-color: $text; padding: 0 1;
         text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
@@ -226,10 +229,13 @@ class PhasePanel(Widget):
         """Beside the figures: the CPU share they were measured at; a warning on a busy machine."""
         measured = self.final.contention if self.final is not None else None
         if measured is None:
-            return Content.styled("measured at: (after a turn) the CPU share this process got", "$text-muted")
-        if measured.busy:
-            return Content.styled(f"⚠ {measured.describe()}", "bold $text-warning")
-        return Content.styled(f"measured at {measured.describe()}", "$text-muted")
+            return Content.styled("CPU share: measured after a turn", "$text-muted")
+        share = f"CPU share {measured.cpu_share:.0%}" if measured.cpu_share is not None else ""
+        if measured.busy:  # the load, which only backs the share up, is in the chat's line and F6
+            return Content.styled(
+                f"⚠ busy machine, figures slowed: {share or measured.figures()}", "bold $text-warning"
+            )
+        return Content.styled(f"measured at {measured.figures()}", "$text-muted")
 
     def _strip(self) -> Content:
         """The one-line form for small terminals."""
