@@ -384,7 +384,8 @@ def _prob(p: float) -> float:
     return math.floor(p * 1e6) / 1e6
 
 
-def _contention(c: Contention) -> dict[str, Any]:
+def contention_json(c: Contention) -> dict[str, Any]:
+    """The JSON form of a `Contention` (turn events, bench results)."""
     share = None if c.cpu_share is None else round(c.cpu_share, 3)
     load = None if c.load_1m is None else round(c.load_1m, 2)
     return {"cpu_share": share, "source": c.source, "load_1m": load, "cores": c.cores, "busy": c.busy}
@@ -458,7 +459,7 @@ def to_json(event: Event) -> dict[str, Any]:
             if stats.server is not None:
                 turn["server"] = dataclasses.asdict(stats.server)
             if stats.contention is not None:
-                turn["contention"] = _contention(stats.contention)
+                turn["contention"] = contention_json(stats.contention)
             if error:
                 turn["error"] = error
             return turn

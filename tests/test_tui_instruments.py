@@ -511,6 +511,10 @@ def test_precision_compare_shows_the_engine_comparison(tiny_model_dir, tmp_path)
             first = expected.first_divergence
             assert ("first divergent token none" in shown) == (first is None)
             assert [s.token for s in app.screen.result.steps] == [s.token for s in expected.steps]
+            # Beside the times: the step both sides ran and the CPU share they were measured at.
+            measured = app.screen.result.contention
+            assert measured is not None and measured.figures() in shown
+            assert "the uncompiled forward" in shown
 
     run(scenario)
 
@@ -568,6 +572,13 @@ def test_instruments_wait_for_a_loaded_model(tmp_path):
 
 
 # -- snapshots --------------------------------------------------------------------------------
+class SteadyMeter:
+    """ContentionMeter for snapshots: the same CPU share every time."""
+
+    def stop(self, paused_s: float = 0.0) -> Contention:
+        return STEADY_SHARE
+
+
 class FakeClock:
     """perf_counter for precision_compare: every reading 10 ms after the one before."""
 
@@ -585,6 +596,9 @@ FIXED_PEAKS = Calibration(
     matmul_flop_s=40e9,
     bandwidth_bytes_s=12e9,
     measured_at=1_767_225_600.0,
+    matmul_runs=(40e9, 31e9, 42e9, 38e9, 41e9),
+    bandwidth_runs=(12e9, 11e9, 12.5e9, 9e9, 12.2e9),
+    cpu_share=0.96,
 )
 
 
@@ -667,7 +681,7 @@ def test_snapshot_phases(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
 
         time.tzset()
         await answered(pilot, recorder_of(pilot))
-        await opened(pilot, "f6", PhasesScreen, "bound by")
+        await opened(pilot, "f6", PhasesScreen, "under the roof of")
         await settled(pilot)
 
     assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
@@ -686,6 +700,7 @@ def test_snapshot_attention(snap_compare, tiny_model_dir, tmp_path):
 
 def test_snapshot_precision_compare(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(precision_compare, "time", FakeClock())
+    monkeypatch.setattr(precision_compare, "ContentionMeter", SteadyMeter)
     # The KL digits come from bf16 prefill upcast to fp32; a CPU with native bf16 matmuls
     # (engine/fast/fused.py) would print others.
     monkeypatch.setattr(fused, "cpu_matmul_native", lambda dtype: False)

@@ -72,10 +72,15 @@ EXPLANATIONS: dict[str, Explanation] = {
         "all prompt tokens through at once, reading each weight once for many tokens: high "
         "arithmetic intensity, limited by compute. A decode step does the same reading for a "
         "single token: about 0.5 FLOP per byte at fp32, far below the machine's balance point, "
-        "so it waits on memory. The bars compare the achieved rates with this machine's measured "
-        "peaks.",
+        "so its roof is memory. The roof is the most a phase could reach; the view says how close "
+        "it came. A small model on a CPU often stays far below both roofs: then fixed costs per "
+        "pass (Python, launching each small op, the sampler) or other programs on the machine "
+        "limit it, not arithmetic or memory. Decode figures are per step (the median step). The "
+        "peaks are the median of 5 calibration runs (c measures again), shown with their range; a "
+        "turn or calibration that got under 70% of the CPU it asked for is flagged as measured on "
+        "a busy machine.",
         "FLOPs ≈ 2·P·n + 4·layers·heads·d·pairs;  bytes ≈ W + kv·context;  intensity = FLOPs/bytes;  "
-        "memory-bound if intensity < peak FLOP/s ÷ bandwidth",
+        "roof = min(peak FLOP/s, intensity × bandwidth);  reached = achieved ÷ roof",
     ),
     "attention": Explanation(
         "Attention view",

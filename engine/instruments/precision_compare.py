@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from engine import models
+from engine.contention import ContentionMeter
+from engine.events import Contention
 from engine.fast import fused
 from engine.kvcache import KVCache
 from engine.models import LoadedModel
@@ -68,6 +70,8 @@ class PrecisionComparison:
     other: SideStats
     steps: tuple[StepCompare, ...]
     prompt_tokens: int
+    contention: Contention | None = None
+    """The CPU share the comparison got: on a busy machine its times are not the precisions' own."""
 
     @property
     def agreement(self) -> float:
@@ -130,6 +134,7 @@ def compare_precisions(
     from engine.session import PREFILL_CHUNK
 
     ref, oth = _Runner(reference, PREFILL_CHUNK), _Runner(other, PREFILL_CHUNK)
+    meter = ContentionMeter()
     with torch.inference_mode():
         ref_lp, ref_prefill = ref.feed(prompt_ids)
         oth_lp, oth_prefill = oth.feed(prompt_ids)
@@ -157,6 +162,7 @@ def compare_precisions(
         other=_side(other, oth_prefill, oth_itl),
         steps=tuple(steps),
         prompt_tokens=len(prompt_ids),
+        contention=meter.stop(),
     )
 
 
