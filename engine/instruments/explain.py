@@ -67,18 +67,14 @@ EXPLANATIONS: dict[str, Explanation] = {
     ),
     "phases": Explanation(
         "Two phases, measured",
-        "Every weight is used twice per token (a multiply and an add), so a forward pass costs "
-        "about 2 FLOPs per parameter per token, plus attention over the context. Prefill pushes "
-        "all prompt tokens through at once, reading each weight once for many tokens: high "
-        "arithmetic intensity, limited by compute. A decode step does the same reading for a "
-        "single token: about 0.5 FLOP per byte at fp32, far below the machine's balance point, "
-        "so its roof is memory. The roof is the most a phase could reach; the view says how close "
-        "it came. A small model on a CPU often stays far below both roofs: then fixed costs per "
-        "pass (Python, launching each small op, the sampler) or other programs on the machine "
-        "limit it, not arithmetic or memory. Decode figures are per step (the median step). The "
-        "peaks are the median of 5 calibration runs (c measures again), shown with their range; a "
-        "turn or calibration that got under 70% of the CPU it asked for is flagged as measured on "
-        "a busy machine.",
+        "A forward pass costs about 2 FLOPs per parameter per token, plus attention over the "
+        "context. Prefill reads each weight once for all prompt tokens: high arithmetic intensity, "
+        "so its roof is compute. A decode step reads them all for one token, about 0.5 FLOP per "
+        "byte at fp32, so its roof is memory. The roof is the most a phase could reach; the view "
+        "says how close it came (decode figures are per step). Far below both roofs, fixed costs "
+        "per pass (Python, small ops, the sampler) or other programs limit it. The peaks are the "
+        "median of 5 runs (c measures again); a turn or calibration that got under 70% of the "
+        "CPU it wanted is flagged as measured on a busy machine.",
         "FLOPs ≈ 2·P·n + 4·layers·heads·d·pairs;  bytes ≈ W + kv·context;  intensity = FLOPs/bytes;  "
         "roof = min(peak FLOP/s, intensity × bandwidth);  reached = achieved ÷ roof",
     ),
