@@ -242,13 +242,14 @@ class PhasePanel(Widget):
         label, style = BADGES[self.phase]
         numbers = f"TTFT {ms(self.ttft_s)} · ITL {ms(self.median_itl)} · {self.decode_tok_s:.1f} tok/s"
         busy = self.final is not None and self.final.contention is not None and self.final.contention.busy
+        # The busy flag and the step first: at 80 columns the end of the line is cut.
         return Content.assemble(
             (f" {label} ", style),
-            " ",
-            self._detail(),
-            ("  " + numbers, "$text-muted"),
-            ("  ⚠ busy machine" if busy else "", "$text-warning"),
+            (" ⚠ busy machine" if busy else "", "bold $text-warning"),
+            (" " + numbers, "$text-muted"),
             (step_word(self.decode_step, self.building_s), "$text-muted"),
+            "  ",
+            self._detail(),
         )
 
     def _server_figures(self) -> Content:
