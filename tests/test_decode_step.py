@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.events import DecodeStep, ModelReady, to_json
-from engine.fast import compiled, which
+from engine.fast import attention, compiled, which
 from engine.fast.which import COMPILE_OFF, decode_step
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -110,3 +110,35 @@ def test_the_worker_says_which_step_after_a_load(tiny_model_dir):
 
 def test_the_words_for_the_building_state_are_the_panels():
     assert which.BUILDING.startswith("compiling in the background")
+
+
+def test_the_worker_says_building_then_failed_when_the_compile_breaks(tiny_model_dir, monkeypatch):
+    def broken(fn, **kwargs):
+        def step(*args):
+            raise RuntimeError("no C++ compiler found")
+
+        return step
+
+    monkeypatch.setattr(torch, "compile", broken)
+    building = threading.Event()  # the background build waits until the test has seen "building"
+    monkeypatch.setattr(
+        compiled, "_fill_cache_in_a_subprocess", lambda *args: (building.wait(60), ([], False))[1]
+    )
+    monkeypatch.setattr(attention, "load", lambda: "no compiler")
+    events: queue.Queue = queue.Queue()
+    worker = InferenceWorker(events.put, compile=True)
+    try:
+        worker.load(str(tiny_model_dir), "fp32", "cpu")
+        steps: list[DecodeStep] = []
+        deadline = time.monotonic() + 120
+        while len(steps) < 2 and time.monotonic() < deadline:
+            event = events.get(timeout=120)
+            if isinstance(event, DecodeStep):
+                steps.append(event)
+                building.set()
+        assert [s.compile for s in steps] == ["building", "failed"]
+        assert steps[0].step == "eager" and steps[1].step == "eager"
+        assert steps[1].why == "compile failed: RuntimeError: no C++ compiler found"
+    finally:
+        getattr(worker.session.compiled, "stop", lambda: None)()
+        worker.shutdown()
