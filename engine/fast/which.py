@@ -26,15 +26,16 @@ def _attention(session: ChatSession) -> str:
     return "kernel" if attention.is_loaded() and fp32 and session.device.type == "cpu" else "SDPA"
 
 
-def decode_step(session: ChatSession) -> DecodeStep:
-    """The decode step `session` runs now, with the compile's state and why."""
+def decode_step(session: ChatSession, off: str = COMPILE_OFF) -> DecodeStep:
+    """The decode step `session` runs now, with the compile's state and why; `off` says why
+    nothing compiles where the session was made without compiling."""
     if session.fast is None:
         why = "the fast path is off: the transformers forward (the reference)"
         if session.fast_path_wanted:
             why = f"no fast path for this model ({fused.supports(session.model)})"
         return DecodeStep("hf", "HF", "off" if not session.compile_wanted else "unsupported", why)
     if not session.compile_wanted:
-        return DecodeStep("eager", _attention(session), "off", COMPILE_OFF)
+        return DecodeStep("eager", _attention(session), "off", off)
     build = session.compiled
     if build is None:
         return DecodeStep("eager", _attention(session), "unsupported", compiled.supports(session.fast) or "")

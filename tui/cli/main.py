@@ -305,6 +305,10 @@ def ask(
             model or DEFAULT_MODEL, precision, device, sampling, system, context, emit, as_json
         )
     emit(ModelReady(session.info))
+    if server is None and as_json:
+        from engine.fast.which import decode_step
+
+        emit(decode_step(session, off=ASK_DECODES))
     if speculative is not None:
         if server is not None:
             refuse("--speculative needs the local engine: a server decides how it decodes", as_json)
@@ -469,6 +473,9 @@ def emit_result(result: dict, as_json: bool, module: str, printer: str) -> None:
     import importlib
 
     getattr(importlib.import_module(module), printer)(result)
+
+
+ASK_DECODES = "ask runs the eager step: a one-shot command does not wait for a compile"
 
 
 def local_session(model, precision, device, sampling, system, context, emit, as_json):
