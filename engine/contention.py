@@ -27,6 +27,9 @@ two spinning processes on two cores about 0.5 (and took three times as long)."""
 OVERLOAD = 2.0
 """A 1-minute load above this many times the cores is flagged too, whatever the share: more
 than one other thread queued for every core, most of the last minute."""
+MIN_SCHEDSTAT_S = 0.05
+"""The kernel adds a running thread's time at scheduler ticks and switches: over an interval
+shorter than this, schedstat may not have moved, and the thread's CPU clock stands in."""
 _TASKS = Path("/proc/self/task")
 
 
@@ -90,10 +93,11 @@ class ContentionMeter:
         """The interval since the start; `paused_s` the time spent waiting for the user (step mode)."""
         wall = time.perf_counter() - self._wall - paused_s
         now = scheduled()
+        run = wait = 0.0
         if self._scheduled is not None and now is not None:
             run, wait = now[0] - self._scheduled[0], now[1] - self._scheduled[1]
-            share = run / (run + wait) if run + wait > 0 else None
-            source = "schedstat"
+        if run + wait >= MIN_SCHEDSTAT_S:
+            share, source = run / (run + wait), "schedstat"
         else:
             cpu = time.thread_time() - self._thread_cpu
             share = min(1.0, cpu / wall) if wall > 0 else None

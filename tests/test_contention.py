@@ -52,6 +52,17 @@ def test_the_share_is_run_time_over_run_plus_run_queue_wait(monkeypatch):
     assert measured.cpu_share == pytest.approx(0.5) and measured.source == "schedstat" and measured.busy
 
 
+def test_over_an_interval_too_short_for_schedstat_the_thread_time_stands_in(monkeypatch):
+    readings = iter([(10.0, 1.0), (10.0, 1.0)])  # not moved yet: the kernel adds run time at ticks
+    monkeypatch.setattr(contention, "scheduled", lambda: next(readings))
+    meter = ContentionMeter()
+    end = time.thread_time() + 0.01
+    while time.thread_time() < end:
+        pass
+    measured = meter.stop()
+    assert measured.source == "thread_time" and 0 < measured.cpu_share <= 1
+
+
 def test_without_schedstat_the_thread_time_stands_in(monkeypatch):
     monkeypatch.setattr(contention, "scheduled", lambda: None)
     meter = ContentionMeter()
