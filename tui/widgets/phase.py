@@ -46,10 +46,10 @@ def step_line(step: DecodeStep | None, building_s: float | None = None) -> Conte
         shown = step.elapsed_s if building_s is None else building_s
         return Content.assemble(
             ("decode step ", "bold"),
-            f"{STEPS[step.step]} · {step.attention}",
+            f"{step.step} · {step.attention}",  # short: the time must fit a 42-cell panel
             (f" · compiling {elapsed(shown)}…", "bold $text-warning"),
             "\n",
-            ("the compiled step takes over when it is ready", "$text-muted"),
+            ("the compiled step takes over when ready", "$text-muted"),
         )
     attention = "" if step.step == "hf" else f" · attention {step.attention}"
     head = (("decode step ", "bold"), f"{STEPS[step.step]}{attention}")
@@ -230,7 +230,7 @@ class PhasePanel(Widget):
         measured = self.final.contention if self.final is not None else None
         if measured is None:
             return Content.styled("CPU share: measured after a turn", "$text-muted")
-        share = f"CPU share {measured.cpu_share:.0%}" if measured.cpu_share is not None else ""
+        share = f"CPU {measured.cpu_share:.0%}" if measured.cpu_share is not None else ""
         if measured.busy:  # the load, which only backs the share up, is in the chat's line and F6
             return Content.styled(
                 f"⚠ busy machine, figures slowed: {share or measured.figures()}", "bold $text-warning"
