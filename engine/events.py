@@ -274,6 +274,12 @@ class TurnStats:
     stop: StopReason
     server: ServerTimings | None = None
     """A remote server's own figures for this turn."""
+    speculative: str | None = None
+    """Who drafted and how many a round ('lookup, K 4') when this answer was decoded
+    speculatively; None for plain decoding."""
+    step_path: str | None = None
+    """What ran the decode: 'compiled', 'fused' (the eager fast path), 'reference' (the HF forward),
+    or 'step mode' (each token waited for the user: its times are not a speed); None from a server."""
     contention: Contention | None = None
     """Whether the machine let this process run while the turn was measured (None: not measured)."""
 
@@ -456,6 +462,10 @@ def to_json(event: Event) -> dict[str, Any]:
                 "generated_tokens": stats.generated_tokens,
                 "text": text,
             }
+            if stats.step_path is not None:
+                turn["step_path"] = stats.step_path
+            if stats.speculative is not None:
+                turn["speculative"] = stats.speculative
             if stats.server is not None:
                 turn["server"] = dataclasses.asdict(stats.server)
             if stats.contention is not None:

@@ -121,6 +121,8 @@ class ChatSession:
         self._no_ids = torch.empty(0, dtype=torch.long, device=self.device)
         self.fast = None
         self.compiled = None
+        self.decoded_by: tuple[str | None, str] = (None, "")
+        """How the last answer was decoded (`_decoding`)."""
         if self.fast_path_wanted and fused.supports(self.model) is None:
             self.fast = fused.for_model(self.model, compiled=self.compile_wanted)
             if self.compile_wanted:
@@ -275,27 +277,27 @@ class ChatSession:
             yield PrefillProgress(start + len(chunk), len(new_ids))
         return logits
 
-    def _forward(self, ids: list[int]) -> torch.Tensor:
-        """One forward pass over `ids` with the cache; the last position's logits."""
-        if (
-            len(ids) == 1
-            and len(self.cache)
-            and self.fast is not None
-            and self.compiled is not None
-            and self.compiled.ready.is_set()
-        ):
-            logits = self.compiled.step(self.fast, ids[0], self.cache)
-            self.cache.appended(ids)
+    def _forward(self, ids: list[int], cache: KVCache | None = None) -> torch.Tensor:
+        """One forward pass over `ids` with the cache (the chat's, or another an instrument
+        fills with the very same forward: engine/instruments/context_sweep.py); the last position's logits."""
+        cache = self.cache if cache is None else cache
+        if len(ids) == 1 and len(cache) and self.compiled_step_ready():
+            logits = self.compiled.step(self.fast, ids[0], cache)
+            cache.appended(ids)
             return logits
         inputs = torch.tensor([ids], device=self.device)
         if self.fast is not None:
-            logits = self.fast.forward(inputs, self.cache)
+            logits = self.fast.forward(inputs, cache)
         else:
-            logits = self.model(
-                input_ids=inputs, cache=self.cache.hf, use_cache=True, logits_to_keep=1
-            ).logits[0, -1]
-        self.cache.appended(ids)
+            logits = self.model(input_ids=inputs, cache=cache.hf, use_cache=True, logits_to_keep=1).logits[
+                0, -1
+            ]
+        cache.appended(ids)
         return logits
+
+    def compiled_step_ready(self) -> bool:
+        """A decode step (one token after a non-empty cache) runs the compiled step now."""
+        return self.fast is not None and self.compiled is not None and self.compiled.ready.is_set()
 
     def _decode(
         self,
@@ -307,6 +309,7 @@ class ChatSession:
         detok: StreamingDetokenizer | None = None,
     ) -> Generator[Event, None, tuple[str, list[float], StopReason]]:
         """Sample, emit, and feed tokens until a stop; returns (text, latencies, stop reason)."""
+        self.decoded_by = self._decoding()
         if self.speculation is not None and not self.step_gate.enabled:
             from engine.spec import loop
 
@@ -449,6 +452,18 @@ class ChatSession:
             capacity=self.context,
         )
 
+    def _decoding(self) -> tuple[str | None, str]:
+        """(speculative setting or None, step path) of the answer about to be decoded, for its
+        TurnStats: a speed is comparable only with one decoded the same way."""
+        if self.step_gate.enabled:
+            return None, "step mode"
+        path = "reference" if self.fast is None else "fused"
+        if self.speculation is not None:  # a round's verify pass runs the eager fast path
+            return f"{self.speculation.drafter.name}, K {self.speculation.k}", path
+        if self.compiled is not None and self.compiled.ready.is_set():
+            path = "compiled"
+        return None, path
+
     def _stats(
         self,
         ids: list[int],
@@ -473,6 +488,8 @@ class ChatSession:
             decode_tok_s=len(itl) / sum(itl) if itl and sum(itl) > 0 else 0.0,
             stop=stop,
             contention=self.meter.stop(self.paused_s) if measured else None,
+            speculative=self.decoded_by[0] if latencies else None,
+            step_path=self.decoded_by[1] if latencies else None,
         )
 
 

@@ -348,6 +348,7 @@ class InferenceWorker:
         self.session = session
         self.chat = SavedChat(session, self.store)
         yield ModelReady(session.info)
+        yield session.cache_event()  # the server-wide cache fill, before the first turn
 
     def _load(self, command: Load) -> Iterator[Event]:
         if self.session is not None and not self.session.saves_cache:

@@ -4,7 +4,20 @@ import pytest
 
 from engine.instruments.explain import EXPLANATIONS, explain
 
-INSTRUMENTS = {"inspector", "fork", "step", "stages", "tokenizer", "phases", "attention", "precision"}
+INSTRUMENTS = {
+    "inspector",
+    "fork",
+    "step",
+    "stages",
+    "tokenizer",
+    "phases",
+    "attention",
+    "attention_matrix",
+    "precision",
+    "kv_heads",
+    "context",
+    "embeddings",
+}
 
 
 def test_every_instrument_is_explained_in_one_paragraph():

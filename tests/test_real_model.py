@@ -170,3 +170,17 @@ def test_context_overflow_drops_oldest_turns_and_carries_on(smollm2):
     assert [type(e) for e in events] == [Failed]
     assert "context window is 110" in events[0].message and "\n" not in events[0].message
     assert chat.messages == before
+
+
+def test_smollm2_has_an_attention_sink_at_position_0_in_its_middle_layers(smollm2):
+    """On a real prompt, layer 15's heads put most of each row on position 0 (an attention sink, far
+    above an even spread); layer 0's heads do not. The F7 matrix view names it from these shares."""
+    from engine.instruments.attention_matrix import is_sink, prefill_matrix
+
+    session = ChatSession(smollm2, SamplingSettings(temperature=0.0, max_new_tokens=1))
+    list(session.send("The quick brown fox jumps over the lazy dog. Why is this sentence famous?"))
+    middle = prefill_matrix(session, 15, 0)
+    first = prefill_matrix(session, 0, 0)
+    assert sum(is_sink(share, middle.uniform_share) for share in middle.sink_shares) >= 7  # of 9 heads
+    assert not any(is_sink(share, first.uniform_share) for share in first.sink_shares)
+    assert smollm2.model.config._attn_implementation == "sdpa"

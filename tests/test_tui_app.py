@@ -685,3 +685,43 @@ def test_help_draws_the_token_colours_in_the_theme(tmp_path, theme):
                 assert colours["prefilled now"] != colours[level], level
 
     run(scenario)
+
+
+def test_the_kv_panel_shows_the_same_context_with_mha_gqa_and_mqa(tmp_path):
+    """2 × 30 layers × h × 64 dims × 4 B: MHA 9 → 138,240, this model's GQA 3 → 46,080 (its tensors'
+    bytes), MQA 1 → 15,360 B/token; at 22 tokens 2.9 MiB, 990.0 KiB, 330.0 KiB. It fits the 46-column side."""
+    from dataclasses import replace
+
+    from tests.tui_fakes import INFO as FAKE_INFO
+    from tui.widgets.kv_cache import head_sharing
+
+    assert head_sharing(FAKE_INFO) == [("MHA", 9, 138_240), ("GQA", 3, 46_080), ("MQA", 1, 15_360)]
+    assert head_sharing(replace(FAKE_INFO, kv_heads=9)) == [("MHA", 9, 138_240), ("MQA", 1, 15_360)]
+    assert head_sharing(replace(FAKE_INFO, kv_heads=1)) == [("MHA", 9, 138_240), ("MQA", 1, 15_360)]
+    assert head_sharing(replace(FAKE_INFO, cache_element_bytes=2))[1] == ("GQA", 3, 23_040)
+    assert head_sharing(replace(FAKE_INFO, head_dim=None)) == []
+
+    async def scenario():
+        app = fake_app(FakeFactory(), tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:  # the medium layout: the narrowest side panel
+            await ready(pilot)
+            await ask(pilot)
+            await turn_done(pilot)
+            lines = [
+                " ".join(line.strip("│ ").split())
+                for line in widget_text(app.query_one(KVCachePanel)).splitlines()
+            ]
+            assert "K/V heads B/token at 22 tokens" in lines
+            assert "MHA 9 138,240 2.9 MiB computed" in lines
+            assert "GQA 3 ◀ 46,080 990.0 KiB measured" in lines
+            assert "MQA 1 15,360 330.0 KiB computed" in lines
+            await pilot.press("f1")
+            await pilot.pause(0.2)
+            explained = app.screen.query_one("#kv-heads")
+            explained.scroll_visible(animate=False)
+            await pilot.pause(0.2)
+            help_text = " ".join(widget_text(explained).replace("│", " ").split())
+            assert "K/V heads: MHA, GQA, MQA" in help_text and "× kv heads × head_dim" in help_text
+            assert "? closes this" not in help_text
+
+    run(scenario)

@@ -18,6 +18,7 @@ import threading
 import pytest
 from rich.cells import cell_len
 from textual.widgets import Input, Markdown
+from textual.widgets._toast import Toast
 
 from engine import models
 from engine.events import (
@@ -484,6 +485,77 @@ def test_attention_view_uses_eager_attention_only_while_open(tiny_model_dir, tmp
     run(scenario)
 
 
+def test_attention_groups_query_heads_and_shows_the_whole_prompts_matrix(tiny_model_dir, tmp_path):
+    """F7: heads under their K/V head; m: the prefill's causal matrix, ↑↓ the query row, ←→ the layer,
+    [ ] the head, each drawn from the engine's own matrix (the tiny model: 4 heads, 2 K/V heads)."""
+    from engine.instruments.attention_matrix import prefill_matrix
+
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            session = session_of(app)
+            shown = await opened(pilot, "f7", AttentionScreen, "query position")
+            assert "Query heads, grouped by the K/V head they share" in shown
+            assert "K/V head 0  one cached K and V read by query heads 0, 1" in shown
+            assert "K/V head 1  one cached K and V read by query heads 2, 3" in shown
+            await pilot.press("m")
+            screen = app.screen
+            await wait_for(pilot, lambda: screen.matrix is not None, timeout=30, what="the matrix")
+            await pilot.pause(0.1)
+            n = len(session.cache)
+            expected = await on_engine(app, lambda s: prefill_matrix(s, 1, 0))
+            assert screen.matrix.rows == expected.rows and screen.matrix.size == n
+            shown = screen_text(app)
+            assert "Attention over the whole prompt" in shown  # the title follows the mode
+            assert (
+                f"the causal matrix of one prefill over {n} cached positions" in shown
+                and "reads K/V head 0" in shown
+            )
+            window = screen.window
+            assert window.bottom == n and window.left == 0  # the last row is the query: in view
+            assert f"Query position {n - 1} " in shown
+            assert f"rows {window.top}–{n - 1}, keys 0–{window.right - 1} of {n} shown" in shown
+            assert f"{expected.sink_share:.1%} of each row on average" in shown
+            assert ("◆ attention sink" in shown) == expected.is_sink
+            grid = screen.query_one("#grid")
+            lines = widget_text(grid).splitlines()
+            assert len(lines) == window.rows + 1  # the ruler, then one row per query in the window
+            for q in range(window.top, n):  # the upper triangle is masked, the rest shaded
+                cells = lines[q - window.top + 1][16:]
+                assert set(cells[q + 1 :]) <= {"·"} and "·" not in cells[: q + 1], q
+            assert lines[-1].startswith("▶")  # the last row is the query
+            await pilot.press("up", "up", "up")
+            await wait_for(pilot, lambda: f"Query position {n - 4} " in screen_text(app), timeout=10)
+            row = expected.row_view(n - 4)
+            best = max(range(n - 3), key=lambda i: row.weights[i])
+            assert f"{row.weights[best]:8.2%}".strip() in screen_text(app)
+            assert widget_text(grid).splitlines()[n - 4 - screen.window.top + 1].startswith("▶")
+            await pilot.press("home")
+            await wait_for(pilot, lambda: "Query position 0 " in screen_text(app), timeout=10)
+            await pilot.press("right", "right_square_bracket")  # layer 0 (wraps), head 1
+            await wait_for(
+                pilot,
+                lambda: screen.matrix.layer == 0 and screen.matrix.head == 1,
+                timeout=30,
+                what="layer 0, head 1",
+            )
+            other = await on_engine(app, lambda s: prefill_matrix(s, 0, 1))
+            assert screen.matrix.rows == other.rows and "Query position 0 " in screen_text(app)
+            await pilot.press("question_mark")
+            await pilot.pause(0.1)
+            assert "M[q,k] = −∞ for k > q" in screen_text(app)
+            await pilot.press("question_mark", "m")
+            await wait_for(pilot, lambda: "Query heads, grouped" in screen_text(app), timeout=30)
+            assert "Attention view" in screen_text(app)
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: session.model.config._attn_implementation == "sdpa", timeout=30)
+
+    run(scenario)
+
+
 # -- precision compare ----------------------------------------------------------------------
 def test_precision_compare_shows_the_engine_comparison(tiny_model_dir, tmp_path):
     recorder = Recorder()
@@ -610,6 +682,8 @@ async def settled(pilot) -> None:
     """Let the throttled panels repaint, and drop notices (they time out at different moments)."""
     await pilot.pause(0.7)
     pilot.app.clear_notifications()
+    # a toast leaves on a later repaint: a fixed pause missed it on a busy machine
+    await wait_for(pilot, lambda: not pilot.app.screen.query(Toast))
     await pilot.pause(0.1)
 
 
@@ -696,6 +770,22 @@ def test_snapshot_attention(snap_compare, tiny_model_dir, tmp_path):
         await settled(pilot)
 
     assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
+
+
+@pytest.mark.parametrize("size", [WIDE, (80, 24)], ids=["wide", "80x24"])
+def test_snapshot_attention_matrix(snap_compare, tiny_model_dir, tmp_path, size):
+    """The whole prompt's matrix, layer 1 head 2, the query moved up two rows."""
+
+    async def before(pilot):
+        await answered(pilot, recorder_of(pilot))
+        await opened(pilot, "f7", AttentionScreen, "query position")
+        await pilot.press("m", "right_square_bracket", "right_square_bracket")
+        screen = pilot.app.screen
+        await wait_for(pilot, lambda: screen.matrix is not None and screen.matrix.head == 2, timeout=30)
+        await pilot.press("up", "up")
+        await settled(pilot)
+
+    assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=size, run_before=before)
 
 
 def test_snapshot_precision_compare(snap_compare, tiny_model_dir, tmp_path, monkeypatch):

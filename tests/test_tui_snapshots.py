@@ -39,6 +39,8 @@ def test_settings_with_an_invalid_value(snap_compare, tmp_path):
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, SettingsScreen))
         pilot.app.screen.query_one("#top_p", Input).value = "1.5"
+        # the check runs on the Changed message: on a busy machine a fixed pause can miss it
+        await wait_for(pilot, lambda: pilot.app.screen.query_one("#top_p-error").display)
         await pilot.pause(0.2)
 
     app = fake_app(FakeFactory(), tmp_path)

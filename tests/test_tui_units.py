@@ -200,3 +200,61 @@ def test_a_stats_repaint_after_the_widgets_are_gone_paints_nothing():
             raise NoMatches(f"no {kind.__name__}")
 
     Router(ClosingApp()).repaint_stats()  # was: NameError for the uncaught NoMatches
+
+
+def _matrix(size: int, sink: float, context: int | None = None):
+    """A PrefillMatrix whose rows give position 0 `sink` and spread the rest evenly."""
+    from array import array
+
+    from engine.instruments.attention_matrix import PrefillMatrix
+
+    rows = [array("f", [1.0])]
+    for q in range(1, size):
+        rest = (1 - sink) / q
+        rows.append(array("f", [sink] + [rest] * q))
+    uniform = sum(1 / (q + 1) for q in range(1, size)) / (size - 1)
+    return PrefillMatrix(
+        layer=3,
+        head=1,
+        kv_head=0,
+        ids=tuple(range(size)),
+        rows=tuple(rows),
+        context=context or size,
+        spans=(),
+        prefilled=None,
+        sink_shares=(0.0, sink, 0.0),
+        uniform_share=uniform,
+    )
+
+
+def test_the_matrix_window_keeps_the_query_in_view():
+    from tui.screens.attention_matrix import window_for
+
+    w = window_for(100, query=99, top=0, rows=20, cols=60)
+    assert (w.top, w.bottom, w.left, w.right) == (80, 100, 40, 100)  # the last row; keys end at its diagonal
+    w = window_for(100, query=85, top=80, rows=20, cols=60)
+    assert (w.top, w.left) == (80, 26)  # still in view: the rows do not move
+    w = window_for(100, query=5, top=80, rows=20, cols=60)
+    assert (w.top, w.left, w.right) == (5, 0, 60)  # up past the top: the rows follow, key 0 in view
+    w = window_for(10, query=4, top=3, rows=20, cols=60)
+    assert (w.top, w.rows, w.left, w.cols) == (0, 10, 0, 10)  # small: all of it
+
+
+def test_the_grid_masks_the_upper_triangle_and_names_a_sink_only_when_it_is_one():
+    from tui.screens.attention_matrix import grid_lines, ruler, sink_line, window_for, window_line
+
+    sunk = _matrix(12, 0.6)
+    window = window_for(12, 11, 0, 20, 60)
+    lines = [line.plain for line in grid_lines(sunk, window, 11, [f"p{i}" for i in range(12)])]
+    assert lines[0].endswith("0         10")  # the ruler
+    assert lines[1].endswith("█" + "·" * 11) and lines[-1].startswith("▶") and "·" not in lines[-1]
+    assert lines[5][16:] == "█▓▓▓▓" + "·" * 7  # row 4: 0.6 on the sink, 0.1 each after (5–20%), masked beyond
+    assert "◆ attention sink at column 0: position 0 gets 60.0% of each row" in sink_line(sunk, window).plain
+    even = _matrix(12, 1 / 12)
+    assert sink_line(even, window).plain.startswith("no attention sink here (column 0): position 0 gets 8.3%")
+    right = window_for(12, 11, 0, 20, 5)
+    assert "position 0 (left of the window)" in sink_line(sunk, right).plain
+    assert ruler(right).plain.endswith("→    10")  # keys 7–11: 10 at its column
+    assert window_line(sunk, window) == "all 12 positions shown"
+    cut = _matrix(12, 0.6, context=3000)
+    assert "stops at position 11 of 3000" in window_line(cut, window) and "exact" in window_line(cut, window)

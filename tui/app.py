@@ -233,7 +233,7 @@ class ChatApp(App[None]):
                 self._model_ready(info)
             case TurnFinished(stats, _, error):
                 await self.part(ChatLog).finish(turn_summary(stats, error))
-                self.part(PhasePanel).finish(stats)
+                self.part(PhasePanel).finish(stats, self.instruments.speedup)
                 self.part(KVCachePanel).finish(stats)
                 self.router.repaint_stats()
                 if stats.server is not None and stats.server.fingerprint:

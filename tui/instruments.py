@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Iterable
 
 from textual.binding import Binding
 
-from engine.events import Event, Forked, StepPaused, TurnFinished, TurnStats
+from engine.events import DraftRound, Event, Forked, PhaseChanged, StepPaused, TurnFinished, TurnStats
+from engine.spec.speedup import PlainBaseline, SpeedUp
 
 if TYPE_CHECKING:
     from textual.app import SystemCommand
@@ -95,8 +96,25 @@ INSTRUMENTS = (
         "The last turn at two precisions: top-1 agreement, KL, first divergent token, speed and memory",
     ),
 )
-BY_NAME = {i.name: i for i in INSTRUMENTS}
-REMOTE = {"inspector"}
+LESSONS = (
+    Instrument(
+        "context",
+        "x in F6",
+        "Context",
+        "Context length is not free",
+        "Prefill and decode at 16 ... 2,048 tokens: TTFT, ITL and when the KV cache outweighs the weights",
+    ),
+    Instrument(
+        "embeddings",
+        "e in F2",
+        "Embeddings",
+        "Embeddings",
+        "A token's embedding row: its norm, its nearest tokens by cosine, and what RoPE does to it",
+    ),
+)
+"""Views without an F-key of their own: opened from another instrument (`key` says where) or Ctrl+P."""
+BY_NAME = {i.name: i for i in INSTRUMENTS + LESSONS}
+REMOTE = {"inspector", "tokenizer"}
 """Instruments that work from what a server sent (the rest need the weights or the decode loop)."""
 SHOWN: set[str] = set()
 """Instruments whose key the main footer shows (the 80-column footer is full: all are in
@@ -116,6 +134,8 @@ SCREENS = {
     "phases": ("tui.screens.phases", "PhasesScreen"),
     "attention": ("tui.screens.attention", "AttentionScreen"),
     "precision": ("tui.screens.precision", "PrecisionScreen"),
+    "context": ("tui.screens.context", "ContextScreen"),
+    "embeddings": ("tui.screens.embeddings", "EmbeddingsScreen"),
 }
 """Each instrument's screen: module and class, each taking `(link, step=None, answer=None)`.
 Step mode has none: its key toggles the gate, and the gate opens `StepScreen` when it pauses."""
@@ -173,6 +193,13 @@ class Instruments:
         self.last_stats: TurnStats | None = None
         """The newest finished turn's measurements (for the two phases)."""
         self._fork: PendingFork | None = None
+        self.plain = PlainBaseline()
+        """Plain answers' decode speeds in this session: what speculation is measured against."""
+        self.speedup: SpeedUp | None = None
+        """The newest answer's speed-up over plain decoding, when it was speculative."""
+        self.spec_rounds: tuple[DraftRound, ...] = ()
+        """The rounds of the newest answer that had any (the phases view times a verify pass)."""
+        self._rounds: list[DraftRound] = []
 
     # -- the engine ----------------------------------------------------------------
     @property
@@ -238,6 +265,12 @@ class Instruments:
                 f"{instrument.help} ({instrument.key.upper()})",
                 lambda name=instrument.name: self.open(name),
             )
+        for lesson in LESSONS:
+            yield SystemCommand(
+                f"Lesson: {lesson.title}",
+                f"{lesson.help} ({lesson.key})",
+                lambda name=lesson.name: self.open(name),
+            )
         from tui.screens.instrument import InstrumentScreen
 
         if isinstance(self.app.screen, InstrumentScreen):
@@ -256,12 +289,23 @@ class Instruments:
                 await self._forked(event)
             case TurnFinished(stats):
                 self.last_stats = stats
+                self._measure_speculation(stats)
                 self._turn_finished()
+            case DraftRound():
+                self._rounds.append(event)
+            case PhaseChanged(phase="prefill"):
+                self._rounds = []
         from tui.screens.instrument import InstrumentScreen
 
         for screen in self.app.screen_stack:
             if isinstance(screen, InstrumentScreen):
                 screen.engine_said(event)
+
+    def _measure_speculation(self, stats: TurnStats) -> None:
+        session = self.session
+        self.speedup = self.plain.finished(stats, session.info if session is not None else None)
+        if self._rounds:
+            self.spec_rounds, self._rounds = tuple(self._rounds), []
 
     # -- step mode --------------------------------------------------------------------
     @property

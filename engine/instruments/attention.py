@@ -46,6 +46,26 @@ class AttentionView:
     weights: tuple[float, ...]
     """softmax(q·kᵀ/√d) over the context: non-negative, summing to 1."""
     spans: tuple[SpanWeight, ...]
+    head_weights: tuple[tuple[float, ...], ...] = ()
+    """Each query head's row at `layer` (averaged over layers where `layer` is None), head order."""
+
+
+def kv_head_of(head: int, heads: int, kv_heads: int) -> int:
+    """The K/V head a query head reads: with grouped-query attention each K/V head serves
+    `heads // kv_heads` consecutive query heads (transformers' `repeat_kv` expands it so)."""
+    if not 0 <= head < heads or kv_heads < 1 or heads % kv_heads:
+        raise ValueError(
+            f"head must be in [0, {heads - 1}] and kv_heads divide {heads}, got {head}, {kv_heads}"
+        )
+    return head // (heads // kv_heads)
+
+
+def kv_groups(heads: int, kv_heads: int) -> tuple[tuple[int, ...], ...]:
+    """The query heads under each K/V head: SmolLM2's 9 and 3 give (0, 1, 2), (3, 4, 5), (6, 7, 8)."""
+    groups: list[list[int]] = [[] for _ in range(kv_heads)]
+    for head in range(heads):
+        groups[kv_head_of(head, heads, kv_heads)].append(head)
+    return tuple(tuple(g) for g in groups)
 
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -63,6 +83,10 @@ class AttentionProbe:
         self._previous: str | None = None
         self._fast = None
         self._model: torch.nn.Module | None = None
+        self.quiet = False
+        """True while another pass (the prefill matrix's) runs: its rows are not the newest."""
+        self.matrix = None
+        """The last prefill matrix computed (engine/instruments/attention_matrix.py), kept for reuse."""
 
     @property
     def enabled(self) -> bool:
@@ -84,6 +108,7 @@ class AttentionProbe:
             hook.remove()
         self._hooks.clear()
         self._rows.clear()
+        self.matrix = None
         if self._previous is not None:
             self._model.set_attn_implementation(self._previous)
             self._previous = None
@@ -94,7 +119,9 @@ class AttentionProbe:
     def _keeper(self, layer: int):
         def keep(module: torch.nn.Module, args, output) -> None:
             weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-            if weights is not None:  # [batch, heads, queries, keys]: keep the last query's row
+            if (
+                weights is not None and not self.quiet
+            ):  # [batch, heads, queries, keys]: keep the last query's row
                 self._rows[layer] = weights[0, :, -1, :].detach().clone()
 
         return keep
@@ -110,6 +137,7 @@ class AttentionProbe:
             rows = {layer: rows[layer]}
         width = min(row.shape[-1] for row in rows.values())  # rows of one forward pass share it
         stacked = torch.stack([row[:, :width].float() for row in rows.values()])  # [layers, heads, keys]
+        per_head = stacked.mean(dim=0).tolist()
         if head is not None:
             if not 0 <= head < stacked.shape[1]:
                 raise ValueError(f"head must be in [0, {stacked.shape[1] - 1}], got {head}")
@@ -124,6 +152,7 @@ class AttentionProbe:
             ids=ids,
             weights=tuple(weights),
             spans=tuple(SpanWeight(s, sum(weights[s.start : s.end])) for s in spans),
+            head_weights=tuple(tuple(row) for row in per_head),
         )
 
 

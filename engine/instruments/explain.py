@@ -62,30 +62,56 @@ EXPLANATIONS: dict[str, Explanation] = {
         "text the tokenizer saw rarely splits into many, sometimes mid-character: in SmolLM2 "
         "'How does inference work?' is 5 tokens and the same question in Korean is 32. The chat "
         "template wraps each message in special tokens. The marker shows which tokens came from "
-        "the K/V cache and which this turn had to prefill.",
+        "the K/V cache and which this turn had to prefill. With --server the pieces come from the "
+        "server's own tokenizer (its /tokenize and /detokenize), the one the model there reads.",
         "cost = tokens;  characters per token = len(text) / tokens;  prefilled = prompt tokens − reused",
     ),
     "phases": Explanation(
         "Two phases, measured",
         "A forward pass costs about 2 FLOPs per parameter per token, plus attention over the "
-        "context. Prefill reads each weight once for all prompt tokens: high arithmetic intensity, "
-        "so its roof is compute. A decode step reads them all for one token, about 0.5 FLOP per "
-        "byte at fp32, so its roof is memory. The roof is the most a phase could reach; the view "
-        "says how close it came (decode figures are per step). Far below both roofs, fixed costs "
-        "per pass (Python, small ops, the sampler) or other programs limit it. The peaks are the "
-        "median of 5 runs (c measures again); a turn or calibration that got under 70% of the "
-        "CPU it wanted is flagged as measured on a busy machine.",
+        "context. Prefill reads each weight once for all prompt tokens, so its roof is compute; a "
+        "decode step reads them all for one token (about 0.5 FLOP per byte at fp32), so its roof "
+        "is memory. The view says how close each came to its roof (decode figures are per step); "
+        "far below both, fixed costs per pass or other programs limit it. The peaks are the median "
+        "of 5 runs (c measures again); a turn that got under 70% of the CPU it wanted is flagged "
+        "busy. A verify pass over K drafts and the last token reads the weights once, like one "
+        "step, and does K+1 tokens' work: speculation uses the idle arithmetic.",
         "FLOPs ≈ 2·P·n + 4·layers·heads·d·pairs;  bytes ≈ W + kv·context;  intensity = FLOPs/bytes;  "
-        "roof = min(peak FLOP/s, intensity × bandwidth);  reached = achieved ÷ roof",
+        "roof = min(peak FLOP/s, intensity × bandwidth);  reached = achieved ÷ roof;  verify of K: "
+        "FLOPs ≈ (K+1)× a step, bytes ≈ 1× a step",
     ),
     "attention": Explanation(
         "Attention view",
         "In each layer, every head turns the newest token into a query and scores it against the "
         "key of every position in the context; softmax turns the scores into weights that sum to "
         "1, and the output mixes the positions' values by those weights. The view shows those "
-        "weights for one layer and head (or their mean), summed per message. It needs eager "
+        "weights for one layer and head (or their mean), summed per message, and each query head "
+        "under the K/V head it shares: with grouped-query attention several query heads read one "
+        "cached K and V, yet look at different places because their queries differ. It needs eager "
         "attention, which builds the full weight matrix, so decoding is slower while it is open.",
-        "weights = softmax(q·Kᵀ / √d);  output = weights · V;  Σ weights = 1",
+        "weights = softmax(q·Kᵀ / √d);  output = weights · V;  Σ weights = 1;  "
+        "kv head = head ÷ (heads / kv heads)",
+    ),
+    "attention_matrix": Explanation(
+        "Attention over the whole prompt",
+        "A prefill computes attention for every prompt position at once: one matrix per layer and "
+        "head, a row per query position and a column per key. The causal mask hides every key after "
+        "the query (the dotted upper triangle, weight exactly 0), so row q is where position q looks "
+        "among positions 0..q, and a row never changes when later tokens arrive: that is why the "
+        "K/V cache can keep them. Many heads put a large share of every row on position 0, whatever "
+        "token it is: an attention sink, a place to park weight the head does not need elsewhere.",
+        "A = softmax(Q·Kᵀ / √d + M),  M[q,k] = −∞ for k > q;  Σ_k A[q,k] = 1;  "
+        "sink share = mean over q ≥ 1 of A[q,0] (even spread: mean 1/(q+1))",
+    ),
+    "kv_heads": Explanation(
+        "K/V heads: MHA, GQA, MQA",
+        "The cache keeps a key and a value vector per K/V head, per layer, per token. Multi-head "
+        "attention (MHA) gives every query head its own K/V head; grouped-query attention (GQA) "
+        "lets a group of query heads share one, and multi-query attention (MQA) has them all share "
+        "a single head. The cache shrinks by the same factor, and so do the bytes each decode step "
+        "reads; the cost is some quality. The KV panel computes what this context would take with "
+        "each count; only this model's row is measured from the tensors.",
+        "bytes/token = 2 (K,V) × layers × kv heads × head_dim × bytes per element;  group = heads / kv heads",
     ),
     "precision": Explanation(
         "Precision compare",
@@ -97,8 +123,37 @@ EXPLANATIONS: dict[str, Explanation] = {
         "to read per token; the cost is this drift.",
         "KL(P‖Q) = Σ_v P(v)·(ln P(v) − ln Q(v));  agreement = #{t : argmax Q_t = x_t} / steps",
     ),
+    "context": Explanation(
+        "Context length is not free",
+        "Each size is prefilled from an empty cache of the experiment's own (the chat's cache is "
+        "left as it was) and then decoded a few steps, with the chat's own forward. Prefill "
+        "multiplies every prompt token through every weight and attends over every pair of "
+        "tokens, so TTFT grows with the prompt (linearly, then faster as the pairs add up). A "
+        "decode step reads every weight once whatever the context, plus the K and V of every "
+        "cached position: ITL grows slowly while the weights dominate the bytes read, and the "
+        "cache's share grows with the context until, at c*, it outweighs them. Small models with "
+        "few KV heads reach c* late; grouped-query attention (fewer KV heads) pushes it further out.",
+        "TTFT(n) ≈ 2·P·n + 4·layers·heads·d·n²/2 FLOPs;  bytes per decode step = W + kv·c,  "
+        "kv = 2·layers·kv_heads·head_dim·bytes;  c* = W / kv",
+    ),
+    "embeddings": Explanation(
+        "Embeddings",
+        "A token enters the model as one row of the embedding table: a vector of hidden-size numbers "
+        "learned in training. Tokens used alike end up with rows pointing alike, so the nearest "
+        "rows by cosine similarity are often the same word in other spellings, or words of the "
+        "same kind. Where the table is tied to the LM head, the same row also scores the token as "
+        "the next one (its logit is the final hidden state · this row). The vector carries no "
+        "position: in each layer the query and key are rotated by an angle proportional to the "
+        "position (RoPE), a different speed for each pair of dimensions. Two rotations by p and "
+        "p+Δ differ by Δ alone, so the similarity of the same token at two positions, like the "
+        "attention score q·k, depends on how far apart they are, not where they are.",
+        "cos(a, b) = a·b / (‖a‖‖b‖);  RoPE: pair i turns by p·θ_i, θ_i = base^(−2i/d);  "
+        "cos(R_p q, R_{p+Δ} q) = Σ_i ‖q_i‖² cos(Δ·θ_i) / ‖q‖²",
+    ),
 }
-"""Keyed by instrument: inspector, fork, step, stages, tokenizer, phases, attention, precision."""
+"""Keyed by instrument: inspector, fork, step, stages, tokenizer, phases, attention (its matrix mode:
+attention_matrix), precision, and the lessons context and embeddings; kv_heads explains the KV
+panel's head-count table (Help, F1)."""
 
 
 def explain(instrument: str) -> Explanation:

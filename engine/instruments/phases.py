@@ -398,7 +398,7 @@ class TurnPhases:
     prefill: PhaseMeasure | None
     """None when nothing was prefilled (the whole prompt came from the cache)."""
     decode: PhaseMeasure | None
-    """None with fewer than two tokens (no inter-token latency yet)."""
+    """None with fewer than two tokens (no inter-token latency yet), and for a speculative answer."""
     contention: Contention | None = None
     """The CPU share the turn was measured at (engine/contention.py)."""
 
@@ -414,7 +414,8 @@ def turn_phases(shape: ModelShape, stats: TurnStats) -> TurnPhases:
         seconds = n / stats.prefill_tok_s
         prefill = PhaseMeasure("prefill", n, seconds, shape.prefill_flops(n, r), shape.prefill_bytes(n, r))
     decode = None
-    if stats.generated_tokens > 1 and stats.itl_p50_s > 0:
+    # A speculative answer's tokens come in rounds (gaps of ~0 within one): no plain step to time.
+    if stats.generated_tokens > 1 and stats.itl_p50_s > 0 and stats.speculative is None:
         context = stats.prompt_tokens + stats.generated_tokens // 2
         steps = stats.generated_tokens - 1
         decode = PhaseMeasure(

@@ -10,7 +10,8 @@ the template of the conversation up to each message (robust to BPE merges at a b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Callable, Literal, Protocol, Sequence
 
 from engine.detok import PieceNamer
 from engine.kvcache import common_prefix
@@ -19,6 +20,16 @@ if TYPE_CHECKING:
     from engine.instruments.view import SessionView
 
 Source = Literal["cached", "prefilled", "generated", "text"]
+TemplateIds = Callable[[list[dict]], list[int]]
+"""A conversation (OpenAI-style messages) -> the ids of its rendered chat template, no generation prompt."""
+
+
+class Namer(Protocol):
+    """Ids to readable pieces and bytes: `PieceNamer` here, or one a server's tokenizer taught."""
+
+    def piece(self, token_id: int) -> str: ...
+
+    def token_bytes(self, token_id: int) -> bytes | None: ...
 
 
 @dataclass(frozen=True)
@@ -101,9 +112,7 @@ class TokenizerView:
         return TextCost(text, len(text), len(text.encode("utf-8")), inner)
 
 
-def _pieces(
-    namer: PieceNamer, ids: Sequence[int], sources: Sequence[Source], start: int = 0
-) -> tuple[Piece, ...]:
+def _pieces(namer: Namer, ids: Sequence[int], sources: Sequence[Source], start: int = 0) -> tuple[Piece, ...]:
     return tuple(
         Piece(start + i, token, namer.piece(token), namer.token_bytes(token), source)
         for i, (token, source) in enumerate(zip(ids, sources))
@@ -125,19 +134,29 @@ def decode(tokenizer, ids: Sequence[int]) -> str:
 
 
 def tokenizer_view(
-    session: SessionView, prompt_ids: Sequence[int], reused: int, answer_ids: Sequence[int] = ()
+    session: SessionView,
+    prompt_ids: Sequence[int],
+    reused: int,
+    answer_ids: Sequence[int] = (),
+    namer: Namer | None = None,
+    detokenize: Callable[[Sequence[int]], str] | None = None,
+    template_ids: TemplateIds | None = None,
 ) -> TokenizerView:
-    """The view of one turn, from its `PromptTokens` event (ids, reused) and the answer's ids."""
+    """The view of one turn, from its `PromptTokens` event (ids, reused) and the answer's ids.
+
+    The local tokenizer by default; a model on a server passes its own namer, detokenizer
+    and template (engine/remote/tokenizer.py asks the server for each)."""
     ids = [*prompt_ids, *answer_ids]
     sources: list[Source] = ["cached"] * reused + ["prefilled"] * (len(prompt_ids) - reused)
     sources += ["generated"] * len(answer_ids)
+    detokenize = detokenize or partial(decode, session.tokenizer)
     return TokenizerView(
-        pieces=_pieces(session.namer, ids, sources),
+        pieces=_pieces(namer or session.namer, ids, sources),
         reused=reused,
         prompt_tokens=len(prompt_ids),
-        spans=message_spans(session, ids),
-        template=decode(session.tokenizer, ids),
-        template_cached=decode(session.tokenizer, prompt_ids[:reused]),
+        spans=message_spans(session, ids, template_ids),
+        template=detokenize(ids),
+        template_cached=detokenize(list(prompt_ids[:reused])) if reused else "",
     )
 
 
@@ -146,17 +165,18 @@ def _template_ids(session: SessionView, chat: list[dict]) -> list[int]:
     return session.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def default_system_tokens(session: SessionView, first: dict) -> int:
+def default_system_tokens(session: SessionView, first: dict, template_ids: TemplateIds | None = None) -> int:
     """How many tokens the chat template puts before `first` on its own (a default system prompt); 0 if none.
 
     The first message's own tokens are found as what follows a system message in the template
     of [system, first]; whatever the template of [first] alone has before them, it added itself.
     """
+    template_ids = template_ids or partial(_template_ids, session)
     probe = {"role": "system", "content": "x"}
     try:
-        alone = _template_ids(session, [first])
-        system = _template_ids(session, [probe])
-        both = _template_ids(session, [probe, first])
+        alone = template_ids([first])
+        system = template_ids([probe])
+        both = template_ids([probe, first])
     except Exception:  # a template without a system role: nothing to find
         return 0
     if both[: len(system)] != system:
@@ -167,7 +187,9 @@ def default_system_tokens(session: SessionView, first: dict) -> int:
     return len(alone) - len(own)
 
 
-def message_spans(session: SessionView, ids: Sequence[int]) -> tuple[Span, ...]:
+def message_spans(
+    session: SessionView, ids: Sequence[int], template_ids: TemplateIds | None = None
+) -> tuple[Span, ...]:
     """Cut `ids` (a templated conversation, maybe with an answer) into one span per message.
 
     The boundary after each message is the common prefix of `ids` with the template of the
@@ -175,6 +197,7 @@ def message_spans(session: SessionView, ids: Sequence[int]) -> tuple[Span, ...]:
     being written (the generation prompt and its tokens), role "assistant", message None.
     """
     ids = list(ids)
+    template_ids = template_ids or partial(_template_ids, session)
     chat: list[tuple[str, int | None, dict]] = []
     if session.system_prompt:
         chat.append(("system", None, {"role": "system", "content": session.system_prompt}))
@@ -182,12 +205,13 @@ def message_spans(session: SessionView, ids: Sequence[int]) -> tuple[Span, ...]:
         chat.append((m.role, i, {"role": m.role, "content": m.content}))
     spans: list[Span] = []
     start = 0
-    default = default_system_tokens(session, chat[0][2]) if chat and chat[0][0] != "system" else 0
+    first_is_system = chat and chat[0][0] == "system"
+    default = default_system_tokens(session, chat[0][2], template_ids) if chat and not first_is_system else 0
     if default and len(ids) > default:
         spans.append(Span("system", 0, default, None, default=True))
         start = default
     for k, (role, message, _) in enumerate(chat):
-        end = common_prefix(_template_ids(session, [c for _, _, c in chat[: k + 1]]), ids)
+        end = common_prefix(template_ids([c for _, _, c in chat[: k + 1]]), ids)
         if end <= start:
             break  # the ids stop before this message (they are from an earlier turn)
         spans.append(Span(role, start, end, message))

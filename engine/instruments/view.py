@@ -7,7 +7,8 @@ that runs the model goes through the engine's `call` instead, on the inference t
 
 A `RemoteSession` (engine/remote/) has the conversation's attributes (messages, system_prompt,
 trace, info, namer, sampling) but no model, tokenizer or step gate: with --server the app
-opens only the token inspector, which reads those.
+opens only the token inspector, which reads those, and the tokenizer view, which asks the
+server's tokenizer (`server_tokenizer`) off the UI thread.
 
 Importing this module loads no torch: the app types its link to the engine with it.
 """

@@ -11,7 +11,8 @@ OpenAI-compatible server, reached over HTTP as a second kind of chat session.
 | `chunks.py` | one streamed chunk read into plain records |
 | `turn.py` | an answer as it streams: events, latencies, the server's own figures |
 | `prompt.py` | the prompt's token ids, asked of the server's own tokenizer |
-| `metrics.py` | the server-wide KV cache fill from /metrics |
+| `metrics.py` | the server-wide KV cache fill from /metrics (llama.cpp: summed from /slots) |
+| `tokenizer.py` | the tokenizer view (F5) from the server's own /tokenize and /detokenize |
 | `shape.py` | the model's KV shape from a GGUF readable here (for bytes per token) |
 | `cancel.py` | Esc: an Event that also cuts the open stream |
 | `session.py` | `RemoteSession`: the same calls and events as `ChatSession` |

@@ -27,6 +27,8 @@ class Dialect:
     """/metrics gauges of the server-wide KV cache usage, newest name first."""
     fill_is_percent: bool = False
     """The gauge is 0..100 rather than 0..1."""
+    fill_slots: bool = False
+    """The fill is summed from llama.cpp's /slots instead (its /metrics has no gauge)."""
     tokenize: str | None = None
     """How to get the prompt's token ids: 'llama.cpp' (/apply-template + /tokenize), 'vllm'
     (/tokenize with messages), or None."""
@@ -38,8 +40,9 @@ LLAMA_CPP = Dialect(
     reporting={"timings_per_token": True, "return_progress": True},
     top_k_note="the model's own (T 1), before llama.cpp's samplers",
     unreported=(
-        "server-wide KV cache fill: this llama-server's /metrics has no cache gauge (/slots lists its slots)",
+        "the KV cache's element type: not in /props, so bytes per token assume llama-server's default f16",
     ),
+    fill_slots=True,
     tokenize="llama.cpp",
 )
 

@@ -3,6 +3,11 @@
 vLLM exports `vllm:kv_cache_usage_perc` (0..1; `vllm:gpu_cache_usage_perc` before v0.10) and
 SGLang `sglang:token_usage` (0..1, with --enable-metrics). A data-parallel server has one
 series per engine: their mean is the fill of the server as a whole.
+
+llama.cpp's /metrics has no such gauge, but its /slots lists each slot's context (`n_ctx`) and,
+once a slot has served a request, `n_prompt_tokens`: the length of the token sequence whose K/V
+that slot holds (`prompt.tokens.size()` in tools/server/server-context.cpp, kept after the
+request for the next one's prefix). Their sum over the sum of `n_ctx` is the fill.
 """
 
 from __future__ import annotations
@@ -28,8 +33,29 @@ def gauge(text: str, name: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def slots_fill(slots: object) -> tuple[float | None, str]:
+    """llama.cpp's /slots: (tokens held in all slots / their total context, what it was summed from)."""
+    if not isinstance(slots, list) or not slots:
+        return None, ""
+    held = capacity = 0
+    for slot in slots:
+        n_ctx = slot.get("n_ctx") if isinstance(slot, dict) else None
+        if not isinstance(n_ctx, int) or n_ctx <= 0:
+            return None, ""
+        capacity += n_ctx
+        tokens = slot.get("n_prompt_tokens", 0)  # absent until the slot has served a request
+        held += tokens if isinstance(tokens, int) and tokens > 0 else 0
+    count = f"{len(slots)} slot{'s' if len(slots) != 1 else ''}"
+    return held / capacity, f"/slots: {held:,} tokens held / {capacity:,} in {count}"
+
+
 def cache_fill(client: RemoteClient, dialect: Dialect) -> tuple[float | None, str]:
     """(fraction of the server's KV cache in use, the metric it came from), or (None, '')."""
+    if dialect.fill_slots:
+        try:
+            return slots_fill(client.get_json("/slots"))
+        except RemoteError:
+            return None, ""
     if not dialect.fill_metrics:
         return None, ""
     try:

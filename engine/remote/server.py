@@ -85,6 +85,8 @@ def _llama_cpp(client: RemoteClient, entry: dict) -> Server:
     unreported = list(dialects.LLAMA_CPP.unreported)
     if props.get("endpoint_metrics") is False:
         unreported.append("request counters (/metrics): start llama-server with --metrics")
+    if props.get("endpoint_slots") is False:
+        unreported.append("server-wide KV cache fill (summed from /slots): start llama-server with --slots")
     shape = gguf_shape(props.get("model_path"))
     if shape is None:
         unreported.append(

@@ -37,6 +37,7 @@ from engine.remote.request import chat_request, unsupported
 from engine.remote.seen import SeenTokens
 from engine.remote.server import Server, detect
 from engine.remote.target import RemoteTarget
+from engine.remote.tokenizer import ServerTokenizer
 from engine.remote.turn import Prompt, RemoteTurn
 from engine.sampling import SamplingSettings
 from engine.session import Message
@@ -121,6 +122,8 @@ class RemoteSession:
         """The steps of the answer in progress, or of the last one (the token inspector reads them)."""
         self.namer = SeenTokens()
         """Ids to bytes as the server showed them (its tokenizer is not here)."""
+        self.server_tokenizer = ServerTokenizer(client, server.dialect, server.info.model, self.namer)
+        """The server's own tokenizer, over HTTP (the tokenizer view asks it, off the UI thread)."""
         limits = [c for c in (context, server.context) if c]
         self.context = min(limits) if limits else None
         """The window a conversation must fit: the server's, or less if the user asked (--context)."""
@@ -272,7 +275,8 @@ class RemoteSession:
         self._noted_unsupported = names
 
     def cache_event(self) -> CacheChanged:
-        return self._cache_event(None)
+        """This chat's share is not known until a turn; the server-wide fill is asked now."""
+        return self._cache_event(None, fill=True)
 
     def _cache_event(self, tokens: int | None, fill: bool = False) -> CacheChanged:
         server_fill, source = cache_fill(self.client, self.server.dialect) if fill else (None, "")

@@ -42,6 +42,7 @@ def _summary(runs: list[list[tuple[TurnStats, SpecStats]]]) -> dict:
         seconds = sum(_decode_s(s) for s, _ in run)
         rates.append(sum(s.generated_tokens - 1 for s, _ in run) / seconds if seconds else 0.0)
     spec = [c for run in runs for _, c in run]
+    steps = [s.itl_p50_s for run in runs for s, _ in run if s.itl_p50_s > 0]
     drafted, accepted = sum(c.drafted for c in spec), sum(c.accepted for c in spec)
     rounds, emitted = sum(c.rounds for c in spec), sum(c.emitted for c in spec)
     return {
@@ -50,6 +51,7 @@ def _summary(runs: list[list[tuple[TurnStats, SpecStats]]]) -> dict:
         "tokens_per_forward": round(emitted / rounds, 3) if rounds else 1.0,
         "draft_ms_per_round": round(1000 * sum(c.draft_s for c in spec) / rounds, 2) if rounds else 0.0,
         "verify_ms_per_round": round(1000 * sum(c.verify_s for c in spec) / rounds, 2) if rounds else 0.0,
+        "step_ms": round(1000 * statistics.median(steps), 2) if steps else 0.0,
     }
 
 
@@ -86,6 +88,7 @@ def _both(plain_runs: list, spec_runs: list) -> dict:
         "tok_s": spec["tok_s"],
         "plain_tok_s": plain["tok_s"],
         "speedup": round(spec["tok_s"] / plain["tok_s"], 3) if plain["tok_s"] else 0.0,
+        "plain_step_ms": plain["step_ms"],  # a plain step (median ITL): what a verify round about costs
         **{
             key: spec[key]
             for key in ("acceptance", "tokens_per_forward", "draft_ms_per_round", "verify_ms_per_round")

@@ -65,7 +65,9 @@ def test_the_panels_show_what_the_server_reported(llama_server, tmp_path):
             held = finished.stats.prompt_tokens + finished.stats.generated_tokens
             assert f"{held:,} / 2,048 on the server (this chat)" in kv
             assert "2×30×3×64×2 B = 23,040 B, f16 assumed" in kv  # from the GGUF the server names
-            assert "server-wide cache use: not reported" in kv
+            # the server-wide fill, summed from /slots: the last token was never fed, so one less
+            assert f"server {(held - 1) / 2048:.1%} of its KV cache in use (/slots: {held - 1:,}" in kv
+            assert "tokens held / 2,048 in 1 slot)" in kv
             top = app.query_one(TopKPanel)
             last = recorder.of(TokenSampled)[-1]
             assert f"position {last.position}" in widget_text(top)

@@ -17,19 +17,64 @@ from engine.sampling import SamplingSettings
 
 SERVERS = {
     "vllm": {
+        # ModelList/ModelCard of vllm/entrypoints/openai/protocol.py, every field as vLLM fills it
         "/v1/models": {
-            "data": [{"id": "meta-llama/Llama-3.1-70B-Instruct", "owned_by": "vllm", "max_model_len": 8192}]
+            "object": "list",
+            "data": [
+                {
+                    "id": "meta-llama/Llama-3.1-70B-Instruct",
+                    "object": "model",
+                    "created": 1764556800,
+                    "owned_by": "vllm",
+                    "root": "meta-llama/Llama-3.1-70B-Instruct",
+                    "parent": None,
+                    "max_model_len": 8192,
+                    "permission": [
+                        {
+                            "id": "modelperm-5c1d7c0a8d4e4b1c9e0f",
+                            "object": "model_permission",
+                            "created": 1764556800,
+                            "allow_create_engine": False,
+                            "allow_sampling": True,
+                            "allow_logprobs": True,
+                            "allow_search_indices": False,
+                            "allow_view": True,
+                            "allow_fine_tuning": False,
+                            "organization": "*",
+                            "group": None,
+                            "is_blocking": False,
+                        }
+                    ],
+                }
+            ],
         },
         "/version": {"version": "0.11.0"},
         "/metrics": 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.125\n',
     },
     "sglang": {
-        "/v1/models": {"data": [{"id": "qwen", "owned_by": "sglang", "max_model_len": 32768}]},
+        # SGLang's ModelList/ModelCard (sglang/srt/entrypoints/openai/protocol.py): no permissions
+        "/v1/models": {
+            "object": "list",
+            "data": [
+                {
+                    "id": "qwen",
+                    "object": "model",
+                    "created": 1764556800,
+                    "owned_by": "sglang",
+                    "root": "qwen",
+                    "max_model_len": 32768,
+                }
+            ],
+        },
         "/get_server_info": {"version": "0.5.0", "tp_size": 8, "dp_size": 2},
         "/metrics": 'sglang:token_usage{model_name="qwen"} 0.5\n',
     },
     "ollama": {
-        "/v1/models": {"data": [{"id": "llama3.2:1b", "owned_by": "library"}]},
+        # Ollama's /v1/models (openai/openai.go ToListCompletion): owned_by is the name's namespace
+        "/v1/models": {
+            "object": "list",
+            "data": [{"id": "llama3.2:1b", "object": "model", "created": 1764556800, "owned_by": "library"}],
+        },
         "/api/version": {"version": "0.12.3"},
     },
 }

@@ -143,6 +143,7 @@ def print_tables(result: dict) -> None:
             "tokens/forward",
             "draft ms/round",
             "verify ms/round",
+            "plain step ms",
         ):
             spec.add_column(column, justify="right")
         for r in result["results"]:
@@ -160,5 +161,6 @@ def print_tables(result: dict) -> None:
                     f"{row['tokens_per_forward']:.2f}",
                     f"{row['draft_ms_per_round']:.1f}",
                     f"{row['verify_ms_per_round']:.1f}",
+                    f"{row['plain_step_ms']:.1f}",
                 )
         console.print(spec)

@@ -1,4 +1,6 @@
-"""Attention view: where the newest position looks, for one layer and head or averaged, by message.
+"""Attention view: where the newest position looks, for one layer and head or averaged, by message,
+with the query heads grouped under the K/V head they share; `m` switches to the whole prompt: the
+causal matrix of one prefill (query × key) for a layer and head, a query row chosen with ↑↓.
 
 Opening it switches the model to eager attention with hooks (`AttentionProbe.enable`) on the
 inference thread; closing it switches back. While the engine is idle the view is filled by
@@ -8,6 +10,8 @@ answer it updates at each step in step mode, and when the answer ends.
 While a step waits in step mode the inference thread is blocked at the gate, between two
 forward passes, so the probe is switched on and read at once (`engine.call_at_gate`).
 The probe itself belongs to the session (engine/instruments/attention.py `probe_of`).
+The matrix is one more eager pass over the cached context (engine/instruments/attention_matrix.py),
+run with `engine.call` between answers; at the gate it waits (the model is the step's).
 """
 
 from __future__ import annotations
@@ -16,14 +20,29 @@ from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import Vertical
 from textual.content import Content
 from textual.widgets import Static
 
 from engine.events import Event, StepPaused, TurnFinished
 from engine.instruments.attention import AttentionView, enable_and_view, enabled_view, switch_off
+from engine.instruments.attention_matrix import PrefillMatrix, prefill_matrix
+from engine.instruments.explain import explain
 from tui.fmt import subscript, visible_piece
+from tui.screens.attention_matrix import (
+    LABEL_WIDTH,
+    Window,
+    grid_lines,
+    head_group_lines,
+    legend,
+    sink_groups,
+    sink_line,
+    window_for,
+    window_line,
+)
 from tui.screens.instrument import InstrumentScreen
 from tui.screens.tokenizer import span_label
+from tui.widgets.explanation import ExplanationPanel, explanation_content
 
 if TYPE_CHECKING:
     from tui.instruments import AnswerRef, Instruments
@@ -51,7 +70,7 @@ def span_lines(view: AttentionView, width: int) -> list[Content]:
         lines.append(
             Content.assemble(
                 (f"{span_label(sw.span):<22}", "bold"),
-                f"{sw.span.tokens:>5} tokens  ",
+                f"{sw.span.tokens:>5} {'token ' if sw.span.tokens == 1 else 'tokens'}  ",
                 ("█" * filled, "$accent"),
                 ("░" * (width - filled), "$text-muted 30%"),
                 f" {sw.weight:6.1%}",
@@ -98,8 +117,15 @@ class AttentionScreen(InstrumentScreen):
     BINDINGS = [
         Binding("left", "layer(-1)", "Layer ←", show=False),
         Binding("right", "layer(1)", "Layer →"),
-        Binding("up", "head(-1)", "Head ↑", show=False),
-        Binding("down", "head(1)", "Head ↓"),
+        Binding("up", "vertical(-1)", "Head/query ↑", show=False),
+        Binding("down", "vertical(1)", "Head/query ↓"),
+        Binding("left_square_bracket", "head(-1)", "Head [", show=False),
+        Binding("right_square_bracket", "head(1)", "Head ]", show=False),
+        Binding("pageup", "query(-10)", show=False),
+        Binding("pagedown", "query(10)", show=False),
+        Binding("home", "query_to(0)", show=False),
+        Binding("end", "query_to(-1)", show=False),
+        Binding("m", "mode", "Whole prompt / newest row"),
         Binding("a", "average", "Average all"),
     ]
     BODY_FOCUS = False
@@ -107,24 +133,45 @@ class AttentionScreen(InstrumentScreen):
     def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
         super().__init__(link, step, answer)
         info = link.session.info
-        self.n_layers, self.n_heads = info.layers, info.heads
+        self.n_layers, self.n_heads, self.n_kv_heads = info.layers, info.heads, info.kv_heads
         self.layer_no: int | None = None
         self.head_no: int | None = None
         self.view: AttentionView | None = None
+        self.matrix_mode = False
+        """False: the newest position's row; True: the whole prompt's causal matrix."""
+        self.matrix: PrefillMatrix | None = None
+        self.query_no: int | None = None
+        """The matrix row chosen (None: the last)."""
+        self._top = 0
+        self.window: Window | None = None
+        """The part of the matrix on screen."""
         self._suspended = False
 
     def compose_body(self) -> ComposeResult:
         yield Static(SLOW, classes="warning")
         yield Static(id="selector")
         yield Static(id="status", classes="muted")
-        yield Static("Attention by message", classes="section")
-        yield Static(id="spans")
-        yield Static("Most attended positions", classes="section")
-        yield Static(id="top")
-        yield Static("The context, shaded by attention", classes="section")
-        yield Static(id="heat")
+        with Vertical(id="newest"):
+            yield Static("Attention by message", classes="section")
+            yield Static(id="spans")
+            yield Static("Most attended positions", classes="section")
+            yield Static(id="top")
+            yield Static("Query heads, grouped by the K/V head they share", classes="section")
+            yield Static(id="groups")
+            yield Static("The context, shaded by attention", classes="section")
+            yield Static(id="heat")
+        with Vertical(id="matrix"):
+            yield Static(id="window", classes="muted")
+            yield Static(legend(), id="legend")
+            yield Static(id="grid")
+            yield Static(id="sink")
+            yield Static(id="sink-groups")
+            yield Static(id="row-title", classes="section")
+            yield Static(id="row-spans")
+            yield Static(id="row-top")
 
     def on_mount(self) -> None:
+        self.query_one("#matrix").display = False
         self._selector()
         self.refresh_view()
 
@@ -143,14 +190,37 @@ class AttentionScreen(InstrumentScreen):
             self._suspended = False
             self.refresh_view()
 
+    def on_resize(self) -> None:
+        if self.matrix_mode:
+            self._draw_matrix()
+
     def _switch_off(self) -> None:
         if self.link.session is not None:
             self.link.engine.call(switch_off)
 
-    # -- choosing the layer and head ----------------------------------------------------
-    @staticmethod
-    def _cycle(value: int | None, delta: int, count: int) -> int | None:
-        options = [None, *range(count)]
+    # -- the two modes ------------------------------------------------------------------
+    def title_line(self) -> Content:
+        return Content.assemble((f" {explain(self._explained()).title} ", "bold $background on $accent"))
+
+    def _explained(self) -> str:
+        return "attention_matrix" if getattr(self, "matrix_mode", False) else "attention"
+
+    def action_mode(self) -> None:
+        self.matrix_mode = not self.matrix_mode
+        if self.matrix_mode:  # a matrix is of one layer and one head
+            self.layer_no = self.n_layers // 2 if self.layer_no is None else self.layer_no
+            self.head_no = 0 if self.head_no is None else self.head_no
+        self.query_one("#newest").display = not self.matrix_mode
+        self.query_one("#matrix").display = self.matrix_mode
+        self.query_one(ExplanationPanel).update(explanation_content(explain(self._explained())))
+        self.query_one("#title", Static).update(self.title_line())
+        self._selector()
+        self.refresh_view()
+
+    # -- choosing the layer, head and query -------------------------------------------
+    def _cycle(self, value: int | None, delta: int, count: int) -> int | None:
+        options = list(range(count)) if self.matrix_mode else [None, *range(count)]
+        value = options[0] if value not in options else value
         return options[(options.index(value) + delta) % len(options)]
 
     def action_layer(self, delta: int) -> None:
@@ -163,7 +233,33 @@ class AttentionScreen(InstrumentScreen):
         self._selector()
         self.refresh_view()
 
+    def action_vertical(self, delta: int) -> None:
+        """↑↓: the head in the newest-row view, the query row in the matrix."""
+        if self.matrix_mode:
+            self.action_query(delta)
+        else:
+            self.action_head(delta)
+
+    def action_query(self, delta: int) -> None:
+        if self.matrix is not None:
+            self._move_query(self._query() + delta)
+
+    def action_query_to(self, position: int) -> None:
+        if self.matrix is not None:
+            self._move_query(position if position >= 0 else self.matrix.size - 1)
+
+    def _move_query(self, position: int) -> None:
+        self.query_no = max(0, min(position, self.matrix.size - 1))
+        self._draw_matrix()
+
+    def _query(self) -> int:
+        last = self.matrix.size - 1
+        return last if self.query_no is None else min(self.query_no, last)
+
     def action_average(self) -> None:
+        if self.matrix_mode:
+            self.notify("the matrix is of one layer and one head: m goes back to the averages", timeout=4)
+            return
         self.layer_no = self.head_no = None
         self._selector()
         self.refresh_view()
@@ -171,22 +267,35 @@ class AttentionScreen(InstrumentScreen):
     def _selector(self) -> None:
         layer = "average of all" if self.layer_no is None else f"{self.layer_no} (of 0–{self.n_layers - 1})"
         head = "average of all" if self.head_no is None else f"{self.head_no} (of 0–{self.n_heads - 1})"
-        self.query_one("#selector", Static).update(
-            Content.assemble(
-                ("layer ", "bold"),
-                layer,
+        if self.head_no is not None and self.n_kv_heads:
+            head += f", reads K/V head {self.head_no // (self.n_heads // self.n_kv_heads)}"
+        keys = (
+            ("  ← →", "$text-muted"),
+            ("   head ", "bold"),
+            head,
+            ("  [ ]", "$text-muted"),
+            ("   query ↑↓ PgUp PgDn Home End", "$text-muted"),
+        )
+        if not self.matrix_mode:
+            keys = (
                 ("  ← →", "$text-muted"),
                 ("   head ", "bold"),
                 head,
                 ("  ↑ ↓", "$text-muted"),
-                ("   a averages both", "$text-muted"),
+                ("   a averages both · m: the whole prompt", "$text-muted"),
             )
-        )
+        self.query_one("#selector", Static).update(Content.assemble(("layer ", "bold"), layer, *keys))
 
     # -- reading the probe -------------------------------------------------------------
     def refresh_view(self) -> None:
         session = self.link.session
         if session.step_gate.pending is not None:  # the inference thread waits at the gate
+            if self.matrix_mode:
+                self._status(
+                    "a step waits at the gate (step mode): the matrix is one more forward pass, computed "
+                    "between answers; finish or resume the answer (F3), or m for the newest row"
+                )
+                return
             layer, head = self.layer_no, self.head_no
             view = self.link.engine.call_at_gate(lambda s: enabled_view(s, layer, head))
             self.show(view, waiting="recorded from the next step on: take a token")
@@ -196,7 +305,7 @@ class AttentionScreen(InstrumentScreen):
                 "decoding at full speed: the view fills in when the answer ends "
                 "(or at each step in step mode, F3)"
             )
-        self.run_worker(self._fetch(), exclusive=True)
+        self.run_worker(self._fetch_matrix() if self.matrix_mode else self._fetch(), exclusive=True)
 
     async def _fetch(self) -> None:
         layer, head = self.layer_no, self.head_no
@@ -206,6 +315,24 @@ class AttentionScreen(InstrumentScreen):
             self._status(f"✖ {e}")
             return
         self.show(view, waiting="no forward pass yet: send a prompt")
+
+    async def _fetch_matrix(self) -> None:
+        layer, head = self.layer_no, self.head_no
+        self._status(
+            f"computing layer {layer}'s matrix: one eager pass over the context, on the inference thread…"
+        )
+        try:
+            matrix = await self.on_engine(self.link.engine.call(lambda s: _matrix(s, layer, head)))
+        except Exception as e:
+            self._status(f"✖ {e}")
+            return
+        if matrix is None:
+            self._status("nothing to show yet: send a prompt")
+            return
+        if self.matrix is None or self.matrix.ids != matrix.ids:
+            self.query_no = None  # a new context: start at its last row
+        self.matrix = matrix
+        self._draw_matrix()
 
     def _status(self, text: str) -> None:
         self.query_one("#status", Static).update(text)
@@ -223,8 +350,46 @@ class AttentionScreen(InstrumentScreen):
         pieces = list(self.link.session.namer.pieces(view.ids))
         self.query_one("#spans", Static).update(Content("\n").join(span_lines(view, 30)))
         self.query_one("#top", Static).update(Content("\n").join(top_lines(view, pieces)))
+        groups = head_group_lines(view, pieces, self.n_heads, self.n_kv_heads, self.head_no)
+        self.query_one("#groups", Static).update(Content("\n").join(groups))
         self.query_one("#heat", Static).update(heat_chips(view, pieces))
+
+    def _draw_matrix(self) -> None:
+        matrix = self.matrix
+        if matrix is None:
+            return
+        query = self._query()
+        pieces = list(self.link.session.namer.pieces(matrix.ids))
+        rows = max(8, self.size.height - 23)  # room below for the chosen row's top positions
+        cols = max(16, self.size.width - LABEL_WIDTH - 4)
+        window = self.window = window_for(matrix.size, query, self._top, rows, cols)
+        self._top = window.top
+        prefill = ""
+        if matrix.prefilled is not None:
+            start, end = matrix.prefilled
+            prefill = f" · rows {start}–{end - 1}: the last turn's prefill" if end > start else ""
+        self._status(f"the causal matrix of one prefill over {matrix.context} cached positions{prefill}")
+        self.query_one("#window", Static).update(window_line(matrix, window))
+        self.query_one("#grid", Static).update(Content("\n").join(grid_lines(matrix, window, query, pieces)))
+        self.query_one("#sink", Static).update(sink_line(matrix, window))
+        self.query_one("#sink-groups", Static).update(sink_groups(matrix, self.n_heads, self.n_kv_heads))
+        row = matrix.row_view(query)
+        self.query_one("#row-title", Static).update(
+            Content.assemble(
+                f"Query position {query} ",
+                (visible_piece(pieces[query]), "$accent"),
+                f" looks at positions 0–{query}; its weights sum to {sum(row.weights):.3f}",
+            )
+        )
+        self.query_one("#row-spans", Static).update(Content("\n").join(span_lines(row, 30)))
+        self.query_one("#row-top", Static).update(Content("\n").join(top_lines(row, pieces, count=5)))
 
     def engine_said(self, event: Event) -> None:
         if isinstance(event, (StepPaused, TurnFinished)):
             self.refresh_view()
+
+
+def _matrix(session, layer: int, head: int) -> PrefillMatrix | None:
+    """On the inference thread: the probe stays on (this view's eager attention), then the matrix."""
+    enable_and_view(session, layer, head)
+    return prefill_matrix(session, layer, head)

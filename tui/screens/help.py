@@ -8,6 +8,8 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Markdown, Static
 
+from engine.instruments.explain import explain
+from tui.widgets.explanation import explanation_content
 from tui.widgets.token_stream import NEW, REUSED, legend
 
 HELP = """\
@@ -38,6 +40,8 @@ HELP = """\
   shows where bytes per token come from. A follow-up turn only prefills its *new* tokens:
   the rest are **reused**. The answer's last token is never fed back (decoding stopped on
   it), so it is not cached: the next turn reuses prompt + answer − 1 and prefills it.
+  The **K/V heads** table: the same context with one K/V head per query head (MHA), this
+  model's count (◀, measured from the tensors) and one shared head (MQA), computed.
 - **Top-k**: the most probable next tokens of the latest step after your sampling
   settings, the chosen one marked **▶**, and the entropy (how unsure the model was).
 - **Tokens**: the prompt as the model sees it, each token marked as reused from the cache
@@ -55,8 +59,12 @@ INSTRUMENTS = """\
 | **F4** | sampler stages: how penalty, temperature, top-k, top-p, min-p reshape the step's distribution |
 | **F5** | tokenizer view: pieces and IDs, chat template, cached vs new; compare the cost of two texts |
 | **F6** | two phases measured: FLOP/s, bytes/s, arithmetic intensity against this machine's peaks |
-| **F7** | attention view by layer and head (slows decoding while open) |
+| **F7** | attention view by layer and head, query heads grouped under their K/V head; **m** the whole \
+prompt's causal matrix, ↑↓ choose the query row (slows decoding while open) |
 | **F8** | precision compare: the last turn at two precisions |
+| **x** in F6 | context length is not free: TTFT and ITL measured at 16 … 2,048 tokens, \
+and when the KV cache outweighs the weights |
+| **e** in F2 | embeddings: the token's embedding row, its nearest tokens, what RoPE does to it |
 
 Press **Esc** to close.
 """
@@ -80,6 +88,7 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen > VerticalScroll { width: 90; max-width: 100%; height: auto; max-height: 100%;
         border: thick $primary; background: $surface; }
     HelpScreen #colours { margin: 0 1 0 1; }
+    HelpScreen #kv-heads { margin: 1 1 0 1; }
     """
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
 
@@ -87,6 +96,7 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll():
             yield Markdown(HELP)
             yield Static(colours(), id="colours")
+            yield Static(explanation_content(explain("kv_heads"), closes=False), id="kv-heads")
             yield Markdown(INSTRUMENTS)
 
     def on_mount(self) -> None:

@@ -135,6 +135,7 @@ class InspectorScreen(InstrumentScreen):
         Binding("b", "branch", "Branch"),
         Binding("t", "stages", "Stages"),
         Binding("k", "tokenizer", "Tokenizer"),
+        Binding("e", "embeddings", "Embedding"),
     ]
     BODY_FOCUS = False
 
@@ -303,6 +304,11 @@ class InspectorScreen(InstrumentScreen):
 
     def action_tokenizer(self) -> None:
         self.link.open("tokenizer", answer=self.ref)
+
+    def action_embeddings(self) -> None:
+        """The selected step's token in the embeddings view (its row, neighbours, RoPE)."""
+        if self.ref is not None and self.steps:
+            self.link.open("embeddings", step=self.step, answer=self.ref)
 
     # -- engine -----------------------------------------------------------------------
     def engine_said(self, event: Event) -> None:

@@ -27,8 +27,10 @@ from engine.instruments.phases import (
     TurnPhases,
     turn_phases,
 )
+from engine.instruments.verify_cost import measured_rounds
 from tui.fmt import human_bytes, ms
 from tui.screens.instrument import InstrumentScreen
+from tui.screens.phases_verify import verify_lines
 
 if TYPE_CHECKING:
     from tui.instruments import AnswerRef, Instruments
@@ -237,7 +239,7 @@ def machine_line(peaks: Calibration) -> Content:
 
 class PhasesScreen(InstrumentScreen):
     INSTRUMENT = "phases"
-    BINDINGS = [Binding("c", "calibrate", "Calibrate again")]
+    BINDINGS = [Binding("c", "calibrate", "Calibrate again"), Binding("x", "context", "Context sweep")]
 
     def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
         super().__init__(link, step, answer)
@@ -252,6 +254,8 @@ class PhasesScreen(InstrumentScreen):
         yield Static("Where each phase sits", classes="section")
         yield Static(id="roofline")
         yield Static(id="verdict")
+        yield Static("Speculative decoding: why a verify pass costs about one step", classes="section")
+        yield Static(id="verify")
 
     def on_mount(self) -> None:
         info = self.link.session.info
@@ -270,6 +274,10 @@ class PhasesScreen(InstrumentScreen):
         if self.peaks is None:
             self.action_calibrate()
         self.draw()
+
+    def action_context(self) -> None:
+        """The context experiment: TTFT and ITL at 16 ... 2,048 tokens (tui/screens/context.py)."""
+        self.link.open("context")
 
     def action_calibrate(self) -> None:
         info = self.link.session.info
@@ -299,7 +307,20 @@ class PhasesScreen(InstrumentScreen):
             return
         self.draw()
 
+    def draw_verify(self) -> None:
+        """The verify pass against a decode step (tui/screens/phases_verify.py), kept apart from the
+        measurements: counted always, timed from this session's rounds and plain answers."""
+        link = self.link
+        info = link.session.info
+        stats = link.last_stats
+        path = stats.step_path if stats is not None and stats.speculative else "fused"
+        plain = link.plain.plain_for(info, path) or link.plain.newest(info)
+        k = getattr(link.app, "speculation", (None, 4))[1]
+        lines = verify_lines(self.shape, k, stats, measured_rounds(link.spec_rounds), plain)
+        self.query_one("#verify", Static).update(Content("\n").join(lines))
+
     def draw(self) -> None:
+        self.draw_verify()
         peaks = self.peaks
         if peaks is not None:
             self.query_one("#machine", Static).update(machine_line(peaks))

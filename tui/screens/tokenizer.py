@@ -4,16 +4,21 @@ Plain tokenizer work (no forward pass), done on the UI thread: the pieces of the
 prompt and the answer with their IDs and where their K/V came from (cache, prefill,
 generated), characters per token per message, the rendered chat template with its special
 tokens and the cached/new boundary, and two inputs whose token counts sit side by side.
+
+With --server the tokenizer is the server's (engine/remote/tokenizer.py): each reading is an
+HTTP request, made in a thread worker whose result comes back as a message.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
+from textual.message import Message
 from textual.widgets import Input, Static
 
 from engine.events import Event, Forked, TurnFinished
@@ -145,6 +150,24 @@ def cost_verdict(left: TextCost, right: TextCost) -> Content:
     )
 
 
+@dataclass
+class ServerCosts(Message):
+    """The server's tokenizer counted both texts (or `error` says why not)."""
+
+    costs: tuple[TextCost, TextCost] | None
+    error: str = ""
+
+
+@dataclass
+class ServerTurn(Message):
+    """The server's tokenizer read the turn (or `error` says why not)."""
+
+    turn: object | None
+    """A `ServerTurnView` (engine/remote/tokenizer.py)."""
+    label: str
+    error: str = ""
+
+
 class TokenizerScreen(InstrumentScreen):
     INSTRUMENT = "tokenizer"
     DEFAULT_CSS = """
@@ -157,6 +180,8 @@ class TokenizerScreen(InstrumentScreen):
     def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
         super().__init__(link, step, answer)
         self.answer = answer
+        self.server = getattr(link.session, "server_tokenizer", None)
+        """The server's tokenizer where the model is on a server; None for the local engine."""
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="summary")
@@ -198,9 +223,17 @@ class TokenizerScreen(InstrumentScreen):
                 )
             )
             return
+        if self.server is not None:
+            self._server_turn(answer)
+            return
         trace = answer.trace
         view = tokenizer_view(session, trace.prompt_ids, trace.reused, [s.id for s in list(trace.steps)])
-        self.set_title_line(answer.label)
+        self._show_turn(view, answer.label, list(session.tokenizer.all_special_tokens))
+
+    def _show_turn(
+        self, view: TokenizerView, label: str, specials: list[str], notes: tuple[str, ...] = ()
+    ) -> None:
+        self.set_title_line(label)
         self.query_one("#summary", Static).update(
             Content.assemble(
                 ("prompt ", "bold"),
@@ -211,26 +244,88 @@ class TokenizerScreen(InstrumentScreen):
                 " · ",
                 ("answer ", "bold"),
                 (f"{view.generated} generated", SOURCE_STYLES["generated"][0]),
-                f" · {len(view.pieces)} tokens in all ({answer.label})",
+                f" · {len(view.pieces)} tokens in all ({label})",
+                *self._source_line(),
+                *((f"\n{note}", "$text-muted") for note in notes),
             )
         )
         self.query_one("#pieces", Static).update(
             piece_chips(view.pieces, view.reused if view.reused else None)
         )
         self.query_one("#spans", Static).update(Content("\n").join(span_lines(view)))
-        specials = list(session.tokenizer.all_special_tokens)
         self.query_one("#template", Static).update(template_content(view, specials))
+
+    def _source_line(self) -> list[tuple[str, str]]:
+        """Whose tokenizer this is, when it is not the local one."""
+        if self.server is None:
+            return []
+        return [(f"\n{self.server.client.shown}'s own tokenizer (/tokenize, /detokenize)", "$text-muted")]
+
+    # -- the turn, from a server's tokenizer ------------------------------------------------
+    def _server_turn(self, answer: AnswerRef) -> None:
+        if not self.server.available:
+            self._say(self.server.missing)
+            return
+        self._say(f"asking {self.server.client.shown}/tokenize…")
+        self.run_worker(lambda: self._read_turn(answer), thread=True, exclusive=True, group="turn")
+
+    def _read_turn(self, answer: AnswerRef) -> None:
+        """On a worker thread: the HTTP requests, then a message to the screen."""
+        from engine.remote.client import RemoteError
+
+        try:
+            self.post_message(
+                ServerTurn(self.server.turn_view(self.link.session, answer.trace), answer.label)
+            )
+        except RemoteError as e:
+            self.post_message(ServerTurn(None, answer.label, str(e)))
+
+    @on(ServerTurn)
+    def _server_turn_read(self, message: ServerTurn) -> None:
+        if message.turn is None:
+            self._say(f"the server's tokenizer could not read the turn: {message.error}")
+            return
+        turn = message.turn
+        self._show_turn(turn.view, message.label, list(turn.specials), turn.notes)
+
+    def _say(self, text: str) -> None:
+        self.query_one("#summary", Static).update(Content.styled(text, "$text-muted"))
 
     # -- compare cost -----------------------------------------------------------------
     @on(Input.Changed)
     def _costs(self) -> None:
         session = self.link.session
+        if self.server is not None:
+            texts = tuple(self.query_one(f"#{side}-text", Input).value for side in ("left", "right"))
+            self.run_worker(lambda: self._count(*texts), thread=True, exclusive=True, group="costs")
+            return
         costs = []
         for side in ("left", "right"):
             cost = text_cost(session.tokenizer, self.query_one(f"#{side}-text", Input).value, session.namer)
             self.query_one(f"#{side}-cost", Static).update(cost_lines(cost))
             costs.append(cost)
         self.query_one("#verdict", Static).update(cost_verdict(*costs))
+
+    def _count(self, left: str, right: str) -> None:
+        """On a worker thread: both texts through the server's tokenizer."""
+        from engine.remote.client import RemoteError
+
+        if not self.server.available:
+            self.post_message(ServerCosts(None, self.server.missing))
+            return
+        try:
+            self.post_message(ServerCosts((self.server.text_cost(left), self.server.text_cost(right))))
+        except RemoteError as e:
+            self.post_message(ServerCosts(None, str(e)))
+
+    @on(ServerCosts)
+    def _server_costs(self, message: ServerCosts) -> None:
+        if message.costs is None:
+            self.query_one("#verdict", Static).update(Content.styled(message.error, "$text-warning"))
+            return
+        for side, cost in zip(("left", "right"), message.costs):
+            self.query_one(f"#{side}-cost", Static).update(cost_lines(cost))
+        self.query_one("#verdict", Static).update(cost_verdict(*message.costs))
 
     def engine_said(self, event: Event) -> None:
         if isinstance(event, (TurnFinished, Forked)) and self.answer is None:

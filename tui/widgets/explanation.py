@@ -8,7 +8,9 @@ from textual.widgets import Static
 from engine.instruments.explain import Explanation
 
 
-def explanation_content(explanation: Explanation) -> Content:
+def explanation_content(explanation: Explanation, closes: bool = True) -> Content:
+    """`closes`: end with the `?` hint (not where it is part of a page, as in Help)."""
+    hint = ("\n", ("? closes this", "$text-muted")) if closes else ()
     return Content.assemble(
         (explanation.title, "bold $text-primary"),
         "\n",
@@ -16,8 +18,7 @@ def explanation_content(explanation: Explanation) -> Content:
         "\n",
         ("formula  ", "bold"),
         (explanation.formula, "$text-accent"),
-        "\n",
-        ("? closes this", "$text-muted"),
+        *hint,
     )
 
 

@@ -42,6 +42,43 @@ def short_formula(info: ModelInfo) -> str:
     )
 
 
+# -- the same context with other K/V head counts (MHA, this model, MQA): computed from the shape
+def head_sharing(info: ModelInfo) -> list[tuple[str, int, int]]:
+    """(name, K/V heads, bytes per token) for one K/V head per query head (MHA), this model's
+    count where it lies between (GQA), and one shared head (MQA): 2 × layers × h × head_dim × element."""
+    parts = (info.layers, info.heads, info.kv_heads, info.head_dim, info.cache_element_bytes)
+    if any(p is None for p in parts):
+        return []
+    counts = [("MHA", info.heads)]
+    if 1 < info.kv_heads < info.heads:
+        counts.append(("GQA", info.kv_heads))
+    if info.heads > 1:
+        counts.append(("MQA", 1))
+    return [(name, h, 2 * info.layers * h * info.head_dim * info.cache_element_bytes) for name, h in counts]
+
+
+def head_sharing_lines(info: ModelInfo, used: int, real: int | None) -> list[Content]:
+    """A short table: bytes per token and at the current context for each head count. Only this
+    model's row can be measured (its tensors' bytes, where they equal the formula's)."""
+    rows = head_sharing(info)
+    if not rows:
+        return []
+    lines = [Content.assemble(("K/V heads ", "bold"), f" B/token   at {used:,} tokens")]
+    for name, heads, per_token in rows:
+        mine = heads == info.kv_heads
+        total = used * per_token
+        measured = mine and real is not None and real == total
+        lines.append(
+            Content.assemble(
+                (f"{name} {heads:<2}", "bold" if mine else ""),
+                (" ◀" if mine else "  ", "$accent"),
+                f"{per_token:>10,} {human_bytes(total):>11} ",
+                ("measured" if measured else "this model" if mine else "computed", "$text-muted"),
+            )
+        )
+    return lines
+
+
 class KVCachePanel(Widget):
     DEFAULT_CSS = """
     KVCachePanel { height: auto; border: round $primary 50%; border-title-color: $text; padding: 0 1; }
@@ -112,6 +149,7 @@ class KVCachePanel(Widget):
                 ("formula ", "bold"),
                 f"{used:,} × {per_token:,} B = {human_bytes(used * per_token)}",
             ),
+            *head_sharing_lines(self.info, used, real if self.cache else None),
             self._turn_line(),
             *self._unfed_line(),
         ]

@@ -15,6 +15,7 @@ from textual.timer import Timer
 from textual.widget import Widget
 
 from engine.events import DecodeStep, DraftRound, PhaseChanged, PrefillProgress, TokenSampled, TurnStats
+from engine.spec.speedup import SpeedUp
 from tui.fmt import count, ms, sparkline
 
 BADGES = {
@@ -99,6 +100,8 @@ class PhasePanel(Widget):
         """Step mode: the index of the token waiting for the user's choice."""
         self.rounds: list[DraftRound] = []
         """This turn's speculative rounds (none without --speculative)."""
+        self.speedup: SpeedUp | None = None
+        """A finished speculative answer against plain decoding in this session."""
         self.decode_step: DecodeStep | None = None
         self._build_started = 0.0
         """time.monotonic() when the compile shown started (its elapsed time counts on from it)."""
@@ -143,7 +146,7 @@ class PhasePanel(Widget):
         if event.phase == "prefill":
             self.prompt_new, self.prompt_reused = event.tokens, event.reused
             self.progress, self.ttft_s, self.final = None, None, None
-            self.itl, self.tokens, self.rounds = [], 0, []
+            self.itl, self.tokens, self.rounds, self.speedup = [], 0, [], None
         self.refresh()
 
     def add_round(self, event: DraftRound, repaint: bool = True) -> None:
@@ -167,8 +170,8 @@ class PhasePanel(Widget):
         if repaint:
             self.refresh()
 
-    def finish(self, stats: TurnStats) -> None:
-        self.final, self.waiting_step = stats, None
+    def finish(self, stats: TurnStats, speedup: SpeedUp | None = None) -> None:
+        self.final, self.waiting_step, self.speedup = stats, None, speedup
         self.phase = "idle"
         self.ttft_s = stats.ttft_s
         self.refresh()
@@ -205,7 +208,17 @@ class PhasePanel(Widget):
             "\n",
             (sparkline(self.itl, max(10, self.content_size.width)), "$accent"),
             "\n",
-            (f"ITL of each token, newest right (top = {ms(max(self.itl, default=None))})", "$text-muted"),
+            self._caption(),
+        )
+
+    def _caption(self) -> Content:
+        """Under the sparkline; after a speculative answer, its speed against plain decoding instead."""
+        if self.final is not None and self.final.speculative is not None and self.speedup is not None:
+            if self.speedup.plain is None:
+                return Content.styled(self.speedup.short(), "$text-muted")
+            return Content.assemble(("speed-up ", "bold"), self.speedup.short())
+        return Content.styled(
+            f"ITL of each token, newest right (top = {ms(max(self.itl, default=None))})", "$text-muted"
         )
 
     def _why(self) -> Content:

@@ -1,0 +1,176 @@
+"""Speculation measured in the app: the speed-up against a plain answer of the same session (phase
+panel), and the phases view's verify pass against one decode step (counted, and timed)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from engine.events import DraftRound, ModelReady, TurnFinished, TurnStats, to_json
+from engine.instruments.phases import ModelShape, turn_phases
+from engine.instruments.verify_cost import measured_rounds, verify_cost
+from engine.sampling import SamplingSettings
+from engine.session import ChatSession
+from engine.spec.drafters import PromptLookup
+from engine.spec.loop import Speculation
+from engine.spec.speedup import PlainBaseline
+from tests.test_speculative import PROMPTS
+from tests.test_tui_model import WIDE, Recorder, turns_done
+from tests.tui_fakes import fake_app
+from tests.tui_screen import screen_text, wait_for, widget_text
+from tui.fmt import ms
+from tui.screens.phases import PhasesScreen
+from tui.widgets.phase import PhasePanel
+
+
+def stats(
+    tok_s: float, speculative: str | None = None, path: str | None = "fused", tokens: int = 10
+) -> TurnStats:
+    return TurnStats(
+        prompt_tokens=20,
+        reused_tokens=0,
+        prefilled_tokens=20,
+        generated_tokens=tokens,
+        ttft_s=0.1,
+        itl_p50_s=1 / tok_s,
+        itl_p90_s=1 / tok_s,
+        prefill_tok_s=200.0,
+        decode_tok_s=tok_s,
+        stop="eos",
+        speculative=speculative,
+        step_path=path,
+    )
+
+
+def test_the_speed_up_is_against_the_newest_plain_answer_decoded_the_same_way(tiny_loaded):
+    info = tiny_loaded.info
+    base = PlainBaseline()
+    first = base.finished(stats(30.0, "lookup, K 4"), info)
+    assert first.plain is None and "no plain answer measured yet in this session" in first.describe()
+    assert base.finished(stats(20.0, path="compiled"), info) is None  # plain answer 2
+    assert base.finished(stats(99.0, path="step mode"), info) is None  # waits for the user: no speed
+    up = base.finished(stats(30.0, "lookup, K 4"), info)
+    assert up.ratio == pytest.approx(1.5) and not up.same_path
+    assert up.describe() == "1.50× plain: 30.0 vs 20.0 tok/s (plain answer 2, ran compiled)"
+    assert up.short() == "1.50× vs plain 20.0 tok/s (#2, compiled)"
+    base.finished(stats(10.0), info)  # plain answer 5, the eager path a round runs
+    up = base.finished(stats(30.0, "lookup, K 4"), info)
+    assert up.ratio == pytest.approx(3.0) and up.same_path
+    assert up.describe() == "3.00× plain: 30.0 vs 10.0 tok/s (plain answer 5)"
+    other = dataclasses.replace(info, precision="bf16")
+    assert base.finished(stats(30.0, "lookup, K 4"), other).plain is None  # another precision
+
+
+def test_turn_stats_say_how_the_answer_was_decoded(tiny_loaded):
+    chat = ChatSession(tiny_loaded, SamplingSettings(temperature=0, max_new_tokens=12))
+    plain = [e for e in chat.send(PROMPTS[0]) if isinstance(e, TurnFinished)][-1].stats
+    assert (plain.speculative, plain.step_path) == (None, "fused")
+    chat.speculation = Speculation(PromptLookup(), 3)
+    spec = [e for e in chat.send(PROMPTS[0]) if isinstance(e, TurnFinished)][-1].stats
+    assert (spec.speculative, spec.step_path) == ("lookup, K 3", "fused")
+    line = to_json(TurnFinished(spec, "x"))
+    assert line["speculative"] == "lookup, K 3" and line["step_path"] == "fused"
+
+
+def test_a_verify_pass_moves_about_one_steps_bytes_for_k_plus_one_times_the_flops(tiny_loaded):
+    shape = ModelShape.of(tiny_loaded)
+    assert verify_cost(shape, 0, 50).verify_flops == shape.decode_flops(50)  # K = 0 is a decode step
+    assert verify_cost(shape, 0, 50).verify_bytes == shape.decode_bytes(50)
+    cost = verify_cost(shape, 4, 50)
+    # the same weights, plus 4 more tokens' K/V written and read
+    assert cost.verify_bytes - cost.step_bytes == 2 * 4 * shape.kv_bytes_per_token
+    # every token through every matrix and the LM head, each against its own prefix
+    matmuls = 5 * (2 * shape.matmul_params + 2 * shape.head_params)
+    assert cost.verify_flops == matmuls + shape.attention_flops(5, 50)
+    assert 5.0 <= cost.flops_ratio < 5.1  # a little over K+1: later drafts attend to more keys
+
+
+def test_a_speculative_answer_has_no_plain_decode_step_to_time(tiny_loaded):
+    shape = ModelShape.of(tiny_loaded)
+    assert turn_phases(shape, stats(20.0)).decode is not None
+    spec = turn_phases(shape, dataclasses.replace(stats(20.0, "lookup, K 4"), itl_p50_s=1e-5))
+    assert spec.decode is None and spec.prefill is not None
+
+
+def test_measured_rounds_time_the_usual_k():
+    rounds = [
+        DraftRound(1, "lookup", (1, 2, 3, 4), ("a",) * 4, 2, 9, 0.001, 0.030),
+        DraftRound(4, "lookup", (1, 2), ("a",) * 2, 2, 9, 0.001, 0.010),  # a shorter draft: cheaper
+        DraftRound(7, "lookup", (1, 2, 3, 4), ("a",) * 4, 4, 9, 0.002, 0.050),
+        DraftRound(12, "lookup", (1, 2, 3, 4), ("a",) * 4, 0, 9, 0.001, 0.040),
+    ]
+    measured = measured_rounds(rounds)
+    assert (measured.k, measured.rounds, measured.verify_s) == (4, 3, 0.040)
+    assert measured_rounds([]) is None
+
+
+def test_the_app_shows_the_speed_up_and_f6_the_verify_pass(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = fake_app(
+            recorder.factory,
+            tmp_path,
+            model=str(tiny_model_dir),
+            device="cpu",
+            sampling={"temperature": 0, "max_new_tokens": 24},
+        )
+        async with app.run_test(size=WIDE) as pilot:
+            await wait_for(pilot, lambda: app.turns.ready, timeout=60)
+            app.speculation = ("lookup", 4)  # as Settings does, before any plain answer
+            app.engine.set_speculation("lookup", 4)
+            await pilot.press(*PROMPTS[0], "enter")
+            await turns_done(pilot, recorder, 1)
+            phase = widget_text(app.query_one(PhasePanel))
+            assert "no plain answer measured yet in this session" in phase
+
+            app.speculation = (None, 4)
+            app.engine.set_speculation(None, 4)
+            await pilot.press(*PROMPTS[0], "enter")
+            await turns_done(pilot, recorder, 2)
+            plain = recorder.of(TurnFinished)[-1].stats
+            assert plain.speculative is None
+            assert "speed-up" not in widget_text(app.query_one(PhasePanel))
+
+            app.speculation = ("lookup", 4)
+            app.engine.set_speculation("lookup", 4)
+            await pilot.press(*PROMPTS[0], "enter")
+            await turns_done(pilot, recorder, 3)
+            spec = recorder.of(TurnFinished)[-1].stats
+            assert spec.speculative == "lookup, K 4"
+            ratio = spec.decode_tok_s / plain.decode_tok_s
+            phase = widget_text(app.query_one(PhasePanel))
+            assert f"decode {spec.decode_tok_s:.1f} tok/s" in phase
+            assert f"speed-up {ratio:.2f}× vs plain {plain.decode_tok_s:.1f} tok/s (#2)" in phase
+
+            rounds = recorder.events[recorder.events.index(recorder.of(TurnFinished)[1]) :]
+            measured = measured_rounds([e for e in rounds if isinstance(e, DraftRound)])
+            assert measured is not None  # the answer repeats the prompt: lookup finds drafts
+            await pilot.press("f6")
+            await wait_for(pilot, lambda: isinstance(app.screen, PhasesScreen), what="the phases view")
+            shown = screen_text(app)
+            info = recorder.of(ModelReady)[0].info
+            context = spec.prompt_tokens + spec.generated_tokens // 2
+            cost = verify_cost(ModelShape.of(app.engine.session.loaded), measured.k, context)
+            assert f"K = {measured.k} drafts" in shown and f"at context {context:,}" in shown
+            assert f"verify pass ({measured.k + 1} tokens)" in shown
+            assert f"{cost.flops_ratio:.2f}×" in shown and f"{cost.bytes_ratio:.4f}×" in shown
+            assert f"{ms(measured.verify_s)} (median of {measured.rounds})" in shown
+            assert f"{ms(plain.itl_p50_s)} (answer 2, fused)" in shown
+            assert f"{measured.verify_s / plain.itl_p50_s:.2f}×" in shown
+            assert "The last answer was speculative (lookup, K 4)" in shown
+            assert info.precision == "fp32"
+
+    asyncio.run(scenario())
+
+
+def test_bench_speculative_reports_a_plain_step_beside_the_verify_round(tiny_loaded):
+    from engine.spec.bench import bench_speculative
+
+    result = bench_speculative(tiny_loaded, "lookup", 4, tokens=12, repeats=1, compile=False)
+    assert result["identical"]
+    for row in (result, *result["prompts"].values()):
+        assert row["plain_step_ms"] > 0 and row["verify_ms_per_round"] >= 0
+        assert row["speedup"] == pytest.approx(row["tok_s"] / row["plain_tok_s"], abs=2e-3)
