@@ -54,9 +54,9 @@ def test_the_real_engine_with_compile_off_says_eager_and_why(tiny_model_dir, tmp
             measured = recorder.of(TurnFinished)[0].stats.contention
             assert measured is not None
             if measured.busy:
-                assert f"⚠ busy machine, figures slowed: CPU {measured.cpu_share:.0%}" in shown
+                assert f"⚠ busy machine: CPU {measured.cpu_share:.0%}" in shown
             else:
-                assert f"measured at CPU share {measured.cpu_share:.0%}" in shown
+                assert f"CPU share {measured.cpu_share:.0%}" in shown
 
     run(scenario)
 
@@ -113,7 +113,7 @@ def test_a_turn_on_a_busy_machine_is_flagged_beside_its_figures(tmp_path):
             await pilot.press(*"Hi", "enter")
             await wait_for(pilot, lambda: not app.turns.busy and app.query_one(PhasePanel).final is not None)
             await pilot.pause(0.6)
-            warning = "⚠ busy machine, figures slowed: CPU 45%"
+            warning = "⚠ busy machine: CPU 45%"
             assert warning in panel_text(app)
             chat = " ".join(widget_text(app.query_one(ChatLog)).split())
             assert "43.5 tok/s · ⚠ busy machine: figures slowed (CPU share 45%" in chat

@@ -40,22 +40,26 @@ def elapsed(seconds: float) -> str:
 
 
 def step_line(step: DecodeStep | None, building_s: float | None = None) -> Content:
-    """Which decode step runs, and why, in two lines; `building_s` the compile's running time now."""
+    """Which decode step runs, in one line; `building_s` the compile's running time now."""
     if step is None:
-        return Content.styled("decode step: not known yet\n", "$text-muted")
+        return Content.styled("decode step: not known yet", "$text-muted")
     if step.compile == "building":
         shown = step.elapsed_s if building_s is None else building_s
         return Content.assemble(
             ("decode step ", "bold"),
             f"{step.step} · {step.attention}",  # short: the time must fit a 42-cell panel
             (f" · compiling {elapsed(shown)}…", "bold $text-warning"),
-            "\n",
-            ("the compiled step takes over when ready", "$text-muted"),
         )
     attention = "" if step.step == "hf" else f" · attention {step.attention}"
-    head = (("decode step ", "bold"), f"{STEPS[step.step]}{attention}")
+    return Content.assemble(("decode step ", "bold"), f"{STEPS[step.step]}{attention}")
+
+
+def step_why(step: DecodeStep) -> Content:
+    """Why that step (and not a faster one): red when the compile failed or was given up."""
+    if step.compile == "building":
+        return Content.styled("the compiled step takes over when ready", "$text-muted")
     style = "$text-error" if step.compile in ("failed", "given up") else "$text-muted"
-    return Content.assemble(*head, "\n", (step.why, style))
+    return Content.styled(step.why, style)
 
 
 def step_word(step: DecodeStep | None, building_s: float | None = None) -> str:
@@ -81,7 +85,7 @@ def prefill_rate(stats: TurnStats) -> str:
 
 class PhasePanel(Widget):
     DEFAULT_CSS = """
-    PhasePanel { height: 11; border: round $primary 50%; border-title-color: $text; padding: 0 1;
+    PhasePanel { height: 9; border: round $primary 50%; border-title-color: $text; padding: 0 1;
         text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
@@ -188,9 +192,9 @@ class PhasePanel(Widget):
             " ",
             self._detail(),
             "\n",
-            self._why(),
-            "\n",
             step_line(self.decode_step, self.building_s),
+            "\n",
+            self._why(),
             "\n",
             ("TTFT ", "bold"),
             ms(self.ttft_s),
@@ -204,9 +208,7 @@ class PhasePanel(Widget):
             ("prefill ", "bold"),
             prefill,
             "\n",
-            self._contention(),
-            "\n",
-            (sparkline(self.itl, max(10, self.content_size.width)), "$accent"),
+            self._sparkline_and_share(),
             "\n",
             self._caption(),
         )
@@ -238,17 +240,21 @@ class PhasePanel(Widget):
             f"{ms(sum(r.verify_s for r in self.rounds) / n)} a round",
         )
 
-    def _contention(self) -> Content:
-        """Beside the figures: the CPU share they were measured at; a warning on a busy machine."""
+    def _share(self) -> Content:
+        """The CPU share the last turn's figures were measured at; a warning on a busy machine
+        (the load, which only backs the share up, is in the chat's line and F6)."""
         measured = self.final.contention if self.final is not None else None
-        if measured is None:
-            return Content.styled("CPU share: measured after a turn", "$text-muted")
-        share = f"CPU {measured.cpu_share:.0%}" if measured.cpu_share is not None else ""
-        if measured.busy:  # the load, which only backs the share up, is in the chat's line and F6
-            return Content.styled(
-                f"⚠ busy machine, figures slowed: {share or measured.figures()}", "bold $text-warning"
-            )
-        return Content.styled(f"measured at {measured.figures()}", "$text-muted")
+        if measured is None or measured.cpu_share is None:
+            return Content("")
+        if measured.busy:
+            return Content.styled(f" ⚠ busy machine: CPU {measured.cpu_share:.0%}", "bold $text-warning")
+        return Content.styled(f" CPU share {measured.cpu_share:.0%}", "$text-muted")
+
+    def _sparkline_and_share(self) -> Content:
+        """The ITL sparkline, with the CPU share its figures were measured at at its right."""
+        share = self._share()
+        width = max(10, self.content_size.width - share.cell_length)
+        return Content.assemble((sparkline(self.itl, width), "$accent"), share)
 
     def _strip(self) -> Content:
         """The one-line form for small terminals."""
@@ -266,9 +272,12 @@ class PhasePanel(Widget):
         )
 
     def _server_figures(self) -> Content:
-        """Why the phase costs what it does; after a server's turn, its own figures instead."""
+        """Why the phase costs what it does; after a server's turn, its own figures instead; outside
+        prefill, why the decode step is the one named above it."""
         server = self.final.server if self.final is not None else None
         if self.phase != "idle" or server is None or server.prompt_ms is None:
+            if self.phase != "prefill" and self.decode_step is not None:
+                return step_why(self.decode_step)
             return Content.styled(WHY[self.phase], "italic $text-muted")
         per_token = server.predicted_per_token_ms
         decode = f" · ITL {per_token:.1f} ms" if per_token is not None else ""
