@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 
 from engine import models
-from engine.events import TokenSampled, TurnFinished
+from engine.contention import ContentionMeter
+from engine.events import TokenSampled, TurnFinished, contention_json
 from engine.fast import compiled as compiled_module
 from engine.fast import fused
 from engine.kvcache import CACHE_PRECISIONS, with_cache_precision
@@ -109,6 +110,8 @@ class PrecisionResult:
     """Speculative against plain decoding (engine/spec/bench.py), when asked for."""
     kv_cache: dict = field(default_factory=dict)
     """Per KV cache precision: bytes per token, bytes a step reads and ITL at long context."""
+    contention: dict = field(default_factory=dict)
+    """The CPU share the decode runs got (engine/contention.py): busy means other work slowed them."""
     peak_memory_bytes: int = 0
     bandwidth_bound_tok_s: float = 0.0
     fp32_generate_tok_s: float = 0.0
@@ -140,6 +143,7 @@ class PrecisionResult:
             "long_context": self.long_context,
             **({"speculative": self.speculative} if self.speculative else {}),
             **({"kv_cache": self.kv_cache} if self.kv_cache else {}),
+            "contention": self.contention,
             "peak_memory_bytes": self.peak_memory_bytes,
             "bandwidth_bound_tok_s": round(self.bandwidth_bound_tok_s, 1),
             "fraction_of_bound": round(self.decode.get("tok_s", 0.0) / self.bandwidth_bound_tok_s, 3)
@@ -534,9 +538,13 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
             report(f"[{precision}] {result.compiled['note']}")
         use_compiled = bool(result.compiled.get("compiled"))
         report(f"[{precision}] decode {config.decode_tokens} tokens: ours vs model.generate, interleaved")
+        meter = ContentionMeter()
         result.decode, result.decode_eager, result.generate = bench_decode(
             loaded, config.decode_tokens, config.repeats, use_compiled
         )
+        measured = meter.stop()
+        result.contention = contention_json(measured)
+        report(f"[{precision}] decode measured at {measured.describe() or 'an unknown CPU share'}")
         report(f"[{precision}] multi-turn reuse over {config.turns} turns")
         result.multi_turn = bench_multi_turn(loaded, config.turns)
         if config.long_context:

@@ -253,6 +253,32 @@ class ServerTimings:
 
 
 @dataclass(frozen=True)
+class Contention:
+    """How much of the CPU this process got while it measured (engine/contention.py)."""
+
+    cpu_share: float | None
+    """Run time / (run + run-queue wait) of this process's threads, 0..1; None: not measurable."""
+    source: str
+    """'schedstat' (the kernel's run-queue accounting) or 'thread_time' (CPU time / wall time)."""
+    load_1m: float | None
+    """The machine's 1-minute load average (threads wanting a core), None where unknown."""
+    cores: int
+    busy: bool
+    """The figures were measured on a busy machine and are slower than the model's own speed."""
+
+    def figures(self) -> str:
+        """'CPU share 45%, load 3.1 on 2 cores'."""
+        parts = [f"CPU share {self.cpu_share:.0%}"] if self.cpu_share is not None else []
+        if self.load_1m is not None:
+            parts.append(f"load {self.load_1m:.1f} on {self.cores} cores")
+        return ", ".join(parts)
+
+    def describe(self) -> str:
+        """'busy machine: figures slowed (CPU share 45%, load 3.1 on 2 cores)', or the figures alone."""
+        return f"busy machine: figures slowed ({self.figures()})" if self.busy else self.figures()
+
+
+@dataclass(frozen=True)
 class TurnStats:
     """One answer's figures, as the client measured them; None where a remote server did not say."""
 
@@ -274,6 +300,8 @@ class TurnStats:
     step_path: str | None = None
     """What ran the decode: 'compiled', 'fused' (the eager fast path), 'reference' (the HF forward),
     or 'step mode' (each token waited for the user: its times are not a speed); None from a server."""
+    contention: Contention | None = None
+    """Whether the machine let this process run while the turn was measured (None: not measured)."""
 
 
 @dataclass(frozen=True)
@@ -282,6 +310,26 @@ class TurnFinished:
     text: str
     error: str = ""
     """Why a turn stopped early (stop 'error'): one line; its partial answer is kept."""
+
+
+CompileState = Literal["off", "unsupported", "building", "ready", "failed", "given up", "stopped"]
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """Which code runs the next decode step, and why that one (engine/fast/compiled.py).
+
+    Sent after a load and whenever the background compile changes state."""
+
+    step: Literal["compiled", "eager", "hf"]
+    """'compiled' (torch.compile), 'eager' (the fused fast path), 'hf' (the transformers forward)."""
+    attention: str
+    """How a decode step attends: 'kernel' (engine/fast/attention.py), 'SDPA', or 'HF'."""
+    compile: CompileState
+    why: str
+    """Plain words: why this step and not a faster one (or why the compile failed)."""
+    elapsed_s: float = 0.0
+    """While building: seconds since the compile started; when ready: how long it took."""
 
 
 @dataclass(frozen=True)
@@ -342,6 +390,7 @@ Event = Union[
     CacheChanged,
     ContextTrimmed,
     TurnFinished,
+    DecodeStep,
     Notice,
     Failed,
     ConversationLoaded,
@@ -360,6 +409,13 @@ def _round(value: float | None) -> float | None:
 def _prob(p: float) -> float:
     """Six decimals, rounded down: a top-k that holds all the mass still sums to at most 1."""
     return math.floor(p * 1e6) / 1e6
+
+
+def contention_json(c: Contention) -> dict[str, Any]:
+    """The JSON form of a `Contention` (turn events, bench results)."""
+    share = None if c.cpu_share is None else round(c.cpu_share, 3)
+    load = None if c.load_1m is None else round(c.load_1m, 2)
+    return {"cpu_share": share, "source": c.source, "load_1m": load, "cores": c.cores, "busy": c.busy}
 
 
 def to_json(event: Event) -> dict[str, Any]:
@@ -433,6 +489,8 @@ def to_json(event: Event) -> dict[str, Any]:
                 turn["speculative"] = stats.speculative
             if stats.server is not None:
                 turn["server"] = dataclasses.asdict(stats.server)
+            if stats.contention is not None:
+                turn["contention"] = contention_json(stats.contention)
             if error:
                 turn["error"] = error
             return turn
@@ -451,6 +509,12 @@ def to_json(event: Event) -> dict[str, Any]:
                 "element_bytes": info.cache_element_bytes,
                 "scale_bytes": info.cache_scale_bytes,
                 "kv_bytes_per_token": info.kv_bytes_per_token,
+            }
+        case DecodeStep():
+            return {
+                "event": "decode_step",
+                **dataclasses.asdict(event),
+                "elapsed_s": round(event.elapsed_s, 1),
             }
         case Notice(message):
             return {"event": "notice", "message": message}

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Generator, Iterator
 
 import torch
 
+from engine.contention import ContentionMeter
 from engine.detok import PieceNamer, StreamingDetokenizer
 from engine.events import (
     CacheChanged,
@@ -285,6 +286,9 @@ class ChatSession:
         A fork continues an answer: its steps count from `first`, its text from `detok`.
         """
         started = time.perf_counter()
+        self.meter = ContentionMeter()
+        self.paused_s = 0.0
+        """Step mode: seconds this turn waited for the student (not the machine's time)."""
         reused = self.cache.reuse(ids)
         self.trace = AnswerTrace(tuple(ids), reused)
         new_ids = ids[reused:]
@@ -401,7 +405,9 @@ class ChatSession:
             top_k=self.candidates(draw),
         )
         chosen = self.step_gate.wait(self.cancel)
-        return chosen, time.perf_counter() - waiting
+        waited = time.perf_counter() - waiting
+        self.paused_s += waited
+        return chosen, waited
 
     def _stop_reason(
         self, sampled_eos: bool, generated: int, position: int | None = None
@@ -451,7 +457,10 @@ class ChatSession:
         yield forced
         if finished:  # the alternative ends the answer: nothing to compute
             self.trace = AnswerTrace(tuple(ids), reused)
-            text, stats = prefix + detok.flush(), self._stats(ids[:-1], reused, [], 0.0, "eos")
+            text, stats = (
+                prefix + detok.flush(),
+                self._stats(ids[:-1], reused, [], 0.0, "eos", measured=False),
+            )
         else:
             text, stats = yield from self.run(ids, first=step + 1, detok=detok)
             text = prefix + forced.text + text
@@ -494,8 +503,15 @@ class ChatSession:
         return None, path
 
     def _stats(
-        self, ids: list[int], reused: int, latencies: list[float], prefill_s: float, stop: StopReason
+        self,
+        ids: list[int],
+        reused: int,
+        latencies: list[float],
+        prefill_s: float,
+        stop: StopReason,
+        measured: bool = True,
     ) -> TurnStats:
+        """The turn's figures; `measured` False where nothing ran (no CPU share to judge)."""
         itl = latencies[1:]
         prefilled = len(ids) - reused
         return TurnStats(
@@ -509,6 +525,7 @@ class ChatSession:
             prefill_tok_s=prefilled / prefill_s if prefill_s > 0 else 0.0,
             decode_tok_s=len(itl) / sum(itl) if itl and sum(itl) > 0 else 0.0,
             stop=stop,
+            contention=self.meter.stop(self.paused_s) if measured else None,
             speculative=self.decoded_by[0] if latencies else None,
             step_path=self.decoded_by[1] if latencies else None,
         )

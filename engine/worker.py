@@ -28,6 +28,7 @@ from engine.events import (
     Notice,
     PhaseChanged,
 )
+from engine.fast.which import decode_step
 from engine.kvcache import cache_precision_of, cache_precision_problem
 from engine.quant.precision import PrecisionError, cpu_note
 from engine.sampling import SamplingSettings
@@ -450,7 +451,9 @@ class InferenceWorker:
             note = cpu_note(loaded.info.precision)
             if note:
                 yield Notice(note)
-        compiled = self.session.compiled
+        session = self.session
+        yield decode_step(session)
+        compiled = session.compiled
         if compiled is not None:
             if not compiled.done:
                 yield Notice(
@@ -458,4 +461,10 @@ class InferenceWorker:
                     "seconds once cached); the eager fast path answers meanwhile"
                 )
             # Reported from the compiling thread: the UI's inbox takes events from any thread.
-            compiled.when_done(lambda c: self.emit(Notice(c.describe())))
+            compiled.when_done(lambda c: self._compile_done(session, c))
+
+    def _compile_done(self, session: ChatSession, build) -> None:
+        """From the compiling thread: say what decodes now (a stopped build says nothing)."""
+        if session.compiled is build and build.state != "stopped":
+            self.emit(decode_step(session))
+            self.emit(Notice(build.describe()))

@@ -33,6 +33,9 @@ def test_bench_reports_ratios_and_quality_for_each_precision(tiny_model_dir):
             r["decode"]["tok_s"] / fp32["generate"]["tok_s"], rel=0.01, abs=5e-4
         )
         assert [row["prompt_tokens"] for row in r["prefill"]] == [8, 16]
+        # The CPU share the decode runs got, said beside them (busy or not: the machine decides).
+        assert 0 < r["contention"]["cpu_share"] <= 1 and isinstance(r["contention"]["busy"], bool)
+        assert any(line.startswith(f"[{r['precision']}] decode measured at") for line in lines)
         assert r["multi_turn"]["reused_tokens"] > 0
     assert fp32["quality"] == {}  # the reference is not compared with itself
     assert (

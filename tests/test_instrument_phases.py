@@ -1,13 +1,25 @@
 """Two phases measured: FLOP and byte counts by hand for the tiny config, rates, calibration."""
 
+import json
+
 import pytest
 import torch
 
+from engine import contention
 from engine.events import TurnFinished
 from engine.instruments import phases
-from engine.instruments.phases import Calibration, ModelShape, PhaseMeasure, calibrate, turn_phases
+from engine.instruments.phases import (
+    Calibration,
+    ModelShape,
+    PhaseMeasure,
+    Spread,
+    TurnPhases,
+    calibrate,
+    turn_phases,
+)
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
+from tui.screens.phases import machine_line, verdict
 
 
 def test_the_tiny_config_as_counted(tiny_loaded):
@@ -93,3 +105,81 @@ def test_smollm2_parameter_count(smollm2):
     assert shape.tied_embeddings and shape.parameters == smollm2.info.parameters
     # 30 layers of (576·576 + 2·576·192 + 576·576 + 3·576·1536) = 30 · 3,538,944
     assert shape.matmul_params == 30 * 3538944
+
+
+def test_calibration_is_the_median_of_several_runs_with_their_spread(tmp_path, monkeypatch):
+    matmul = iter([30e9, 10e9, 50e9, 20e9, 40e9])  # one slow run and one fast one among five
+    bandwidth = iter([8e9, 9e9, 2e9, 10e9, 9.5e9])
+    monkeypatch.setattr(phases, "measure_matmul", lambda *args, **kwargs: next(matmul))
+    monkeypatch.setattr("engine.bench.measure_bandwidth", lambda *args, **kwargs: next(bandwidth))
+    path = tmp_path / "calibration.json"
+    peaks = calibrate("cpu", path=path, refresh=True)
+    assert peaks.matmul_flop_s == 30e9 and peaks.bandwidth_bytes_s == 9e9  # medians, not the best
+    assert peaks.matmul_runs == (30e9, 10e9, 50e9, 20e9, 40e9) and len(peaks.bandwidth_runs) == 5
+    spread = Spread.of(peaks.matmul_runs)
+    assert (spread.median, spread.low, spread.high, spread.runs) == (30e9, 10e9, 50e9, 5)
+    assert spread.relative == pytest.approx(40 / 30)
+    assert phases.cached_calibration("cpu", torch.float32, path) == peaks  # the runs survive the file
+    line = machine_line(peaks).plain
+    assert "peak matmul 30.00 GFLOP/s" in line and "median of 5 runs" in line
+    assert "matmul 10.00 GFLOP/s to 50.00 GFLOP/s" in line
+
+
+def test_a_calibration_saved_before_runs_were_kept_still_reads(tmp_path):
+    old = {"device": "cpu", "dtype": "float32", "threads": 2, "matmul_flop_s": 4e10}
+    old |= {"bandwidth_bytes_s": 1e10, "measured_at": 0.0}
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({phases._machine_key("cpu", torch.float32): old}))
+    peaks = phases.cached_calibration("cpu", torch.float32, path)
+    assert peaks.matmul_runs == () and "one run, saved before spreads were kept" in machine_line(peaks).plain
+
+
+def _decode_at(fraction: float) -> PhaseMeasure:
+    """A 50 ms decode step at 0.5 FLOP/B that moved `fraction` of PEAKS' bandwidth."""
+    moved = int(fraction * 10e9 * 0.05)
+    return PhaseMeasure("decode", 30, 0.05, flops=moved // 2, bytes=moved)
+
+
+PEAKS = Calibration("cpu", "float32", 2, matmul_flop_s=50e9, bandwidth_bytes_s=10e9, measured_at=0.0)
+
+
+def test_the_verdict_names_the_roof_and_how_far_below_it_a_phase_is():
+    # F6's report: prefill at 3.9% of peak FLOP/s, decode at 10.7% of the bandwidth.
+    prefill = PhaseMeasure("prefill", 200, 1.0, flops=int(0.039 * 50e9), bytes=int(0.039 * 50e9 / 100))
+    decode = PhaseMeasure(
+        "decode", 30, 0.05, flops=int(0.107 * 10e9 * 0.05 / 2), bytes=int(0.107 * 10e9 * 0.05)
+    )
+    assert (prefill.bound(PEAKS), decode.bound(PEAKS)) == ("compute", "memory")
+    assert prefill.roof_use(PEAKS) == pytest.approx(0.039, rel=1e-3)
+    assert decode.roof_use(PEAKS) == pytest.approx(0.107, rel=1e-3)
+    assert prefill.limit(PEAKS) == decode.limit(PEAKS) == "neither"
+    text = "\n".join(line.plain for line in verdict(TurnPhases(prefill, decode), PEAKS))
+    assert "prefill, the whole pass: 100.0 FLOP/B ≥ balance 5.0, so its roof is compute" in text
+    assert "decode, per step: 0.5 FLOP/B < balance 5.0, so its roof is memory" in text
+    assert "3.9% of it: far from both roofs" in text and "10.7% of it: far from both roofs" in text
+    assert "Neither phase came within 20% of either roof" in text
+    assert "compute-bound" not in text and "memory-bound" not in text  # no claim that a roof was reached
+
+
+def test_a_phase_near_its_roof_is_limited_by_it_and_a_busy_turn_says_so():
+    decode = _decode_at(0.8)
+    busy = contention.contention(0.45, 3.1, 2)
+    text = "\n".join(line.plain for line in verdict(TurnPhases(None, decode, busy), PEAKS))
+    assert "80.0% of it: near the roof: this roof is what limits it." in text
+    assert "Neither phase" not in text and "far from both" not in text
+    assert "This turn ran on a busy machine (CPU share 45%, load 3.1 on 2 cores)" in text
+    middle = PhaseMeasure("decode", 30, 0.05, flops=int(0.3 * 10e9 * 0.05 / 2), bytes=int(0.3 * 10e9 * 0.05))
+    assert middle.limit(PEAKS) == "below"
+    calm = "\n".join(
+        line.plain for line in verdict(TurnPhases(None, middle, contention.contention(0.97, 1, 2)), PEAKS)
+    )
+    assert "well under the roof" in calm and "busy" not in calm
+
+
+def test_a_busy_calibration_is_flagged():
+    busy_peaks = Calibration("cpu", "float32", 2, 50e9, 10e9, 0.0, (50e9,), (10e9,), cpu_share=0.4, busy=True)
+    decode = PhaseMeasure("decode", 30, 0.05, flops=1000, bytes=1000)
+    text = "\n".join(line.plain for line in verdict(TurnPhases(None, decode), busy_peaks))
+    assert (
+        "The calibration ran on a busy machine" in text and "CPU share 40%" in machine_line(busy_peaks).plain
+    )

@@ -70,6 +70,11 @@ def test_json_answers_both_turns(two_turns_json):
     assert len(turns) == 2
     assert "Paris" in turns[0]["text"] and "Berlin" in turns[1]["text"]
     assert all(t["stop"] == "eos" and t["ttft_ms"] > 0 and t["decode_tok_s"] > 0 for t in turns)
+    # Each turn's figures carry the CPU share they were measured at; the step that made them is said.
+    assert all(0 < t["contention"]["cpu_share"] <= 1 for t in turns)
+    step = next(e for e in two_turns_json if e["event"] == "decode_step")
+    assert (step["step"], step["compile"]) == ("eager", "off")
+    assert step["why"].startswith("ask runs the eager")
 
 
 def test_json_top_k_is_a_consistent_distribution(two_turns_json):

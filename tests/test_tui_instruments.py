@@ -22,6 +22,8 @@ from textual.widgets._toast import Toast
 
 from engine import models
 from engine.events import (
+    Contention,
+    DecodeStep,
     Forked,
     ModelReady,
     PromptTokens,
@@ -66,6 +68,10 @@ FILTERS = {
 """Every stage of the sampler chain switched on."""
 
 
+STEADY_SHARE = Contention(0.97, "schedstat", 0.5, 2, busy=False)
+"""The CPU share snapshots show (the measured one depends on what else the machine runs)."""
+
+
 def steady(event):
     """The event with its measured times replaced by fixed ones (for snapshots)."""
     match event:
@@ -73,9 +79,17 @@ def steady(event):
             return dataclasses.replace(event, latency_s=0.120 if event.index == 0 else 0.020)
         case TurnFinished(stats, text):
             stats = dataclasses.replace(
-                stats, ttft_s=0.120, itl_p50_s=0.020, itl_p90_s=0.025, prefill_tok_s=200.0, decode_tok_s=50.0
+                stats,
+                ttft_s=0.120,
+                itl_p50_s=0.020,
+                itl_p90_s=0.025,
+                prefill_tok_s=200.0,
+                decode_tok_s=50.0,
+                contention=STEADY_SHARE,
             )
             return TurnFinished(stats, text)
+        case DecodeStep():  # the kernel is loaded or not by whichever test compiled before
+            return dataclasses.replace(event, attention="SDPA")
         case ModelReady(info):
             return ModelReady(dataclasses.replace(info, load_s=0.5))
     return event
@@ -409,9 +423,14 @@ def test_phases_measure_the_last_turn_against_a_calibration_made_once(tiny_model
             # Bytes in one unit system, the panels' (binary): bandwidth in MiB/s or GiB/s, never MB/s.
             assert human_bytes(peaks.bandwidth_bytes_s) + "/s" in shown and "iB/s" in shown
             assert not any(unit in shown for unit in (" kB/s", " MB/s", " GB/s", " TB/s"))
-            assert (
-                f"decode: {turn.decode.intensity:,.1f} FLOP/B < {peaks.balance:,.1f}: memory-bound" in shown
+            memory_roof = (
+                f"{turn.decode.intensity:,.1f} FLOP/B < balance {peaks.balance:,.1f}, so its roof is memory"
             )
+            assert f"decode, per step: {memory_roof}" in shown
+            # How far below the roof, and the median and spread of the calibration's runs.
+            assert f"{turn.decode.roof_use(peaks):.1%} of it" in shown
+            assert len(peaks.matmul_runs) == phases.CALIBRATION_RUNS and "median of 5 runs" in shown
+            assert "decode, per step" in shown and "/step" in shown
             # Opened again, it reads the saved calibration instead of measuring.
             await pilot.press("escape")
             await opened(pilot, "f6", PhasesScreen)
@@ -564,6 +583,10 @@ def test_precision_compare_shows_the_engine_comparison(tiny_model_dir, tmp_path)
             first = expected.first_divergence
             assert ("first divergent token none" in shown) == (first is None)
             assert [s.token for s in app.screen.result.steps] == [s.token for s in expected.steps]
+            # Beside the times: the step both sides ran and the CPU share they were measured at.
+            measured = app.screen.result.contention
+            assert measured is not None and measured.figures() in shown
+            assert "the uncompiled forward" in shown
 
     run(scenario)
 
@@ -621,6 +644,13 @@ def test_instruments_wait_for_a_loaded_model(tmp_path):
 
 
 # -- snapshots --------------------------------------------------------------------------------
+class SteadyMeter:
+    """ContentionMeter for snapshots: the same CPU share every time."""
+
+    def stop(self, paused_s: float = 0.0) -> Contention:
+        return STEADY_SHARE
+
+
 class FakeClock:
     """perf_counter for precision_compare: every reading 10 ms after the one before."""
 
@@ -638,6 +668,9 @@ FIXED_PEAKS = Calibration(
     matmul_flop_s=40e9,
     bandwidth_bytes_s=12e9,
     measured_at=1_767_225_600.0,
+    matmul_runs=(40e9, 31e9, 42e9, 38e9, 41e9),
+    bandwidth_runs=(12e9, 11e9, 12.5e9, 9e9, 12.2e9),
+    cpu_share=0.96,
 )
 
 
@@ -725,7 +758,7 @@ def test_snapshot_phases(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
 
         time.tzset()
         await answered(pilot, recorder_of(pilot))
-        await opened(pilot, "f6", PhasesScreen, "bound by")
+        await opened(pilot, "f6", PhasesScreen, "under the roof of")
         await settled(pilot)
 
     assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
@@ -760,6 +793,7 @@ def test_snapshot_attention_matrix(snap_compare, tiny_model_dir, tmp_path, size)
 
 def test_snapshot_precision_compare(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(precision_compare, "time", FakeClock())
+    monkeypatch.setattr(precision_compare, "ContentionMeter", SteadyMeter)
     # The KL digits come from bf16 prefill upcast to fp32; a CPU with native bf16 matmuls
     # (engine/fast/fused.py) would print others.
     monkeypatch.setattr(fused, "cpu_matmul_native", lambda dtype: False)

@@ -18,6 +18,8 @@ from typing import Callable
 from engine.events import (
     CacheChanged,
     Candidate,
+    Contention,
+    DecodeStep,
     Failed,
     ModelInfo,
     ModelLoading,
@@ -29,6 +31,9 @@ from engine.events import (
     TurnFinished,
     TurnStats,
 )
+
+COMPILE_OFF = DecodeStep("eager", "SDPA", "off", "compile off: --no-compile / LLMCHAT_COMPILE=0")
+"""What the worker says after a load in tests (LLMCHAT_COMPILE=0), as engine/fast/which.py words it."""
 
 INFO = ModelInfo(
     spec="fake-135m",
@@ -107,6 +112,8 @@ class FakeEngine:
         hold_after: int | None = None,
         fail_load: str | None = None,
         load_gate: threading.Event | None = None,
+        decode_step: DecodeStep | None = COMPILE_OFF,
+        contention: Contention | None = None,
     ):
         self.emit = emit
         self.sampling = sampling
@@ -117,6 +124,10 @@ class FakeEngine:
         self.fail_load = fail_load
         self.load_gate = load_gate
         """When given, each load waits for it before finishing (a slow load)."""
+        self.decode_step = decode_step
+        """Said after each load, as the worker does."""
+        self.contention = contention
+        """The CPU share each turn reports (None: not measured)."""
         self.holding = threading.Event()
         self.release = threading.Event()
         self.cancelled = threading.Event()
@@ -221,6 +232,8 @@ class FakeEngine:
         )
         self.cache_tokens = 0
         self.emit(ModelReady(self.info))
+        if self.decode_step is not None:
+            self.emit(self.decode_step)
 
     def _cache(self) -> CacheChanged:
         per_token = self.info.kv_bytes_per_token
@@ -278,7 +291,17 @@ class FakeEngine:
         self.emit(
             TurnFinished(
                 TurnStats(
-                    len(ids), reused, len(ids) - reused, generated, 0.120, 0.023, 0.026, 125.0, 43.5, stop
+                    len(ids),
+                    reused,
+                    len(ids) - reused,
+                    generated,
+                    0.120,
+                    0.023,
+                    0.026,
+                    125.0,
+                    43.5,
+                    stop,
+                    contention=self.contention,
                 ),
                 text,
             )

@@ -16,6 +16,7 @@ from textual.timer import Timer
 from engine.events import (
     CacheChanged,
     ContextTrimmed,
+    DecodeStep,
     DraftRound,
     Event,
     ModelLoading,
@@ -53,9 +54,10 @@ def turn_summary(stats: TurnStats, error: str = "") -> str:
     server = stats.server
     own = f" (server prefill {server.prompt_ms:.0f} ms)" if server and server.prompt_ms is not None else ""
     stop = f"{STOPS['error']}: {error}" if error else STOPS.get(stats.stop, stats.stop)
+    busy = f" · ⚠ {stats.contention.describe()}" if stats.contention and stats.contention.busy else ""
     return (
         f"{count(stats.generated_tokens, 'token')} · TTFT {ms(stats.ttft_s)}{own}"
-        f" · {stats.decode_tok_s:.1f} tok/s · {stop}"
+        f" · {stats.decode_tok_s:.1f} tok/s{busy} · {stop}"
     )
 
 
@@ -134,6 +136,8 @@ class Router:
                 )
             case Notice(message):
                 chat.add_note(message)
+            case DecodeStep():
+                app.part(PhasePanel).set_decode_step(event)
             case DraftRound():
                 app.part(TokenStream).add_round(event)
                 app.part(PhasePanel).add_round(event, repaint=False)

@@ -163,13 +163,14 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8)
 """What the kernel reads as stored (int8 with its scales: `decode_int8`)."""
 
 
+def is_loaded() -> bool:
+    """The kernel is built and loaded (by the background compile job)."""
+    return _loaded.is_set()
+
+
 def can_attend(keys: torch.Tensor) -> bool:
     """Whether the kernel can attend over `keys` now (loaded; a cache on the CPU of a type it reads)."""
     return _loaded.is_set() and keys.device.type == "cpu" and keys.dtype in KERNEL_DTYPES
-
-
-def is_loaded() -> bool:
-    return _loaded.is_set()
 
 
 def decode(

@@ -71,7 +71,11 @@ class CompiledDecode:
         """(model spec, precision) a separate process can load to fill the compile cache first."""
         self.cache_dtype = cache_dtype
         self.ready = threading.Event()
+        self.started = time.monotonic()
         self.error: str | None = None
+        self.gave_up = False
+        """The background process ran past CHILD_TIMEOUT_S: no compile here either (it would hold
+        the GIL and the cores for a minute while an answer streams)."""
         self.compile_s = 0.0
         self.attention_error: str | None = None
         """Why the decode-attention kernel (engine/fast/attention.py) is not used, if it is not."""
@@ -92,7 +96,11 @@ class CompiledDecode:
         started = time.perf_counter()
         if self.source is not None and not self._stopped:
             # best effort: on failure we compile here
-            self._note(_fill_cache_in_a_subprocess(*self.source, self._child_started))
+            notes, timed_out = _fill_cache_in_a_subprocess(*self.source, self._child_started)
+            self._note(notes)
+            if timed_out:
+                self._give_up(f"the build ran past {CHILD_TIMEOUT_S:.0f} s", started)
+                return
         if self._stopped:
             return
         self.attention_error = attention.load()  # before tracing, so the step calls the kernel
@@ -116,6 +124,28 @@ class CompiledDecode:
             listeners, self._listeners = self._listeners, []
         for listener in listeners:
             listener(self)
+
+    def _give_up(self, why: str, started: float) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self.compile_s = time.perf_counter() - started
+            self.error, self.gave_up = why, True
+            self._finished.set()
+            listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener(self)
+
+    @property
+    def state(self) -> str:
+        """'building', 'ready', 'failed', 'given up' or 'stopped' (engine/events.py CompileState)."""
+        if self.ready.is_set():
+            return "ready"
+        if self._stopped:
+            return "stopped"
+        if self.gave_up:
+            return "given up"
+        return "failed" if self.error is not None else "building"
 
     def _note(self, notes: list[str]) -> None:
         self.notes += [note for note in notes if note not in self.notes]
@@ -172,6 +202,8 @@ class CompiledDecode:
     def describe(self) -> str:
         """One line for the chat: what decodes now, and why not the compiled step or the kernel."""
         notes = "".join(f"; {note}" for note in self.notes)
+        if self.gave_up:
+            return f"compiled decode given up ({self.error}); the eager fast path serves{notes}"
         if self.error:
             return f"compiled decode unavailable ({self.error}); the eager fast path serves{notes}"
         kernel = f"; attention by SDPA ({self.attention_error})" if self.attention_error else ""
@@ -205,11 +237,12 @@ def _child_command(spec: str, precision: str) -> list[str]:
 
 def _fill_cache_in_a_subprocess(
     spec: str, precision: str, started: Callable[[subprocess.Popen], None] | None = None
-) -> list[str]:
+) -> tuple[list[str], bool]:
     """Compile in another process at the lowest priority: a first compile there never competes
     with the chat for the GIL (in-process it slows an answer several-fold for a minute), and
     leaves artifacts that make the compile here take seconds. Killed if llmchat exits first or
-    it runs past CHILD_TIMEOUT_S; `started(child)` may kill it sooner. Returns its notes."""
+    it runs past CHILD_TIMEOUT_S; `started(child)` may kill it sooner. Returns its notes and
+    whether it was killed for running past CHILD_TIMEOUT_S."""
     with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: nothing it leaves can block us
         try:
             child = subprocess.Popen(
@@ -219,7 +252,7 @@ def _fill_cache_in_a_subprocess(
                 preexec_fn=lambda: os.nice(19),
             )
         except OSError:
-            return []
+            return [], False
         _children.append(child)
         try:
             if started is not None:
@@ -227,11 +260,11 @@ def _fill_cache_in_a_subprocess(
             child.wait(timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             _kill(child)
-            return [f"the background compile process was stopped after {CHILD_TIMEOUT_S:.0f} s"]
+            return [], True
         finally:
             _children.remove(child)
         out.seek(0)
-        return [line[len(NOTE) :] for line in out.read().splitlines() if line.startswith(NOTE)]
+        return [line[len(NOTE) :] for line in out.read().splitlines() if line.startswith(NOTE)], False
 
 
 def _kill(child: subprocess.Popen) -> None:

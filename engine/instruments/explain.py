@@ -68,17 +68,17 @@ EXPLANATIONS: dict[str, Explanation] = {
     ),
     "phases": Explanation(
         "Two phases, measured",
-        "Every weight is used twice per token (a multiply and an add), so a forward pass costs "
-        "about 2 FLOPs per parameter per token, plus attention over the context. Prefill pushes "
-        "all prompt tokens through at once, reading each weight once for many tokens: high "
-        "arithmetic intensity, limited by compute. A decode step does the same reading for a "
-        "single token: about 0.5 FLOP per byte at fp32, far below the machine's balance point, "
-        "so it waits on memory. The bars compare the achieved rates with this machine's measured "
-        "peaks. Speculative decoding uses that idle arithmetic: a verify pass over K drafts and the "
-        "last token reads the weights once, like one step, and does K+1 tokens' work.",
+        "A forward pass costs about 2 FLOPs per parameter per token, plus attention over the "
+        "context. Prefill reads each weight once for all prompt tokens, so its roof is compute; a "
+        "decode step reads them all for one token (about 0.5 FLOP per byte at fp32), so its roof "
+        "is memory. The view says how close each came to its roof (decode figures are per step); "
+        "far below both, fixed costs per pass or other programs limit it. The peaks are the median "
+        "of 5 runs (c measures again); a turn that got under 70% of the CPU it wanted is flagged "
+        "busy. A verify pass over K drafts and the last token reads the weights once, like one "
+        "step, and does K+1 tokens' work: speculation uses the idle arithmetic.",
         "FLOPs ≈ 2·P·n + 4·layers·heads·d·pairs;  bytes ≈ W + kv·context;  intensity = FLOPs/bytes;  "
-        "memory-bound if intensity < peak FLOP/s ÷ bandwidth;  verify of K: FLOPs ≈ (K+1)× a step, "
-        "bytes ≈ 1× a step",
+        "roof = min(peak FLOP/s, intensity × bandwidth);  reached = achieved ÷ roof;  verify of K: "
+        "FLOPs ≈ (K+1)× a step, bytes ≈ 1× a step",
     ),
     "attention": Explanation(
         "Attention view",

@@ -27,8 +27,13 @@ How the work is counted (a student can redo it by hand from the model config):
       bytes(decode)  = W + kv·(c + 1) + kv
 
 Arithmetic intensity = FLOPs / bytes. The machine's balance point is peak FLOP/s divided by
-bandwidth: below it a phase waits on memory (decode: about 0.5 FLOP per byte at fp32),
-above it on arithmetic (prefill grows with n).
+bandwidth: below it a phase's roof is memory (decode: about 0.5 FLOP per byte at fp32),
+above it arithmetic (prefill grows with n). The roof is what the phase could reach at most;
+how close it came is achieved / roof. Far below both roofs, neither arithmetic nor memory is
+the limit: per-pass overhead (Python, op launches, the sampler) or other work on the machine is.
+
+The peaks are the median of CALIBRATION_RUNS runs, with their spread: one run on a shared
+machine can be twice as fast or slow as the next, and the roofline should not move with it.
 """
 
 from __future__ import annotations
@@ -37,19 +42,27 @@ import json
 import math
 import os
 import platform
+import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 import platformdirs
 import torch
 
-from engine.events import TurnStats
+from engine.contention import ContentionMeter
+from engine.events import Contention, TurnStats
 from engine.models import LoadedModel
 from engine.session import PREFILL_CHUNK
 
 Bound = Literal["compute", "memory"]
+CALIBRATION_RUNS = 5
+"""Runs of each calibration measurement; the peak is their median, shown with the spread."""
+NEAR_ROOF = 0.5
+"""At or above this fraction of its roof a phase is limited by that roof."""
+FAR_FROM_ROOF = 0.2
+"""Below this fraction of both roofs, neither is what limits a phase: overhead or contention is."""
 
 
 @dataclass(frozen=True)
@@ -152,15 +165,49 @@ class Calibration:
     dtype: str
     threads: int
     matmul_flop_s: float
-    """Best FLOP/s of a square matmul at `dtype` (what prefill can reach at most)."""
+    """Median FLOP/s of a square matmul at `dtype` over the runs (what prefill can reach at most)."""
     bandwidth_bytes_s: float
-    """Best bytes/s reading a large buffer once (what a decode step can reach at most)."""
+    """Median bytes/s reading a large buffer once (what a decode step can reach at most)."""
     measured_at: float
+    matmul_runs: tuple[float, ...] = ()
+    """Each run's FLOP/s (empty in a calibration saved before runs were kept: one run)."""
+    bandwidth_runs: tuple[float, ...] = ()
+    cpu_share: float | None = None
+    """The CPU share the calibration got (engine/contention.py); None where not measured."""
+    busy: bool = False
+    """It ran on a busy machine: the peaks are lower than the machine's own."""
 
     @property
     def balance(self) -> float:
         """FLOPs per byte where the roofline bends: below it a phase is memory-bound."""
         return self.matmul_flop_s / self.bandwidth_bytes_s
+
+    @classmethod
+    def from_saved(cls, saved: dict) -> Calibration:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in saved.items() if k in known}
+        for name in ("matmul_runs", "bandwidth_runs"):
+            values[name] = tuple(values.get(name, ()))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Several runs of one measurement: the median and the range."""
+
+    median: float
+    low: float
+    high: float
+    runs: int
+
+    @classmethod
+    def of(cls, runs: tuple[float, ...] | list[float]) -> Spread:
+        return cls(statistics.median(runs), min(runs), max(runs), len(runs))
+
+    @property
+    def relative(self) -> float:
+        """(high - low) / median: 0.05 is runs within 5% of each other."""
+        return (self.high - self.low) / self.median if self.median else 0.0
 
 
 def calibration_path() -> Path:
@@ -218,33 +265,59 @@ def calibrate(
     megabytes: int = 256,
     path: Path | None = None,
     refresh: bool = False,
+    runs: int = CALIBRATION_RUNS,
 ) -> Calibration:
-    """Measure (a few seconds) or read back this machine's peak matmul FLOP/s and bandwidth."""
+    """Measure (a few seconds) or read back this machine's peak matmul FLOP/s and bandwidth:
+    the median of `runs` runs of each, the runs kept for their spread."""
     from engine.bench import measure_bandwidth
 
     path = path or calibration_path()
     key = _machine_key(device, dtype)
     saved = _read(path)
     if key in saved and not refresh:
-        return Calibration(**saved[key])
+        return Calibration.from_saved(saved[key])
     size = size or (4096 if device == "cuda" else 1024)
+    meter = ContentionMeter()
+    matmul, bandwidth = measure_runs(
+        lambda: measure_matmul(device, dtype, size, repeats=2),
+        lambda: measure_bandwidth(device, megabytes),
+        runs,
+    )
+    contention = meter.stop()
     result = Calibration(
         device=device,
         dtype=str(dtype).removeprefix("torch."),
         threads=torch.get_num_threads(),
-        matmul_flop_s=measure_matmul(device, dtype, size),
-        bandwidth_bytes_s=measure_bandwidth(device, megabytes),
+        matmul_flop_s=statistics.median(matmul),
+        bandwidth_bytes_s=statistics.median(bandwidth),
         measured_at=time.time(),
+        matmul_runs=tuple(matmul),
+        bandwidth_runs=tuple(bandwidth),
+        cpu_share=contention.cpu_share,
+        busy=contention.busy,
     )
     saved[key] = asdict(result)
     _write(path, saved)
     return result
 
 
+def measure_runs(
+    matmul: Callable[[], float], bandwidth: Callable[[], float], runs: int
+) -> tuple[list[float], list[float]]:
+    """`runs` measurements of each, interleaved, so a burst of other work touches both alike."""
+    if runs < 1:
+        raise ValueError(f"calibration runs must be at least 1, got {runs}")
+    flops, reads = [], []
+    for _ in range(runs):
+        flops.append(matmul())
+        reads.append(bandwidth())
+    return flops, reads
+
+
 def cached_calibration(device: str, dtype: torch.dtype, path: Path | None = None) -> Calibration | None:
     """The saved calibration for this machine, or None (without measuring)."""
     saved = _read(path or calibration_path()).get(_machine_key(device, dtype))
-    return Calibration(**saved) if saved else None
+    return Calibration.from_saved(saved) if saved else None
 
 
 def _read(path: Path) -> dict:
@@ -289,7 +362,23 @@ class PhaseMeasure:
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
     def bound(self, peaks: Calibration) -> Bound:
+        """The roof above the phase: compute right of the balance point, memory left of it."""
         return "compute" if self.intensity >= peaks.balance else "memory"
+
+    def roof_use(self, peaks: Calibration) -> float:
+        """How close the phase came to its roof: achieved / attainable FLOP/s (for a memory roof
+        the same as achieved / peak bandwidth)."""
+        roof = self.attainable_flop_s(peaks)
+        return self.flop_s / roof if roof > 0 else 0.0
+
+    def limit(self, peaks: Calibration) -> Literal["roof", "below", "neither"]:
+        """'roof': at NEAR_ROOF of its roof or more, the roof limits it; 'neither': under
+        FAR_FROM_ROOF of both peaks, overhead or contention does; 'below' in between."""
+        if self.roof_use(peaks) >= NEAR_ROOF:
+            return "roof"
+        if self.compute_use(peaks) < FAR_FROM_ROOF and self.memory_use(peaks) < FAR_FROM_ROOF:
+            return "neither"
+        return "below"
 
     def attainable_flop_s(self, peaks: Calibration) -> float:
         """The roofline: min(peak FLOP/s, intensity × bandwidth)."""
@@ -310,6 +399,8 @@ class TurnPhases:
     """None when nothing was prefilled (the whole prompt came from the cache)."""
     decode: PhaseMeasure | None
     """None with fewer than two tokens (no inter-token latency yet), and for a speculative answer."""
+    contention: Contention | None = None
+    """The CPU share the turn was measured at (engine/contention.py)."""
 
 
 def turn_phases(shape: ModelShape, stats: TurnStats) -> TurnPhases:
@@ -330,4 +421,4 @@ def turn_phases(shape: ModelShape, stats: TurnStats) -> TurnPhases:
         decode = PhaseMeasure(
             "decode", steps, stats.itl_p50_s, shape.decode_flops(context), shape.decode_bytes(context)
         )
-    return TurnPhases(prefill, decode)
+    return TurnPhases(prefill, decode, stats.contention)

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from engine import models
+from engine.contention import ContentionMeter
+from engine.events import Contention
 from engine.fast import fused
 from engine.kvcache import KVCache, with_cache_precision
 from engine.models import LoadedModel
@@ -73,6 +75,8 @@ class PrecisionComparison:
     other: SideStats
     steps: tuple[StepCompare, ...]
     prompt_tokens: int
+    contention: Contention | None = None
+    """The CPU share the comparison got: on a busy machine its times are not the precisions' own."""
 
     @property
     def agreement(self) -> float:
@@ -140,6 +144,7 @@ def compare_precisions(
     from engine.session import PREFILL_CHUNK
 
     ref, oth = _Runner(reference, PREFILL_CHUNK, caches[0]), _Runner(other, PREFILL_CHUNK, caches[1])
+    meter = ContentionMeter()
     with torch.inference_mode():
         ref_lp, ref_prefill = ref.feed(prompt_ids)
         oth_lp, oth_prefill = oth.feed(prompt_ids)
@@ -167,6 +172,7 @@ def compare_precisions(
         other=_side(oth, caches[1], oth_prefill, oth_itl),
         steps=tuple(steps),
         prompt_tokens=len(prompt_ids),
+        contention=meter.stop(),
     )
 
 

@@ -328,6 +328,10 @@ def ask(
             model or DEFAULT_MODEL, precision, device, sampling, system, context, emit, as_json, kv_cache
         )
     emit(ModelReady(session.info))
+    if server is None and as_json:
+        from engine.fast.which import decode_step
+
+        emit(decode_step(session, off=ASK_DECODES))
     if speculative is not None:
         if server is not None:
             refuse("--speculative needs the local engine: a server decides how it decodes", as_json)
@@ -521,6 +525,9 @@ def emit_result(result: dict, as_json: bool, module: str, printer: str) -> None:
     getattr(importlib.import_module(module), printer)(result)
 
 
+ASK_DECODES = "ask runs the eager step: a one-shot command does not wait for a compile"
+
+
 def local_session(model, precision, device, sampling, system, context, emit, as_json, kv_cache=None):
     """Load the model here (loading progress as events with --json); exits with the reason if it cannot."""
     from engine import models
@@ -565,8 +572,14 @@ def stats_line(stats) -> str:
         f"TTFT {stats.ttft_s * 1000:.0f} ms | ITL p50 {stats.itl_p50_s * 1000:.1f} ms "
         f"p90 {stats.itl_p90_s * 1000:.1f} ms | "
         f"prefill {stats.prefill_tok_s:.0f} tok/s | decode {stats.decode_tok_s:.1f} tok/s | "
-        f"{stats.generated_tokens} tokens | stop: {stats.stop}{remote.server_figures(stats.server)}]"
+        f"{stats.generated_tokens} tokens | stop: {stats.stop}{remote.server_figures(stats.server)}"
+        f"{contention_part(stats.contention)}]"
     )
+
+
+def contention_part(contention) -> str:
+    """' | CPU share 97%, load 0.9 on 2 cores', or the busy-machine warning; '' where not measured."""
+    return "" if contention is None else f" | {contention.describe()}"
 
 
 if __name__ == "__main__":

@@ -18,7 +18,15 @@ from textual.widgets import Static
 
 from engine.events import Event, TurnFinished
 from engine.instruments import phases
-from engine.instruments.phases import Calibration, ModelShape, PhaseMeasure, TurnPhases, turn_phases
+from engine.instruments.phases import (
+    FAR_FROM_ROOF,
+    Calibration,
+    ModelShape,
+    PhaseMeasure,
+    Spread,
+    TurnPhases,
+    turn_phases,
+)
 from engine.instruments.verify_cost import measured_rounds
 from tui.fmt import human_bytes, ms
 from tui.screens.instrument import InstrumentScreen
@@ -86,10 +94,19 @@ def roofline(measures: list[PhaseMeasure], peaks: Calibration, width: int) -> li
     return lines
 
 
+def column_name(m: PhaseMeasure) -> str:
+    """A decode column's figures are for one step (its median), a prefill's for the whole pass."""
+    return "decode, per step" if m.phase == "decode" else m.phase
+
+
+def per(m: PhaseMeasure) -> str:
+    return " /step" if m.phase == "decode" else ""
+
+
 def measure_rows(turn: TurnPhases, peaks: Calibration | None) -> list[Content]:
     measures = [m for m in (turn.prefill, turn.decode) if m is not None]
     width = 22
-    head = Content.assemble(("".ljust(24), ""), *((m.phase.rjust(width), "bold") for m in measures))
+    head = Content.assemble(("".ljust(24), ""), *((column_name(m).rjust(width), "bold") for m in measures))
 
     def row(name: str, values: list[str]) -> Content:
         return Content.assemble((name.ljust(24), "bold"), *(v.rjust(width) for v in values))
@@ -99,10 +116,10 @@ def measure_rows(turn: TurnPhases, peaks: Calibration | None) -> list[Content]:
         row("tokens", [f"{m.tokens:,}" + (" new" if m.phase == "prefill" else " steps") for m in measures]),
         row(
             "time",
-            [ms(m.seconds) + (" (whole pass)" if m.phase == "prefill" else " per step") for m in measures],
+            [ms(m.seconds) + (" (whole pass)" if m.phase == "prefill" else " (median)") for m in measures],
         ),
-        row("FLOPs", [si(m.flops, "FLOP") for m in measures]),
-        row("bytes moved", [human_bytes(m.bytes) for m in measures]),
+        row("FLOPs", [si(m.flops, "FLOP") + per(m) for m in measures]),
+        row("bytes moved", [human_bytes(m.bytes) + per(m) for m in measures]),
         row("arithmetic intensity", [f"{m.intensity:,.1f} FLOP/B" for m in measures]),
         row("achieved compute", [si(m.flop_s, "FLOP/s") for m in measures]),
         row("achieved bandwidth", [human_bytes(m.bytes_s) + "/s" for m in measures]),
@@ -113,55 +130,111 @@ def measure_rows(turn: TurnPhases, peaks: Calibration | None) -> list[Content]:
             row("  of peak bandwidth", [f"{m.memory_use(peaks):.1%}" for m in measures]),
             row("roofline allows", [si(m.attainable_flop_s(peaks), "FLOP/s") for m in measures]),
         ]
-        bound = [m.bound(peaks) + "-bound" for m in measures]
+        roofs = [ROOF_NAMES[m.bound(peaks)] for m in measures]
         lines.append(
             Content.assemble(
-                ("bound by".ljust(24), "bold"),
-                *(
-                    (
-                        b.rjust(width),
-                        "bold $text-success" if b.startswith("compute") else "bold $text-warning",
-                    )
-                    for b in bound
-                ),
+                ("under the roof of".ljust(24), "bold"),
+                *((r.rjust(width), "bold " + ROOF_STYLES[m.bound(peaks)]) for r, m in zip(roofs, measures)),
+            )
+        )
+        lines.append(
+            Content.assemble(
+                ("  reached of that roof".ljust(24), "bold"),
+                *((f"{m.roof_use(peaks):.1%}".rjust(width), LIMIT_STYLES[m.limit(peaks)]) for m in measures),
             )
         )
     return lines
 
 
+ROOF_NAMES = {"compute": "compute (FLOP/s)", "memory": "memory (bytes/s)"}
+ROOF_STYLES = {"compute": "$text-success", "memory": "$text-warning"}
+LIMIT_STYLES = {"roof": "bold $text-success", "below": "", "neither": "bold $text-error"}
+
+
+def phase_verdict(m: PhaseMeasure, peaks: Calibration) -> Content:
+    """Which roof the phase is under, how far from it, and what limits it."""
+    name = "decode, per step" if m.phase == "decode" else "prefill, the whole pass"
+    side = "≥" if m.bound(peaks) == "compute" else "<"
+    if m.bound(peaks) == "compute":
+        roof = (
+            f"its roof is compute, {si(peaks.matmul_flop_s, 'FLOP/s')}; it reached {si(m.flop_s, 'FLOP/s')}"
+        )
+    else:
+        roof = (
+            f"its roof is memory, {human_bytes(peaks.bandwidth_bytes_s)}/s; "
+            f"it moved {human_bytes(m.bytes_s)}/s"
+        )
+    how = {
+        "roof": "near the roof: this roof is what limits it.",
+        "below": "well under the roof: the roof is not what limits it yet.",
+        "neither": "far from both roofs: neither arithmetic nor memory limits it.",
+    }[m.limit(peaks)]
+    return Content.assemble(
+        (f"{name}: ", "bold"),
+        f"{m.intensity:,.1f} FLOP/B {side} balance {peaks.balance:,.1f}, so {roof}, ",
+        (f"{m.roof_use(peaks):.1%} of it", LIMIT_STYLES[m.limit(peaks)] or "bold"),
+        f": {how}",
+    )
+
+
 def verdict(turn: TurnPhases, peaks: Calibration) -> list[Content]:
-    out = []
-    for m in (turn.prefill, turn.decode):
-        if m is None:
-            continue
-        if m.bound(peaks) == "compute":
-            out.append(
-                Content.assemble(
-                    (f"{m.phase}: ", "bold"),
-                    f"{m.intensity:,.1f} FLOP/B ≥ {peaks.balance:,.1f}: compute-bound; it reached "
-                    f"{m.compute_use(peaks):.0%} of this machine's peak FLOP/s.",
-                )
-            )
-        else:
-            out.append(
-                Content.assemble(
-                    (f"{m.phase}: ", "bold"),
-                    f"{m.intensity:,.1f} FLOP/B < {peaks.balance:,.1f}: memory-bound; it moved "
-                    f"{m.memory_use(peaks):.0%} of this machine's measured bandwidth "
-                    f"and used {m.compute_use(peaks):.1%} of its arithmetic.",
-                )
-            )
-    if out and all(
-        m.compute_use(peaks) < 0.05 and m.memory_use(peaks) < 0.05 for m in (turn.prefill, turn.decode) if m
-    ):
+    measures = [m for m in (turn.prefill, turn.decode) if m is not None]
+    out = [phase_verdict(m, peaks) for m in measures]
+    far = [m for m in measures if m.limit(peaks) == "neither"]
+    if far:
+        which = "Neither phase" if len(far) == len(measures) and len(far) > 1 else f"The {far[0].phase}"
         out.append(
             Content.styled(
-                "Neither phase came near a limit: a model this small does so little work per pass "
-                "that fixed costs (Python, kernel launches, the sampler) take most of the time.",
+                f"{which} came within {FAR_FROM_ROOF:.0%} of either roof: the time goes to fixed costs per "
+                "pass (Python, launching each small op, the sampler, threads waking up) or to other work "
+                "on the machine, not to arithmetic or memory traffic. A bigger model or a longer prompt "
+                "does more work per pass and moves a phase toward its roof.",
                 "$text-muted",
             )
         )
+    contention = turn.contention
+    if contention is not None and contention.busy:
+        out.append(
+            Content.styled(
+                f"⚠ This turn ran on a busy machine ({contention.figures()}): "
+                "its times include waiting for a core, so the rates above are lower than the model's own.",
+                "bold $text-warning",
+            )
+        )
+    if peaks.busy:
+        out.append(
+            Content.styled(
+                "⚠ The calibration ran on a busy machine: the peaks are low, so the fractions are high. "
+                "Press c when the machine is quieter.",
+                "bold $text-warning",
+            )
+        )
     return out
+
+
+def machine_line(peaks: Calibration) -> Content:
+    """The peaks: each the median of several runs, with their range."""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(peaks.measured_at))
+    if peaks.matmul_runs:
+        flops, reads = Spread.of(peaks.matmul_runs), Spread.of(peaks.bandwidth_runs)
+        spread = (
+            f"median of {flops.runs} runs · matmul {si(flops.low, 'FLOP/s')} to {si(flops.high, 'FLOP/s')}"
+            f" · bandwidth {human_bytes(reads.low)}/s to {human_bytes(reads.high)}/s"
+        )
+        if peaks.cpu_share is not None:
+            spread += f" · CPU share {peaks.cpu_share:.0%}"
+    else:
+        spread = "one run, saved before spreads were kept"
+    return Content.assemble(
+        ("machine ", "bold"),
+        f"{peaks.device}, {peaks.dtype}, {peaks.threads} threads: peak matmul ",
+        (si(peaks.matmul_flop_s, "FLOP/s"), "bold"),
+        " · bandwidth ",
+        (human_bytes(peaks.bandwidth_bytes_s) + "/s", "bold"),
+        f" · balance {peaks.balance:,.1f} FLOP/B",
+        "\n",
+        (f"  {spread} (measured {when}; c measures again)", "$text-warning" if peaks.busy else "$text-muted"),
+    )
 
 
 class PhasesScreen(InstrumentScreen):
@@ -210,8 +283,8 @@ class PhasesScreen(InstrumentScreen):
         info = self.link.session.info
         self.query_one("#machine", Static).update(
             Content.styled(
-                "measuring this machine's peak matmul FLOP/s and memory bandwidth "
-                "(a few seconds, once; then cached)…",
+                f"measuring this machine's peak matmul FLOP/s and memory bandwidth, "
+                f"{phases.CALIBRATION_RUNS} runs each (a few seconds, once; then cached)…",
                 "$text-warning",
             )
         )
@@ -250,18 +323,7 @@ class PhasesScreen(InstrumentScreen):
         self.draw_verify()
         peaks = self.peaks
         if peaks is not None:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(peaks.measured_at))
-            self.query_one("#machine", Static).update(
-                Content.assemble(
-                    ("machine ", "bold"),
-                    f"{peaks.device}, {peaks.dtype}, {peaks.threads} threads: peak matmul ",
-                    (si(peaks.matmul_flop_s, "FLOP/s"), "bold"),
-                    " · bandwidth ",
-                    (human_bytes(peaks.bandwidth_bytes_s) + "/s", "bold"),
-                    f" · balance {peaks.balance:,.1f} FLOP/B",
-                    (f"  (measured {when}; c measures again)", "$text-muted"),
-                )
-            )
+            self.query_one("#machine", Static).update(machine_line(peaks))
         stats = self.link.last_stats
         if stats is None:
             self.query_one("#table", Static).update(

@@ -73,7 +73,25 @@ def side_by_side(result: PrecisionComparison) -> list[Content]:
         row("prefill", ms(a.prefill_s), ms(b.prefill_s)),
         row("ITL (median)", ms(a.itl_p50_s), ms(b.itl_p50_s)),
         row("decode", f"{a.decode_tok_s:.1f} tok/s", f"{b.decode_tok_s:.1f} tok/s"),
+        measured_at(result),
     ]
+
+
+def measured_at(result: PrecisionComparison) -> Content:
+    """Under the times: the step both sides ran, and the CPU share they were measured at."""
+    note = (
+        "both sides run the uncompiled forward, in turn for each token (the chat may run the compiled step)"
+    )
+    contention = result.contention
+    if contention is None:
+        return Content.styled(note, "$text-muted")
+    if contention.busy:
+        return Content.assemble(
+            (f"⚠ {contention.describe()}: the times above are not the precisions' own", "bold $text-warning"),
+            "\n",
+            (note, "$text-muted"),
+        )
+    return Content.styled(f"measured at {contention.figures()}; {note}", "$text-muted")
 
 
 def agreement_lines(result: PrecisionComparison, piece) -> list[Content]:

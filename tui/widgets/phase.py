@@ -1,4 +1,5 @@
-"""The phase panel: IDLE / PREFILL / DECODE at a glance, TTFT, ITL, tokens/s and a latency sparkline.
+"""The phase panel: IDLE / PREFILL / DECODE at a glance, which decode step runs (eager, compiled,
+still compiling), TTFT, ITL, tokens/s with the CPU share they were measured at, and a latency sparkline.
 
 Drawn by `render()` at a fixed height, so an update repaints this panel only (no layout pass).
 Given a single line (small terminals), it draws a one-line strip instead.
@@ -7,11 +8,13 @@ Given a single line (small terminals), it draws a one-line strip instead.
 from __future__ import annotations
 
 import statistics
+import time
 
 from textual.content import Content
+from textual.timer import Timer
 from textual.widget import Widget
 
-from engine.events import DraftRound, PhaseChanged, PrefillProgress, TokenSampled, TurnStats
+from engine.events import DecodeStep, DraftRound, PhaseChanged, PrefillProgress, TokenSampled, TurnStats
 from engine.spec.speedup import SpeedUp
 from tui.fmt import count, ms, sparkline
 
@@ -25,6 +28,47 @@ WHY = {
     "prefill": "the whole prompt at once: compute-bound",
     "decode": "one token per step: memory-bound",
 }
+
+
+STEPS = {"compiled": "compiled", "eager": "eager fused", "hf": "transformers forward"}
+
+
+def elapsed(seconds: float) -> str:
+    """0:07, 1:05: a build's running time."""
+    whole = int(seconds)
+    return f"{whole // 60}:{whole % 60:02d}"
+
+
+def step_line(step: DecodeStep | None, building_s: float | None = None) -> Content:
+    """Which decode step runs, in one line; `building_s` the compile's running time now."""
+    if step is None:
+        return Content.styled("decode step: not known yet", "$text-muted")
+    if step.compile == "building":
+        shown = step.elapsed_s if building_s is None else building_s
+        return Content.assemble(
+            ("decode step ", "bold"),
+            f"{step.step} · {step.attention}",  # short: the time must fit a 42-cell panel
+            (f" · compiling {elapsed(shown)}…", "bold $text-warning"),
+        )
+    attention = "" if step.step == "hf" else f" · attention {step.attention}"
+    return Content.assemble(("decode step ", "bold"), f"{STEPS[step.step]}{attention}")
+
+
+def step_why(step: DecodeStep) -> Content:
+    """Why that step (and not a faster one): red when the compile failed or was given up."""
+    if step.compile == "building":
+        return Content.styled("the compiled step takes over when ready", "$text-muted")
+    style = "$text-error" if step.compile in ("failed", "given up") else "$text-muted"
+    return Content.styled(step.why, style)
+
+
+def step_word(step: DecodeStep | None, building_s: float | None = None) -> str:
+    """The decode step in a word or two, for the one-line strip."""
+    if step is None:
+        return ""
+    if step.compile == "building":
+        return f" · eager, compiling {elapsed(step.elapsed_s if building_s is None else building_s)}"
+    return f" · {STEPS[step.step]}"
 
 
 def prefill_rate(stats: TurnStats) -> str:
@@ -41,7 +85,7 @@ def prefill_rate(stats: TurnStats) -> str:
 
 class PhasePanel(Widget):
     DEFAULT_CSS = """
-    PhasePanel { height: 8; border: round $primary 50%; border-title-color: $text; padding: 0 1;
+    PhasePanel { height: 9; border: round $primary 50%; border-title-color: $text; padding: 0 1;
         text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
@@ -62,8 +106,34 @@ class PhasePanel(Widget):
         """This turn's speculative rounds (none without --speculative)."""
         self.speedup: SpeedUp | None = None
         """A finished speculative answer against plain decoding in this session."""
+        self.decode_step: DecodeStep | None = None
+        self._build_started = 0.0
+        """time.monotonic() when the compile shown started (its elapsed time counts on from it)."""
+        self._ticker: Timer | None = None
+
+    def on_mount(self) -> None:
+        self._ticker = self.set_interval(1.0, self.refresh, pause=True)
 
     # -- what the engine said -------------------------------------------------
+    def set_decode_step(self, step: DecodeStep | None) -> None:
+        """What runs a decode step now (None: unknown, e.g. a server decodes); while a compile
+        builds, its elapsed time counts on each second."""
+        self.decode_step = step
+        self._build_started = time.monotonic() - (step.elapsed_s if step else 0.0)
+        if self._ticker is not None:
+            if step is not None and step.compile == "building":
+                self._ticker.resume()
+            else:
+                self._ticker.pause()
+        self.refresh()
+
+    @property
+    def building_s(self) -> float | None:
+        step = self.decode_step
+        if step is None or step.compile != "building":
+            return None
+        return time.monotonic() - self._build_started
+
     def clear(self) -> None:
         """Nothing measured yet (a new chat, or a resumed one: the figures of the last turn are gone)."""
         self.phase, self.prompt_new, self.prompt_reused, self.progress = "idle", 0, 0, None
@@ -122,6 +192,8 @@ class PhasePanel(Widget):
             " ",
             self._detail(),
             "\n",
+            step_line(self.decode_step, self.building_s),
+            "\n",
             self._why(),
             "\n",
             ("TTFT ", "bold"),
@@ -136,7 +208,7 @@ class PhasePanel(Widget):
             ("prefill ", "bold"),
             prefill,
             "\n",
-            (sparkline(self.itl, max(10, self.content_size.width)), "$accent"),
+            self._sparkline_and_share(),
             "\n",
             self._caption(),
         )
@@ -168,16 +240,44 @@ class PhasePanel(Widget):
             f"{ms(sum(r.verify_s for r in self.rounds) / n)} a round",
         )
 
+    def _share(self) -> Content:
+        """The CPU share the last turn's figures were measured at; a warning on a busy machine
+        (the load, which only backs the share up, is in the chat's line and F6)."""
+        measured = self.final.contention if self.final is not None else None
+        if measured is None or measured.cpu_share is None:
+            return Content("")
+        if measured.busy:
+            return Content.styled(f" ⚠ busy machine: CPU {measured.cpu_share:.0%}", "bold $text-warning")
+        return Content.styled(f" CPU share {measured.cpu_share:.0%}", "$text-muted")
+
+    def _sparkline_and_share(self) -> Content:
+        """The ITL sparkline, with the CPU share its figures were measured at at its right."""
+        share = self._share()
+        width = max(10, self.content_size.width - share.cell_length)
+        return Content.assemble((sparkline(self.itl, width), "$accent"), share)
+
     def _strip(self) -> Content:
         """The one-line form for small terminals."""
         label, style = BADGES[self.phase]
         numbers = f"TTFT {ms(self.ttft_s)} · ITL {ms(self.median_itl)} · {self.decode_tok_s:.1f} tok/s"
-        return Content.assemble((f" {label} ", style), " ", self._detail(), ("  " + numbers, "$text-muted"))
+        busy = self.final is not None and self.final.contention is not None and self.final.contention.busy
+        # The busy flag and the step first: at 80 columns the end of the line is cut.
+        return Content.assemble(
+            (f" {label} ", style),
+            (" ⚠ busy machine" if busy else "", "bold $text-warning"),
+            (" " + numbers, "$text-muted"),
+            (step_word(self.decode_step, self.building_s), "$text-muted"),
+            "  ",
+            self._detail(),
+        )
 
     def _server_figures(self) -> Content:
-        """Why the phase costs what it does; after a server's turn, its own figures instead."""
+        """Why the phase costs what it does; after a server's turn, its own figures instead; outside
+        prefill, why the decode step is the one named above it."""
         server = self.final.server if self.final is not None else None
         if self.phase != "idle" or server is None or server.prompt_ms is None:
+            if self.phase != "prefill" and self.decode_step is not None:
+                return step_why(self.decode_step)
             return Content.styled(WHY[self.phase], "italic $text-muted")
         per_token = server.predicted_per_token_ms
         decode = f" · ITL {per_token:.1f} ms" if per_token is not None else ""

@@ -1,0 +1,57 @@
+"""Which code runs a decode step now, and why: what the Phase panel and `--json` show.
+
+`ChatSession._forward` takes the compiled step once it is ready, else the eager fused fast
+path, else the transformers forward; this says the same in words, so a projected ITL is
+never read as the compiled step's while the eager one is running.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from engine.events import DecodeStep
+from engine.fast import attention, compiled, fused
+
+if TYPE_CHECKING:
+    from engine.session import ChatSession
+
+COMPILE_OFF = "compile off: --no-compile / LLMCHAT_COMPILE=0"
+BUILDING = "compiling in the background (about a minute the first time, seconds once cached)"
+
+
+def _attention(session: ChatSession) -> str:
+    """The fused step calls the decode-attention kernel once it is loaded, for an fp32 cache."""
+    fp32 = session.info.cache_dtype == "float32"
+    return "kernel" if attention.is_loaded() and fp32 and session.device.type == "cpu" else "SDPA"
+
+
+def decode_step(session: ChatSession, off: str = COMPILE_OFF) -> DecodeStep:
+    """The decode step `session` runs now, with the compile's state and why; `off` says why
+    nothing compiles where the session was made without compiling."""
+    if session.fast is None:
+        why = "the fast path is off: the transformers forward (the reference)"
+        if session.fast_path_wanted:
+            why = f"no fast path for this model ({fused.supports(session.model)})"
+        return DecodeStep("hf", "HF", "off" if not session.compile_wanted else "unsupported", why)
+    if not session.compile_wanted:
+        return DecodeStep("eager", _attention(session), "off", off)
+    build = session.compiled
+    if build is None:
+        return DecodeStep("eager", _attention(session), "unsupported", compiled.supports(session.fast) or "")
+    state = build.state
+    if state == "ready":
+        kernel = "SDPA" if build.attention_error else _attention(session)
+        why = f"torch.compile, ready after {build.compile_s:.0f} s"
+        if build.attention_error:
+            why += f"; attention by SDPA ({build.attention_error})"
+        return DecodeStep("compiled", kernel, "ready", why, build.compile_s)
+    if state == "building":
+        elapsed = time.monotonic() - build.started
+        return DecodeStep("eager", _attention(session), "building", BUILDING, elapsed)
+    why = {
+        "failed": f"compile failed: {build.error}",
+        "given up": f"compile given up: {build.error}",
+        "stopped": "compile stopped: the model or precision changed",
+    }[state]
+    return DecodeStep("eager", _attention(session), state, why, build.compile_s)

@@ -1,0 +1,144 @@
+"""Which decode step runs, and why: eager with compile off, building, compiled, failed, given up."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+import torch
+
+from engine.events import DecodeStep, ModelReady, to_json
+from engine.fast import attention, compiled, which
+from engine.fast.which import COMPILE_OFF, decode_step
+from engine.sampling import SamplingSettings
+from engine.session import ChatSession
+from engine.worker import InferenceWorker
+
+
+def test_compile_off_runs_the_eager_step_and_says_why(tiny_loaded):
+    step = decode_step(ChatSession(tiny_loaded, SamplingSettings(), compile=False))
+    assert (step.step, step.compile, step.why) == ("eager", "off", COMPILE_OFF)
+    assert step.why == "compile off: --no-compile / LLMCHAT_COMPILE=0"
+    assert step.attention in ("kernel", "SDPA")
+
+
+def test_without_the_fast_path_the_transformers_forward_runs(tiny_loaded):
+    step = decode_step(ChatSession(tiny_loaded, SamplingSettings(), fast=False))
+    assert (step.step, step.attention) == ("hf", "HF") and "reference" in step.why
+
+
+class Weakly:
+    """A stand-in fast path (CompiledDecode holds it by a weak reference)."""
+
+
+class FakeBuild:
+    """The parts of a CompiledDecode that `decode_step` reads, in any state."""
+
+    def __init__(self, state: str, error: str | None = None, compile_s: float = 0.0, started_ago: float = 0):
+        self.state, self.error, self.compile_s = state, error, compile_s
+        self.attention_error = None
+        self.started = time.monotonic() - started_ago
+
+
+@pytest.mark.parametrize(
+    ("build", "step", "state", "words"),
+    [
+        (FakeBuild("building", started_ago=12), "eager", "building", "compiling in the background"),
+        (FakeBuild("ready", compile_s=58), "compiled", "ready", "torch.compile, ready after 58 s"),
+        (FakeBuild("failed", error="no C++ compiler"), "eager", "failed", "compile failed: no C++ compiler"),
+        (
+            FakeBuild("given up", error="the build ran past 900 s"),
+            "eager",
+            "given up",
+            "compile given up: the build ran past 900 s",
+        ),
+        (FakeBuild("stopped"), "eager", "stopped", "compile stopped"),
+    ],
+)
+def test_each_compile_state_names_the_step_that_runs(tiny_loaded, build, step, state, words):
+    session = ChatSession(tiny_loaded, SamplingSettings(), compile=False)
+    session.compile_wanted, session.compiled = True, build
+    shown = decode_step(session)
+    assert (shown.step, shown.compile) == (step, state) and words in shown.why
+    if state == "building":
+        assert 12 <= shown.elapsed_s < 60  # counted from the build's start
+
+
+def test_the_compiled_step_with_sdpa_says_why_not_the_kernel(tiny_loaded):
+    session = ChatSession(tiny_loaded, SamplingSettings(), compile=False)
+    build = FakeBuild("ready", compile_s=3)
+    build.attention_error = "no C++ compiler"
+    session.compile_wanted, session.compiled = True, build
+    shown = decode_step(session)
+    assert shown.attention == "SDPA" and "attention by SDPA (no C++ compiler)" in shown.why
+
+
+def test_a_build_past_its_time_limit_is_given_up_not_compiled_here(tiny_loaded, monkeypatch):
+    monkeypatch.setattr(compiled, "_fill_cache_in_a_subprocess", lambda *args: ([], True))
+
+    def compiling_here(*args):
+        raise AssertionError("compiled in the app's process after the background build was given up")
+
+    monkeypatch.setattr(compiled, "compile_once", compiling_here)
+    fast = Weakly()  # held weakly; never reached: the compile here is not started
+    build = compiled.CompiledDecode(fast, torch.float32, source=("tiny", "fp32"))
+    told = threading.Event()
+    build.when_done(lambda b: told.set())
+    assert told.wait(30) and build.wait(1)
+    assert build.state == "given up" and build.gave_up and not build.ready.is_set()
+    assert "given up" in build.describe() and "past 900 s" in build.describe()
+
+
+def test_the_worker_says_which_step_after_a_load(tiny_model_dir):
+    events: queue.Queue = queue.Queue()
+    worker = InferenceWorker(events.put, compile=False)
+    try:
+        worker.load(str(tiny_model_dir), "fp32", "cpu")
+        seen = []
+        while not any(isinstance(e, DecodeStep) for e in seen):
+            seen.append(events.get(timeout=60))
+        assert any(isinstance(e, ModelReady) for e in seen)
+        step = seen[-1]
+        assert (step.step, step.compile, step.why) == ("eager", "off", COMPILE_OFF)
+        line = to_json(step)
+        assert line["event"] == "decode_step" and line["step"] == "eager" and line["compile"] == "off"
+    finally:
+        worker.shutdown()
+
+
+def test_the_words_for_the_building_state_are_the_panels():
+    assert which.BUILDING.startswith("compiling in the background")
+
+
+def test_the_worker_says_building_then_failed_when_the_compile_breaks(tiny_model_dir, monkeypatch):
+    def broken(fn, **kwargs):
+        def step(*args):
+            raise RuntimeError("no C++ compiler found")
+
+        return step
+
+    monkeypatch.setattr(torch, "compile", broken)
+    building = threading.Event()  # the background build waits until the test has seen "building"
+    monkeypatch.setattr(
+        compiled, "_fill_cache_in_a_subprocess", lambda *args: (building.wait(60), ([], False))[1]
+    )
+    monkeypatch.setattr(attention, "load", lambda: "no compiler")
+    events: queue.Queue = queue.Queue()
+    worker = InferenceWorker(events.put, compile=True)
+    try:
+        worker.load(str(tiny_model_dir), "fp32", "cpu")
+        steps: list[DecodeStep] = []
+        deadline = time.monotonic() + 120
+        while len(steps) < 2 and time.monotonic() < deadline:
+            event = events.get(timeout=120)
+            if isinstance(event, DecodeStep):
+                steps.append(event)
+                building.set()
+        assert [s.compile for s in steps] == ["building", "failed"]
+        assert steps[0].step == "eager" and steps[1].step == "eager"
+        assert steps[1].why == "compile failed: RuntimeError: no C++ compiler found"
+    finally:
+        getattr(worker.session.compiled, "stop", lambda: None)()
+        worker.shutdown()
