@@ -366,6 +366,7 @@ class InferenceWorker:
             return
         self.kv_cache = precision
         yield CachePrecisionChanged(session.info)
+        yield decode_step(session)  # the compiled step serves only the cache it was built for
         yield Notice(notice)
 
     def _call(self, command: Call) -> None:

@@ -40,6 +40,9 @@ class FakeBuild:
         self.state, self.error, self.compile_s = state, error, compile_s
         self.attention_error = None
         self.started = time.monotonic() - started_ago
+        self.ready = threading.Event()
+        if state == "ready":
+            self.ready.set()
 
 
 @pytest.mark.parametrize(
@@ -64,6 +67,15 @@ def test_each_compile_state_names_the_step_that_runs(tiny_loaded, build, step, s
     assert (shown.step, shown.compile) == (step, state) and words in shown.why
     if state == "building":
         assert 12 <= shown.elapsed_s < 60  # counted from the build's start
+
+
+def test_a_ready_compiled_step_does_not_serve_a_cache_of_another_precision(tiny_loaded):
+    session = ChatSession(tiny_loaded, SamplingSettings(), compile=False)
+    session.compile_wanted, session.compiled = True, FakeBuild("ready", compile_s=40)
+    session.set_cache_precision("int8")
+    shown = decode_step(session)
+    assert (shown.step, shown.compile) == ("eager", "ready")
+    assert "built for the fp32 KV cache; this chat's is int8" in shown.why
 
 
 def test_the_compiled_step_with_sdpa_says_why_not_the_kernel(tiny_loaded):

@@ -10,8 +10,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+import torch
+
 from engine.events import DecodeStep
 from engine.fast import attention, compiled, fused
+from engine.kvcache import cache_precision_of
 
 if TYPE_CHECKING:
     from engine.session import ChatSession
@@ -21,9 +24,9 @@ BUILDING = "compiling in the background (about a minute the first time, seconds 
 
 
 def _attention(session: ChatSession) -> str:
-    """The fused step calls the decode-attention kernel once it is loaded, for an fp32 cache."""
-    fp32 = session.info.cache_dtype == "float32"
-    return "kernel" if attention.is_loaded() and fp32 and session.device.type == "cpu" else "SDPA"
+    """The fused step calls the decode-attention kernel once it is loaded, for a cache type it reads."""
+    readable = getattr(torch, session.info.cache_dtype) in attention.KERNEL_DTYPES
+    return "kernel" if attention.is_loaded() and readable and session.device.type == "cpu" else "SDPA"
 
 
 def decode_step(session: ChatSession, off: str = COMPILE_OFF) -> DecodeStep:
@@ -40,6 +43,11 @@ def decode_step(session: ChatSession, off: str = COMPILE_OFF) -> DecodeStep:
     if build is None:
         return DecodeStep("eager", _attention(session), "unsupported", compiled.supports(session.fast) or "")
     state = build.state
+    if state == "ready" and not session.compiled_serves:  # built for the precision's default cache
+        default = cache_precision_of(session.info.default_cache_dtype or session.info.cache_dtype)
+        current = cache_precision_of(session.info.cache_dtype)
+        why = f"the compiled step is built for the {default} KV cache; this chat's is {current}"
+        return DecodeStep("eager", _attention(session), "ready", why, build.compile_s)
     if state == "ready":
         kernel = "SDPA" if build.attention_error else _attention(session)
         why = f"torch.compile, ready after {build.compile_s:.0f} s"
