@@ -37,7 +37,7 @@ class LabConfig:
     block_size: int = BLOCK_SIZE
     step_tokens: int = 64
     sweep_batches: tuple[int, ...] = sweep.SWEEP_BATCHES
-    sweep_steps: int = 6
+    sweep_steps: int = 8
     policies: tuple[str, ...] = POLICY_NAMES
 
     def __post_init__(self) -> None:

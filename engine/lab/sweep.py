@@ -2,8 +2,8 @@
 
 B copies of the workload's shortest prompt are prefilled (not timed), then `steps` decode steps
 of all B together are timed (the first decode step warms up and is not).
-Aggregate tok/s = B x steps / time; the per-user ITL is the step time, since each user gets
-one token per step. While the step is memory-bound (reading the weights dominates) B tokens
+Aggregate tok/s = B / the median step time; the per-user ITL is that step time, since each user
+gets one token per step (the median: steady on a machine others share). While the step is memory-bound (reading the weights dominates) B tokens
 cost about what one does, so the aggregate grows nearly B-fold; once the arithmetic catches
 up with the bytes, the curve bends and each user's ITL starts to grow.
 """
@@ -67,4 +67,5 @@ def measure(
             position += 1
     finally:
         pool.free_all()
-    return SweepPoint(batch, batch * len(times) / sum(times), statistics.median(times) * 1000, intensity)
+    step_s = statistics.median(times)
+    return SweepPoint(batch, batch / step_s, step_s * 1000, intensity)

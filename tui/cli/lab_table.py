@@ -9,7 +9,7 @@ from tui.plot import text_plot
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+    return f"{n / 2**20:,.1f}M"
 
 
 def print_lab(result: dict) -> None:
@@ -17,8 +17,8 @@ def print_lab(result: dict) -> None:
     pool = result["pool"]
     console.print(
         f"[bold]{result['model']}[/] at {result['precision']}: pool of {pool['blocks']} blocks x "
-        f"{pool['block_size']} tokens = {_mib(pool['tensor_bytes'])} in its tensors "
-        f"(formula: {pool['formula']}; x {pool['blocks']} = {_mib(pool['formula_bytes'])})"
+        f"{pool['block_size']} tokens = {pool['tensor_bytes'] / 2**20:.1f} MiB in its tensors "
+        f"(formula: {pool['formula']}; x {pool['blocks']} = {pool['formula_bytes'] / 2**20:.1f} MiB)"
     )
     w = result["workload"]
     console.print(
@@ -27,10 +27,9 @@ def print_lab(result: dict) -> None:
         + f", prompts {min(w['prompt_tokens'])}-{max(w['prompt_tokens'])} tokens, up to "
         f"{w['max_new_tokens']} new each, seed {w['seed']}; max batch {result['max_batch']}"
     )
-    table = Table(title="Three policies, same workload (clock = measured step times)")
+    table = Table(title="Three policies, same workload (times in ms; peak KV bytes: paged vs contiguous)")
     for column in (
-        "policy", "tok/s", "TTFT p50 ms", "TTFT p90 ms", "ITL p50 ms", "ITL p90 ms",
-        "peak blocks", "paged peak", "contiguous peak", "preempted",
+        "policy", "tok/s", "TTFT p50", "TTFT p90", "ITL p50", "ITL p90", "blocks", "paged", "contig.", "preempt",
     ):  # fmt: skip
         table.add_column(column, justify="right")
     for p in result["policies"]:
