@@ -1,11 +1,12 @@
 """Decode at B = 1, 2, 4, 8, 16: the same step, more sequences, measured.
 
 B copies of the workload's shortest prompt are prefilled (not timed), then `steps` decode steps
-of all B together are timed (the first decode step warms up and is not).
-Aggregate tok/s = B / the median step time; the per-user ITL is that step time, since each user
-gets one token per step (the median: steady on a machine others share). While the step is memory-bound (reading the weights dominates) B tokens
-cost about what one does, so the aggregate grows nearly B-fold; once the arithmetic catches
-up with the bytes, the curve bends and each user's ITL starts to grow.
+of all B together are timed (the first decode step warms up and is not). Aggregate tok/s =
+B / the median step time; the per-user ITL is that step time, since each user gets one token
+per step (the median: steady on a machine others share). While the step is memory-bound
+(reading the weights dominates) B tokens cost about what one does, so the aggregate grows
+nearly B-fold; once the arithmetic catches up with the bytes, the curve bends and each
+user's ITL starts to grow.
 """
 
 from __future__ import annotations

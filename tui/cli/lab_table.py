@@ -29,7 +29,8 @@ def print_lab(result: dict) -> None:
     )
     table = Table(title="Three policies, same workload (times in ms; peak KV bytes: paged vs contiguous)")
     for column in (
-        "policy", "tok/s", "TTFT p50", "TTFT p90", "ITL p50", "ITL p90", "blocks", "paged", "contig.", "preempt",
+        "policy", "tok/s", "TTFT p50", "TTFT p90", "ITL p50", "ITL p90",
+        "blocks", "paged", "contig.", "preempt",
     ):  # fmt: skip
         table.add_column(column, justify="right")
     for p in result["policies"]:
