@@ -262,6 +262,7 @@ def run(
     loaded: LoadedModel,
     config: LabConfig,
     calibration: Calibration | None = None,
+    on_start: Callable[[Lab], None] | None = None,
     on_step: OnStep | None = None,
     on_policy: Callable[[PolicyResult], None] | None = None,
     on_sweep: Callable[[sweep.SweepPoint], None] | None = None,
@@ -279,6 +280,8 @@ def run(
         calibration.balance if calibration is not None else None,
     )
     try:
+        if on_start is not None:
+            on_start(lab)
         lab.warm_up()
         for name in config.policies:
             report(f"policy {name}: {config.requests} requests ...")
