@@ -94,6 +94,13 @@ INSTRUMENTS = (
         "Precision compare",
         "The last turn at two precisions: top-1 agreement, KL, first divergent token, speed and memory",
     ),
+    Instrument(
+        "lab",
+        "f9",
+        "Lab",
+        "Serving lab",
+        "Continuous batching over a paged KV cache: three policies on one workload, a decode sweep over B",
+    ),
 )
 BY_NAME = {i.name: i for i in INSTRUMENTS}
 REMOTE = {"inspector"}
@@ -116,6 +123,7 @@ SCREENS = {
     "phases": ("tui.screens.phases", "PhasesScreen"),
     "attention": ("tui.screens.attention", "AttentionScreen"),
     "precision": ("tui.screens.precision", "PrecisionScreen"),
+    "lab": ("tui.screens.lab", "LabScreen"),
 }
 """Each instrument's screen: module and class, each taking `(link, step=None, answer=None)`.
 Step mode has none: its key toggles the gate, and the gate opens `StepScreen` when it pauses."""

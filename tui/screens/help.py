@@ -57,6 +57,7 @@ INSTRUMENTS = """\
 | **F6** | two phases measured: FLOP/s, bytes/s, arithmetic intensity against this machine's peaks |
 | **F7** | attention view by layer and head (slows decoding while open) |
 | **F8** | precision compare: the last turn at two precisions |
+| **F9** | serving lab: continuous batching over a paged KV cache, three policies and a decode sweep |
 
 Press **Esc** to close.
 """
