@@ -30,7 +30,8 @@ def outputs(policy) -> dict[int, tuple[int, ...]]:
 
 
 def test_batched_greedy_equals_each_request_served_alone(tiny_loaded):
-    lab = Lab(tiny_loaded, LabConfig(requests=5, max_batch=4, max_new=10, budget_mib=1, step_tokens=48))
+    config = LabConfig(requests=5, max_batch=4, max_new=10, budget_mib=1, step_tokens=48, arrivals="once")
+    lab = Lab(tiny_loaded, config)
     solo = solo_outputs(lab)
     continuous = lab.run_policy("continuous", None, None)
     steps = continuous.steps
@@ -80,7 +81,7 @@ def test_every_policy_leaves_the_pool_empty(tiny_loaded):
 
 def test_a_small_pool_preempts_the_newest_and_recomputes_the_same_answers(tiny_loaded):
     # About two requests' worth of blocks for four: continuous must preempt to make progress.
-    lab = Lab(tiny_loaded, LabConfig(requests=4, max_batch=4, max_new=12, budget_mib=0.12, block_size=16))
+    lab = Lab(tiny_loaded, LabConfig(requests=4, max_batch=4, max_new=12, budget_mib=0.12, arrivals="once"))
     solo = solo_outputs(lab)
     events = []
     result = lab.run_policy("continuous", lambda name, step, views: events.append((step, views)), None)

@@ -37,7 +37,9 @@ class LabConfig:
     block_size: int = BLOCK_SIZE
     step_tokens: int = 64
     sweep_batches: tuple[int, ...] = sweep.SWEEP_BATCHES
-    sweep_steps: int = 8
+    sweep_steps: int = 4
+    sweep_passes: int = 3
+    """Rounds over every B (engine/lab/sweep.py): a passing load falls on every B alike."""
     policies: tuple[str, ...] = POLICY_NAMES
 
     def __post_init__(self) -> None:
@@ -53,8 +55,10 @@ class LabConfig:
             raise LabError(
                 f"--step-tokens ({self.step_tokens}) must be at least --max-batch ({self.max_batch})"
             )
-        if self.sweep_steps < 1:
-            raise LabError(f"sweep steps must be at least 1, got {self.sweep_steps}")
+        if self.sweep_steps < 1 or self.sweep_passes < 1:
+            raise LabError(
+                f"sweep steps and passes must be at least 1, got {self.sweep_steps}, {self.sweep_passes}"
+            )
         if unknown := set(self.policies) - set(POLICY_NAMES):
             raise LabError(f"unknown policy {sorted(unknown)[0]!r} (sequential, static, continuous)")
 
@@ -290,15 +294,19 @@ def run(
             if on_policy is not None:
                 on_policy(policy)
         prompt = min((s.prompt for s in lab.specs), key=len)
-        for batch in config.sweep_batches:
-            if not sweep.fits(batch, prompt, config.sweep_steps, lab.forward):
-                result.sweep_skipped.append(batch)
-                continue
-            report(f"sweep: decode at B={batch} ...")
-            point = sweep.measure(batch, prompt, config.sweep_steps, lab.forward, lab.intensity, stop)
-            result.sweep.append(point)
-            if on_sweep is not None:
-                on_sweep(point)
+        batches = [b for b in config.sweep_batches if sweep.fits(b, prompt, config.sweep_steps, lab.forward)]
+        result.sweep_skipped = [b for b in config.sweep_batches if b not in batches]
+        report(f"sweep: decode at B = {batches}, {config.sweep_passes} passes ...")
+        result.sweep = sweep.run_sweep(
+            batches,
+            prompt,
+            config.sweep_steps,
+            config.sweep_passes,
+            lab.forward,
+            lab.intensity,
+            stop,
+            on_sweep,
+        )
     finally:
         lab.release()
     return result

@@ -1,9 +1,9 @@
 """Decode at B = 1, 2, 4, 8, 16: the same step, more sequences, measured.
 
-B copies of the workload's shortest prompt are prefilled (not timed), then `steps` decode steps
-of all B together are timed (the first decode step warms up and is not). Aggregate tok/s =
-B / the median step time; the per-user ITL is that step time, since each user gets one token
-per step (the median: steady on a machine others share). While the step is memory-bound
+B copies of the workload's shortest prompt are prefilled (not timed), then decode steps of all
+B together are timed (the first decode step warms up and is not), in a few passes over all B.
+Aggregate tok/s = B / the median step time; the per-user ITL is that step time, since each
+user gets one token per step (the median: steady on a machine others share). While the step is memory-bound
 (reading the weights dominates) B tokens cost about what one does, so the aggregate grows
 nearly B-fold; once the arithmetic catches up with the bytes, the curve bends and each
 user's ITL starts to grow.
@@ -37,15 +37,16 @@ def fits(batch: int, prompt: tuple[int, ...], steps: int, forward: BatchedForwar
     return batch * blocks_for(len(prompt) + steps + 2, pool.block_size) <= pool.num_blocks
 
 
-def measure(
+def timed_steps(
     batch: int,
     prompt: tuple[int, ...],
     steps: int,
     forward: BatchedForward,
     intensity_of=lambda feeds: 0.0,
     stop: threading.Event | None = None,
-) -> SweepPoint:
-    """Decode `batch` copies of `prompt` together for `steps` timed steps."""
+) -> tuple[list[float], float]:
+    """Decode `batch` copies of `prompt` together: the times of `steps` steps (after one untimed),
+    and the intensity of the middle one."""
     pool = forward.pool
     pool.free_all()
     for i in range(batch):
@@ -68,5 +69,32 @@ def measure(
             position += 1
     finally:
         pool.free_all()
+    return times, intensity
+
+
+def point(batch: int, times: list[float], intensity: float) -> SweepPoint:
     step_s = statistics.median(times)
     return SweepPoint(batch, batch / step_s, step_s * 1000, intensity)
+
+
+def run_sweep(
+    batches: list[int],
+    prompt: tuple[int, ...],
+    steps: int,
+    passes: int,
+    forward: BatchedForward,
+    intensity_of=lambda feeds: 0.0,
+    stop: threading.Event | None = None,
+    on_point=None,
+) -> list[SweepPoint]:
+    """`passes` rounds over every B, `steps` timed steps each time: a load that comes and goes on
+    a shared machine then falls on every B alike, and each B's median is taken over all its steps."""
+    times: dict[int, list[float]] = {b: [] for b in batches}
+    intensity: dict[int, float] = {}
+    for round_ in range(passes):
+        for b in batches:
+            more, intensity[b] = timed_steps(b, prompt, steps, forward, intensity_of, stop)
+            times[b] += more
+            if round_ == passes - 1 and on_point is not None:
+                on_point(point(b, times[b], intensity[b]))
+    return [point(b, times[b], intensity[b]) for b in batches]
