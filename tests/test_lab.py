@@ -9,8 +9,9 @@ import torch
 from typer.testing import CliRunner
 
 from engine.lab.pool import KVShape, PagedKVPool, PoolError
-from engine.lab.run import Lab, LabConfig, LabError, run
+from engine.lab.run import Lab, LabConfig, LabError, bend, run
 from engine.lab.scheduler import LabStopped, Policy, Scheduler
+from engine.lab.sweep import SweepPoint
 from engine.lab.workload import WorkloadConfig, build
 
 
@@ -182,6 +183,7 @@ def test_cli_json_has_the_sweep_and_the_three_policies(tiny_model_dir):
         (["--max-batch", "0"], "--max-batch must be at least 1"),
         (["--budget-mib", "0.001"], "holds no block"),
         (["--arrivals", "sometimes"], "--arrivals must be"),
+        (["--threads", "0"], "--threads must be at least 1"),
     ],
 )
 def test_cli_bad_input_is_one_line(tiny_model_dir, flags, message):
@@ -190,3 +192,16 @@ def test_cli_bad_input_is_one_line(tiny_model_dir, flags, message):
     result = CliRunner().invoke(app, ["lab", "batching", "--model", str(tiny_model_dir), *flags])
     assert result.exit_code == 2
     assert message in result.output and result.output.count("llmchat:") == 1
+
+
+@pytest.mark.parametrize(
+    ("rates", "bends_at"),
+    [
+        ([10, 20, 40, 80, 160], None),  # perfect scaling
+        ([10, 19, 36, 50, 55], 8),  # 36 -> 50 is 1.39x for a doubling
+        ([10, 12, 13, 13, 13], 2),
+    ],
+)
+def test_where_the_sweep_bends(rates, bends_at):
+    points = [SweepPoint(b, r, 1000 * b / r, 0.0) for b, r in zip((1, 2, 4, 8, 16), rates)]
+    assert bend(points) == bends_at

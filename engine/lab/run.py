@@ -11,6 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from engine.fast import fused
 from engine.instruments.phases import Calibration, ModelShape
 from engine.lab import costs, sweep
@@ -165,6 +167,7 @@ class LabResult:
         return {
             "model": self.model,
             "precision": self.precision,
+            "torch_threads": torch.get_num_threads(),
             "pool": self.pool,
             "workload": {
                 "requests": c.requests,
@@ -187,6 +190,7 @@ class LabResult:
                 for p in self.sweep
             ],
             "sweep_skipped": self.sweep_skipped,
+            "sweep_bends_at": bend(self.sweep),
             "policies": [p.to_json() for p in self.policies],
             "outputs_agree": self.outputs_agree,
         }
@@ -313,8 +317,9 @@ def run(
 
 
 def bend(points: list[sweep.SweepPoint], threshold: float = 0.7) -> int | None:
-    """The first batch size where doubling B gained less than `threshold` x of a doubling
-    (aggregate tok/s grew less than 1 + threshold times): where the curve bends. None if it never does."""
+    """Where the sweep's curve bends: the first B whose step from the previous B gained less than
+    `threshold` of perfect scaling (doubling B: aggregate tok/s x (1 + threshold) or less). None
+    if it never does over the B measured."""
     for a, b in zip(points, points[1:]):
         growth = b.aggregate_tok_s / a.aggregate_tok_s if a.aggregate_tok_s else 0.0
         ideal = b.batch / a.batch

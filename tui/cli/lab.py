@@ -4,7 +4,7 @@ one seeded workload over a paged KV pool, then a decode sweep over batch sizes."
 from __future__ import annotations
 
 import json
-from typing import NoReturn
+from typing import NoReturn, Optional
 
 import typer
 
@@ -39,6 +39,9 @@ def batching(
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="A Llama-family model (the fast path)."),
     precision: str = typer.Option("fp32", "--precision", "-p", help="fp32, bf16 or fp16."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", help="torch CPU threads (default: torch's; 1 is steadier on a busy machine)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Serve one workload three ways (sequential, static, continuous) and sweep decode over B."""
@@ -62,6 +65,12 @@ def batching(
         config.workload  # checks arrivals and rate
     except ValueError as e:
         _fail(str(e) if isinstance(e, LabError) else f"--{e}")
+    if threads is not None:
+        if threads < 1:
+            _fail(f"--threads must be at least 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
     try:
         loaded = models.load(model, precision, device)
     except (models.ModelError, PrecisionError) as e:

@@ -69,6 +69,12 @@ def print_lab(result: dict) -> None:
     console.print(table)
     if balance is not None:
         console.print(f"balance point: {balance:.1f} FLOP/byte (below it, a step waits on memory)")
+    bends = result["sweep_bends_at"]
+    console.print(
+        f"the curve bends at B = {bends} (from there, doubling B gains less than 1.7x)"
+        if bends
+        else "the curve does not bend over these B (each doubling gains 1.7x or more)"
+    )
     if result["sweep_skipped"]:
         console.print(f"left out (the budget cannot hold them): B = {result['sweep_skipped']}")
     xs = [s["batch"] for s in sweep]

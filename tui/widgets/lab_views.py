@@ -8,6 +8,7 @@ from typing import Sequence
 from textual.content import Content
 from textual.widgets import Static
 
+from engine.lab.run import bend
 from engine.lab.scheduler import RequestView, StepRecord
 from engine.lab.sweep import SweepPoint
 from tui.fmt import count, human_bytes, ms
@@ -183,6 +184,13 @@ def sweep_lines(points: Sequence[SweepPoint], skipped: Sequence[int] = ()) -> li
                 f"{p.batch:>3}{p.aggregate_tok_s:>17.1f}{p.aggregate_tok_s / first:>8.2f}"
                 f"{p.itl_ms_p50:>8.1f}ms{p.intensity:>11.2f}"
             )
+        )
+    if len(points) > 1:
+        at = bend(list(points))
+        lines.append(
+            Content(f"the curve bends at B = {at}: from there a doubling gains less than 1.7×")
+            if at
+            else Content("no bend over these B: every doubling gained 1.7× or more")
         )
     if skipped:
         lines.append(
