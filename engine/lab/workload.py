@@ -1,5 +1,7 @@
 """Simulated users: real questions of different lengths, arriving all at once or as a Poisson
-stream, each wanting up to `max_new` tokens. Seeded, so a run can be repeated exactly."""
+stream, each wanting its own number of new tokens, from a quarter of `max_new` up to `max_new`
+(answers differ in length, which is what lets continuous batching refill a finished seat).
+Seeded, so a run can be repeated exactly."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class RequestSpec:
     """The chat-templated prompt's token ids."""
     arrival_s: float
     max_new: int
+    """This user's answer length (it stops earlier at the end token)."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,8 @@ def prompt_ids(tokenizer, question: str) -> tuple[int, ...]:
 
 def build(config: WorkloadConfig, tokenizer) -> list[RequestSpec]:
     """The requests, in arrival order: questions drawn in a seeded shuffle (every question once
-    before any repeats), arrivals at 0 or at Poisson times."""
+    before any repeats), answer lengths drawn from max_new/4 .. max_new, arrivals at 0 or at
+    Poisson times."""
     rng = random.Random(config.seed)
     order: list[str] = []
     while len(order) < config.requests:
@@ -84,5 +88,6 @@ def build(config: WorkloadConfig, tokenizer) -> list[RequestSpec]:
     for i, question in enumerate(order[: config.requests]):
         if config.arrivals == "poisson" and i > 0:
             t += rng.expovariate(config.rate)
-        specs.append(RequestSpec(i, question, prompt_ids(tokenizer, question), t, config.max_new))
+        wanted = rng.randint(max(1, config.max_new // 4), config.max_new)
+        specs.append(RequestSpec(i, question, prompt_ids(tokenizer, question), t, wanted))
     return specs

@@ -26,7 +26,7 @@ def batching(
     requests: int = typer.Option(8, "--requests", help="Simulated users (one question each)."),
     max_batch: int = typer.Option(4, "--max-batch", help="Most sequences in one step (static: batch size)."),
     budget_mib: float = typer.Option(48.0, "--budget-mib", help="Memory for the paged KV pool, MiB."),
-    max_new: int = typer.Option(16, "--max-new", help="Most tokens each answer gets."),
+    max_new: int = typer.Option(16, "--max-new", help="Longest answer (each user wants max/4..max tokens)."),
     arrivals: str = typer.Option(
         "poisson", "--arrivals", help="'poisson' (see --rate) or 'once' (all at 0)."
     ),
