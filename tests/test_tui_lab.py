@@ -80,10 +80,11 @@ def test_escape_stops_the_lab_frees_the_pool_and_the_chat_goes_on(tiny_model_dir
             await answered(pilot, recorder)
             ids, keys = cache_state(app)
             screen = await opened(pilot, "f9", LabScreen) and app.screen
-            fill(screen, requests="40", budget_mib="2")
+            fill(screen, requests="400", budget_mib="2")  # minutes of work: Esc comes first
             await pilot.press("r")
-            await wait_for(pilot, lambda: len(screen._steps) > 2, timeout=60, what="the lab's first steps")
-            assert screen.lab.pool.num_blocks > 0
+            await wait_for(
+                pilot, lambda: screen.lab is not None and screen.lab.pool.used_blocks > 0, timeout=60
+            )
             await pilot.press("escape")
             await wait_for(pilot, lambda: screen.lab.pool.num_blocks == 0, timeout=30, what="the pool freed")
             assert not isinstance(app.screen, LabScreen) and screen.result is None
@@ -109,7 +110,7 @@ def test_bad_input_is_one_line_and_nothing_runs(tiny_model_dir, tmp_path):
                 ({"max_batch": "0"}, "max-batch must be at least 1"),
                 ({"max_batch": "4", "budget_mib": "0.001"}, "holds no block"),
                 ({"budget_mib": "0.02"}, "raise --budget-mib"),
-                ({"budget_mib": "lots"}, "budget MiB must be a number"),
+                ({"budget_mib": "lots"}, "pool MiB must be a number"),
             ):
                 fill(screen, **values)
                 await pilot.press("r")

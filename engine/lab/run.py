@@ -316,6 +316,11 @@ def run(
     return result
 
 
+def set_threads(threads: int) -> None:
+    """torch's CPU threads for this process (`llmchat lab batching --threads`)."""
+    torch.set_num_threads(threads)
+
+
 def bend(points: list[sweep.SweepPoint], threshold: float = 0.7) -> int | None:
     """Where the sweep's curve bends: the first B whose step from the previous B gained less than
     `threshold` of perfect scaling (doubling B: aggregate tok/s x (1 + threshold) or less). None

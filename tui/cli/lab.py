@@ -68,9 +68,9 @@ def batching(
     if threads is not None:
         if threads < 1:
             _fail(f"--threads must be at least 1, got {threads}")
-        import torch
+        from engine.lab.run import set_threads
 
-        torch.set_num_threads(threads)
+        set_threads(threads)
     try:
         loaded = models.load(model, precision, device)
     except (models.ModelError, PrecisionError) as e:

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from tui.instruments import AnswerRef, Instruments
 
 VIEWS = ("timeline", "pool", "steps", "policies", "sweep")
-FIELDS = (("requests", "requests", 8), ("max batch", "max_batch", 4), ("budget MiB", "budget_mib", 48))
+FIELDS = (("users", "requests", 8), ("max B", "max_batch", 4), ("pool MiB", "budget_mib", 48))
+"""(label, LabConfig field, default): short labels, so the row fits 80 columns."""
 
 
 class LabScreen(InstrumentScreen):
@@ -44,7 +45,7 @@ class LabScreen(InstrumentScreen):
     LabScreen #controls > Label { padding: 0 1 0 0; }
     LabScreen #controls > Input { width: 8; }
     LabScreen #controls > Select { width: 12; }
-    LabScreen #controls > Button { margin-left: 2; min-width: 11; }
+    LabScreen #controls > Button { margin-left: 1; min-width: 9; }
     """
     BINDINGS = [Binding("r", "run", "Run")]
 
@@ -77,7 +78,7 @@ class LabScreen(InstrumentScreen):
             for label, name, default in FIELDS:
                 yield Label(f" {label}")
                 yield Input(str(default), id=name, type="number", compact=True)
-            yield Label("  arrivals")
+            yield Label(" arrivals")
             yield Select(
                 [("poisson", "poisson"), ("at once", "once")],
                 value="poisson",
@@ -85,7 +86,7 @@ class LabScreen(InstrumentScreen):
                 id="arrivals",
                 compact=True,
             )
-            yield Button("Run (r)", id="run", variant="primary", compact=True)
+            yield Button("Run r", id="run", variant="primary", compact=True)
         yield Static(id="status", classes="muted")
         titles = {
             "timeline": "Requests",
@@ -203,6 +204,8 @@ class LabScreen(InstrumentScreen):
         self._touch()
 
     def _stepped(self, policy: str, record: StepRecord, views: tuple[RequestView, ...]) -> None:
+        if policy != self._policy:  # a new policy: its own steps only
+            self._steps.clear()
         self._policy, self._views, self._clock = policy, views, record.clock_s
         self._steps.append((record, self.lab.intensity(list(record.feeds))))
         self._touch()
@@ -233,9 +236,9 @@ class LabScreen(InstrumentScreen):
                 f" · clock {self._clock:.2f} s · the chat waits until the lab is done · Esc stops"
             )
         self.query_one("#timeline-title", Static).update(f"Requests ({self._policy or 'waiting'})")
-        self.query_one("#timeline", Static).update(
-            Content("\n").join(lab_views.timeline_lines(views, self._clock))
-        )
+        timeline = self.query_one("#timeline", Static)
+        width = max(10, min(40, timeline.size.width - 60))  # the bar takes what the row leaves
+        timeline.update(Content("\n").join(lab_views.timeline_lines(views, self._clock, width)))
         pool = lab.pool_json() if lab.pool.num_blocks else self._pool_info()
         longest = max(len(s.prompt) for s in lab.specs) + lab.config.max_new
         lines = lab_views.pool_lines(pool, views, longest, lab.kv.token_bytes())

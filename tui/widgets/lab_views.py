@@ -64,12 +64,12 @@ def timeline_lines(views: Sequence[RequestView], clock: float, width: int = 40) 
         preempted = f"  preempted ×{v.preemptions}" if v.preemptions else ""
         lines.append(
             Content.assemble(
-                (f"#{v.id:<2} {v.prompt_tokens:>4} tok ", "bold"),
+                (f"#{v.id:<2}{v.prompt_tokens:>4} tok ", "bold"),
                 "▕",
                 *cells,
                 "▏ ",
                 (f"{v.state:<9}", STATE_MARKS[v.state][1] or "$text-muted"),
-                f" {v.generated:>3}/{v.max_new} tokens  TTFT {ttft:>8}  ITL {itl:>8}{preempted}",
+                f"{v.generated:>3}/{v.max_new:<3}TTFT {ttft:>8} ITL {itl:>8}{preempted}",
             )
         )
     return lines
