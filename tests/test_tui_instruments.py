@@ -44,6 +44,7 @@ from tui.engine_link import inference_worker
 from tui.fmt import count, human_bytes, subscript, visible_piece
 from tui.screens.attention import AttentionScreen
 from tui.screens.inspector import InspectorScreen
+from tui.screens.lab import LabScreen
 from tui.screens.phases import PhasesScreen, si
 from tui.screens.precision import PrecisionScreen
 from tui.screens.stages import StagesScreen
@@ -599,6 +600,7 @@ def test_precision_compare_shows_the_engine_comparison(tiny_model_dir, tmp_path)
         ("Sampler stages", StagesScreen, "stages"),
         ("Tokenizer view", TokenizerScreen, "tokenizer"),
         ("Attention view", AttentionScreen, "attention"),
+        ("Serving lab", LabScreen, "lab"),
     ],
 )
 def test_palette_opens_each_instrument_and_question_mark_explains_it(
@@ -634,7 +636,7 @@ def test_instruments_wait_for_a_loaded_model(tmp_path):
         app = fake_app(FakeFactory(), tmp_path)
         async with app.run_test(size=WIDE) as pilot:
             await wait_for(pilot, lambda: app.turns.ready)
-            for key in ("f2", "f3", "f4", "f5", "f6", "f7", "f8"):
+            for key in ("f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9"):
                 await pilot.press(key)
             await pilot.pause(0.1)
             assert app.screen is app.default_screen

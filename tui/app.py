@@ -75,7 +75,7 @@ class ChatApp(App[None]):
         Binding("ctrl+t", "toggle_panels", "Panels"),
         Binding("f1", "help", "Help"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
-        *INSTRUMENT_BINDINGS,  # F2-F8: the teaching instruments (tui/instruments.py)
+        *INSTRUMENT_BINDINGS,  # F2-F9: the teaching instruments (tui/instruments.py)
     ]
 
     def __init__(
@@ -467,7 +467,7 @@ class ChatApp(App[None]):
         self.push_screen(HelpScreen())
 
     def action_instrument(self, name: str, step: int | None = None) -> None:
-        """Open a teaching instrument (F2-F8, the palette, a click on a token chip)."""
+        """Open a teaching instrument (F2-F9, the palette, a click on a token chip)."""
         self.instruments.open(name, step)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

@@ -95,6 +95,13 @@ INSTRUMENTS = (
         "Precision compare",
         "The last turn at two precisions: top-1 agreement, KL, first divergent token, speed and memory",
     ),
+    Instrument(
+        "lab",
+        "f9",
+        "Lab",
+        "Serving lab",
+        "Continuous batching over a paged KV cache: three policies on one workload, a decode sweep over B",
+    ),
 )
 LESSONS = (
     Instrument(
@@ -136,6 +143,7 @@ SCREENS = {
     "precision": ("tui.screens.precision", "PrecisionScreen"),
     "context": ("tui.screens.context", "ContextScreen"),
     "embeddings": ("tui.screens.embeddings", "EmbeddingsScreen"),
+    "lab": ("tui.screens.lab", "LabScreen"),
 }
 """Each instrument's screen: module and class, each taking `(link, step=None, answer=None)`.
 Step mode has none: its key toggles the gate, and the gate opens `StepScreen` when it pauses."""

@@ -153,10 +153,67 @@ EXPLANATIONS: dict[str, Explanation] = {
         "cos(a, b) = a·b / (‖a‖‖b‖);  RoPE: pair i turns by p·θ_i, θ_i = base^(−2i/d);  "
         "cos(R_p q, R_{p+Δ} q) = Σ_i ‖q_i‖² cos(Δ·θ_i) / ‖q‖²",
     ),
+    "lab": Explanation(
+        "Serving lab",
+        "A server answers many users at once. Here simulated users send real questions to the "
+        "loaded model, and the same workload is served three ways: one request at a time; static "
+        "batches (wait for B requests, run them until all finish); and continuous batching (admit a "
+        "request whenever KV blocks are free, let finished ones leave at once, prefill new prompts "
+        "in chunks beside the others' decode tokens, preempt the newest request when the pool runs "
+        "out and recompute it later). Every number is measured on this machine; the clock is the "
+        "sum of the measured step times. A teaching instrument at classroom scale, not a serving "
+        "path: for real serving, point llmchat at a server (--server). Esc stops the lab and frees "
+        "its pool; the chat's own KV cache is never touched.",
+        "throughput = tokens generated / time until the last request is done",
+    ),
+    "lab.timeline": Explanation(
+        "Per request",
+        "One row per user: where its time went on the lab's clock. Queued (waiting for room), "
+        "prefill (its prompt fed, in chunks), decode (one token per step), preempted (its blocks "
+        "taken back; it will recompute), done. TTFT is arrival to first token; ITL the gap between "
+        "its tokens, which grows when more sequences share a step.",
+        "TTFT = t(first token) − t(arrival);  ITL = t(token i+1) − t(token i)",
+    ),
+    "lab.pool": Explanation(
+        "The paged KV pool",
+        "The K/V cache lives in one pool of fixed-size blocks. Each request holds a block table "
+        "(its blocks, in order) and gets a new block only when its tokens fill the last one, so "
+        "memory follows the tokens actually held. A contiguous cache must reserve room for the "
+        "longest possible request up front for each one; the difference is the waste. The bytes "
+        "are counted from the pool's tensors, and the formula is shown beside them.",
+        "bytes per block = 2 × layers × kv_heads × head_dim × element bytes × block size",
+    ),
+    "lab.steps": Explanation(
+        "Per step",
+        "Each step is one forward pass over every scheduled token: B decode tokens and any prefill "
+        "chunks, multiplied through the weights together. The weights are read once per step "
+        "however many sequences share it, so the arithmetic intensity (FLOPs per byte moved) grows "
+        "with B. Below the machine's balance point (peak FLOP/s ÷ bandwidth, measured by the phases "
+        "instrument, F6) a step waits on memory and extra sequences are nearly free; above it, on "
+        "arithmetic.",
+        "intensity = (2·P·T + 2·h·vocab·B + attention) / (W + Σ kv·(context + 2n))",
+    ),
+    "lab.policies": Explanation(
+        "Three policies, same workload",
+        "The same users, questions and arrival times, served by each policy in turn. Sequential "
+        "never shares a step, so its throughput is the batch-1 rate. Static batching shares steps "
+        "but makes early finishers' seats idle and late arrivals wait for the next batch. "
+        "Continuous batching fills seats as they free up, so throughput rises and the p90 TTFT "
+        "falls. Peak blocks is the most of the pool any moment held.",
+        "p90 = the value 90% of requests stay under",
+    ),
+    "lab.sweep": Explanation(
+        "The decode sweep",
+        "B sequences decode together for a few steps, for B = 1, 2, 4, 8, 16 (as many as the pool "
+        "holds). While a step is memory-bound, B tokens cost about what one does: the aggregate "
+        "rate grows almost B-fold and each user's ITL barely moves. Where the curve bends away "
+        "from the ○ line (B × the B=1 rate) the step has turned compute-bound.",
+        "aggregate tok/s = B / step time;  per-user ITL = step time",
+    ),
 }
 """Keyed by instrument: inspector, fork, step, stages, tokenizer, phases, attention (its matrix mode:
-attention_matrix), precision, and the lessons context and embeddings; kv_heads explains the KV
-panel's head-count table (Help, F1)."""
+attention_matrix), precision, lab (and lab.* for each view of the serving lab), and the lessons
+context and embeddings; kv_heads explains the KV panel's head-count table (Help, F1)."""
 
 
 def explain(instrument: str) -> Explanation:

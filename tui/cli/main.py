@@ -15,10 +15,12 @@ import typer
 from engine import DEFAULT_MODEL
 from tui.cli import remote
 from tui.cli.conversations import conversations_app
+from tui.cli.lab import lab_app
 from tui.fmt import visible_controls
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="See LLM inference happen, live.")
 app.add_typer(conversations_app, name="conversations")
+app.add_typer(lab_app, name="lab")
 
 ModelOpt = typer.Option(
     DEFAULT_MODEL, "--model", "-m", help="smollm2-135m, an HF model directory, a .gguf file or a hub id."

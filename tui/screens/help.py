@@ -62,6 +62,7 @@ INSTRUMENTS = """\
 | **F7** | attention view by layer and head, query heads grouped under their K/V head; **m** the whole \
 prompt's causal matrix, ↑↓ choose the query row (slows decoding while open) |
 | **F8** | precision compare: the last turn at two precisions |
+| **F9** | serving lab: continuous batching over a paged KV cache, three policies and a decode sweep |
 | **x** in F6 | context length is not free: TTFT and ITL measured at 16 … 2,048 tokens, \
 and when the KV cache outweighs the weights |
 | **e** in F2 | embeddings: the token's embedding row, its nearest tokens, what RoPE does to it |

@@ -1,0 +1,333 @@
+"""One run of the serving lab: the pool, the workload, the three policies and the sweep.
+
+`run(loaded, config)` returns a `LabResult`; `to_json()` is what `llmchat lab batching --json`
+prints. `on_step` and `on_sweep` let the app show each step as it happens; `stop` (a
+threading.Event) ends the run at the next step, and the pool is dropped either way.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from engine.fast import fused
+from engine.instruments.phases import Calibration, ModelShape
+from engine.lab import costs, sweep
+from engine.lab.batched import BatchedForward, Feed
+from engine.lab.pool import BLOCK_SIZE, KVShape, PagedKVPool, PoolError
+from engine.lab.scheduler import POLICY_NAMES, OnStep, Policy, Request, Scheduler, StepRecord, greedy_eos
+from engine.lab.workload import Arrivals, RequestSpec, WorkloadConfig, build
+from engine.models import LoadedModel
+
+
+class LabError(ValueError):
+    """The lab cannot run as asked (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    requests: int = 8
+    max_batch: int = 4
+    budget_mib: float = 48.0
+    max_new: int = 16
+    arrivals: Arrivals = "poisson"
+    rate: float = 4.0
+    seed: int = 0
+    block_size: int = BLOCK_SIZE
+    step_tokens: int = 64
+    sweep_batches: tuple[int, ...] = sweep.SWEEP_BATCHES
+    sweep_steps: int = 4
+    sweep_passes: int = 3
+    """Rounds over every B (engine/lab/sweep.py): a passing load falls on every B alike."""
+    policies: tuple[str, ...] = POLICY_NAMES
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise LabError(f"--max-batch must be at least 1, got {self.max_batch}")
+        if self.requests < 1:
+            raise LabError(f"--requests must be at least 1, got {self.requests}")
+        if not self.budget_mib > 0:
+            raise LabError(f"--budget-mib must be above 0, got {self.budget_mib}")
+        if self.max_new < 1:
+            raise LabError(f"--max-new must be at least 1 token, got {self.max_new}")
+        if self.step_tokens < self.max_batch:
+            raise LabError(
+                f"--step-tokens ({self.step_tokens}) must be at least --max-batch ({self.max_batch})"
+            )
+        if self.sweep_steps < 1 or self.sweep_passes < 1:
+            raise LabError(
+                f"sweep steps and passes must be at least 1, got {self.sweep_steps}, {self.sweep_passes}"
+            )
+        if unknown := set(self.policies) - set(POLICY_NAMES):
+            raise LabError(f"unknown policy {sorted(unknown)[0]!r} (sequential, static, continuous)")
+
+    @property
+    def workload(self) -> WorkloadConfig:
+        return WorkloadConfig(self.requests, self.max_new, self.arrivals, self.rate, self.seed)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    policy: str
+    requests: tuple[Request, ...]
+    steps: tuple[StepRecord, ...]
+    peak_blocks: int
+    block_bytes: int
+    contiguous_tokens: int
+    """What a contiguous reservation sets aside per request: the longest prompt + max new tokens."""
+    token_bytes: int
+
+    @property
+    def makespan_s(self) -> float:
+        return self.steps[-1].clock_s if self.steps else 0.0
+
+    @property
+    def generated(self) -> int:
+        return sum(len(r.out) for r in self.requests)
+
+    @property
+    def throughput_tok_s(self) -> float:
+        return self.generated / self.makespan_s if self.makespan_s else 0.0
+
+    @property
+    def ttfts_s(self) -> list[float]:
+        return [r.ttft_s for r in self.requests if r.ttft_s is not None]
+
+    @property
+    def itls_s(self) -> list[float]:
+        return [gap for r in self.requests for gap in r.itls_s]
+
+    @property
+    def preemptions(self) -> int:
+        return sum(r.preemptions for r in self.requests)
+
+    @property
+    def peak_running(self) -> int:
+        return max((s.batch for s in self.steps), default=0)
+
+    @property
+    def peak_paged_bytes(self) -> int:
+        return self.peak_blocks * self.block_bytes
+
+    @property
+    def peak_contiguous_bytes(self) -> int:
+        """Bytes a max-length reservation per running request would have held at the busiest step."""
+        return self.peak_running * self.contiguous_tokens * self.token_bytes
+
+    def to_json(self) -> dict:
+        ms = 1000.0
+        return {
+            "policy": self.policy,
+            "throughput_tok_s": round(self.throughput_tok_s, 2),
+            "ttft_ms_p50": round(_percentile(self.ttfts_s, 0.5) * ms, 1),
+            "ttft_ms_p90": round(_percentile(self.ttfts_s, 0.9) * ms, 1),
+            "itl_ms_p50": round(_percentile(self.itls_s, 0.5) * ms, 2),
+            "itl_ms_p90": round(_percentile(self.itls_s, 0.9) * ms, 2),
+            "peak_blocks": self.peak_blocks,
+            "preemptions": self.preemptions,
+            "peak_paged_bytes": self.peak_paged_bytes,
+            "peak_contiguous_bytes": self.peak_contiguous_bytes,
+            "generated_tokens": self.generated,
+            "steps": len(self.steps),
+            "makespan_s": round(self.makespan_s, 3),
+        }
+
+
+@dataclass
+class LabResult:
+    config: LabConfig
+    model: str
+    precision: str
+    pool: dict
+    specs: list[RequestSpec]
+    balance: float | None
+    policies: list[PolicyResult] = field(default_factory=list)
+    sweep: list[sweep.SweepPoint] = field(default_factory=list)
+    sweep_skipped: list[int] = field(default_factory=list)
+    """Batch sizes the budget left out of the sweep."""
+
+    @property
+    def outputs_agree(self) -> bool:
+        """Every policy produced the same greedy tokens for every request."""
+        outs = [[tuple(r.out) for r in sorted(p.requests, key=lambda r: r.spec.id)] for p in self.policies]
+        return all(o == outs[0] for o in outs)
+
+    def to_json(self) -> dict:
+        c = self.config
+        return {
+            "model": self.model,
+            "precision": self.precision,
+            "torch_threads": torch.get_num_threads(),
+            "pool": self.pool,
+            "workload": {
+                "requests": c.requests,
+                "arrivals": c.arrivals,
+                "rate_per_s": c.rate if c.arrivals == "poisson" else None,
+                "max_new_tokens": c.max_new,
+                "seed": c.seed,
+                "prompt_tokens": [len(s.prompt) for s in self.specs],
+            },
+            "max_batch": c.max_batch,
+            "step_tokens": c.step_tokens,
+            "balance_flop_per_byte": None if self.balance is None else round(self.balance, 2),
+            "sweep": [
+                {
+                    "batch": p.batch,
+                    "aggregate_tok_s": round(p.aggregate_tok_s, 2),
+                    "itl_ms_p50": round(p.itl_ms_p50, 2),
+                    "intensity_flop_per_byte": round(p.intensity, 2),
+                }
+                for p in self.sweep
+            ],
+            "sweep_skipped": self.sweep_skipped,
+            "sweep_bends_at": bend(self.sweep),
+            "policies": [p.to_json() for p in self.policies],
+            "outputs_agree": self.outputs_agree,
+        }
+
+
+class Lab:
+    """The pool and the batched forward pass over a loaded model; `release()` frees the pool."""
+
+    def __init__(self, loaded: LoadedModel, config: LabConfig):
+        why = fused.supports(loaded.model)
+        if why is not None:
+            raise LabError(f"the lab runs on the fast path, which does not cover this model: {why}")
+        self.loaded, self.config = loaded, config
+        self.fast = fused.for_model(loaded.model)
+        info = loaded.info
+        self.kv = KVShape(info.layers, info.kv_heads, info.head_dim, self.fast.act_dtype)
+        try:
+            self.pool = PagedKVPool(
+                self.kv, int(config.budget_mib * 2**20), config.block_size, self.fast.embed.device
+            )
+        except PoolError as e:
+            raise LabError(str(e)) from None
+        self.forward = BatchedForward(self.fast, self.pool)
+        self.shape = ModelShape.of(loaded)
+        self.specs = build(config.workload, loaded.tokenizer)
+        self.eos = greedy_eos(loaded.tokenizer, loaded.model)
+
+    def pool_json(self) -> dict:
+        p, k = self.pool, self.kv
+        return {
+            "blocks": p.num_blocks,
+            "block_size": p.block_size,
+            "tensor_bytes": p.tensor_bytes,
+            "formula_bytes": p.formula_bytes,
+            "block_bytes": p.block_bytes,
+            "formula": f"2 x {k.layers} layers x {k.kv_heads} kv_heads x {k.head_dim} head_dim "
+            f"x {k.element_bytes} bytes x {p.block_size} tokens = {p.block_bytes} bytes per block",
+        }
+
+    def intensity(self, feeds: list[Feed]) -> float:
+        flops = costs.step_flops(self.shape, feeds)
+        return flops / costs.step_bytes(self.shape, feeds, self.kv.token_bytes())
+
+    def run_policy(self, name: str, on_step: OnStep | None, stop: threading.Event | None) -> PolicyResult:
+        self.pool.free_all()
+        self.pool.peak_used = 0
+        policy = Policy.named(name, self.config.max_batch, self.config.step_tokens)
+        try:
+            scheduler = Scheduler(policy, self.specs, self.forward, self.eos, on_step, stop)
+        except PoolError as e:
+            raise LabError(str(e)) from None
+        requests = scheduler.run()
+        longest = max(len(s.prompt) for s in self.specs) + self.config.max_new
+        return PolicyResult(
+            name,
+            tuple(requests),
+            tuple(scheduler.steps),
+            self.pool.peak_used,
+            self.pool.block_bytes,
+            longest,
+            self.kv.token_bytes(),
+        )
+
+    def warm_up(self) -> None:
+        """One untimed prefill and decode, so the first policy does not pay for first-call setup."""
+        prompt = self.specs[0].prompt[: self.pool.capacity_tokens - 1]
+        self.pool.reserve(-1, len(prompt) + 1)
+        token = int(self.forward.step([Feed(-1, prompt, 0)]).argmax())
+        self.forward.step([Feed(-1, (token,), len(prompt))])
+        self.pool.free(-1)
+
+    def release(self) -> None:
+        self.pool.release()
+
+
+def run(
+    loaded: LoadedModel,
+    config: LabConfig,
+    calibration: Calibration | None = None,
+    on_start: Callable[[Lab], None] | None = None,
+    on_step: OnStep | None = None,
+    on_policy: Callable[[PolicyResult], None] | None = None,
+    on_sweep: Callable[[sweep.SweepPoint], None] | None = None,
+    stop: threading.Event | None = None,
+    report: Callable[[str], None] = lambda line: None,
+) -> LabResult:
+    """The whole lab: policies first (same workload each), then the sweep; the pool is freed at the end."""
+    lab = Lab(loaded, config)
+    result = LabResult(
+        config,
+        loaded.info.name,
+        loaded.info.precision,
+        lab.pool_json(),
+        lab.specs,
+        calibration.balance if calibration is not None else None,
+    )
+    try:
+        if on_start is not None:
+            on_start(lab)
+        lab.warm_up()
+        for name in config.policies:
+            report(f"policy {name}: {config.requests} requests ...")
+            policy = lab.run_policy(name, on_step, stop)
+            result.policies.append(policy)
+            if on_policy is not None:
+                on_policy(policy)
+        prompt = min((s.prompt for s in lab.specs), key=len)
+        batches = [b for b in config.sweep_batches if sweep.fits(b, prompt, config.sweep_steps, lab.forward)]
+        result.sweep_skipped = [b for b in config.sweep_batches if b not in batches]
+        report(f"sweep: decode at B = {batches}, {config.sweep_passes} passes ...")
+        result.sweep = sweep.run_sweep(
+            batches,
+            prompt,
+            config.sweep_steps,
+            config.sweep_passes,
+            lab.forward,
+            lab.intensity,
+            stop,
+            on_sweep,
+        )
+    finally:
+        lab.release()
+    return result
+
+
+def set_threads(threads: int) -> None:
+    """torch's CPU threads for this process (`llmchat lab batching --threads`)."""
+    torch.set_num_threads(threads)
+
+
+def bend(points: list[sweep.SweepPoint], threshold: float = 0.7) -> int | None:
+    """Where the sweep's curve bends: the first B whose step from the previous B gained less than
+    `threshold` of perfect scaling (doubling B: aggregate tok/s x (1 + threshold) or less). None
+    if it never does over the B measured."""
+    for a, b in zip(points, points[1:]):
+        growth = b.aggregate_tok_s / a.aggregate_tok_s if a.aggregate_tok_s else 0.0
+        ideal = b.batch / a.batch
+        if growth < 1 + threshold * (ideal - 1):
+            return b.batch
+    return None

@@ -1,0 +1,207 @@
+"""The serving lab (engine/lab/) on the tiny model: batched greedy equals solo, the pool's bytes,
+blocks freed, preemption, bad input, and `llmchat lab batching --json`."""
+
+import json
+import threading
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from engine.lab.pool import KVShape, PagedKVPool, PoolError
+from engine.lab.run import Lab, LabConfig, LabError, bend, run
+from engine.lab.scheduler import LabStopped, Policy, Scheduler
+from engine.lab.sweep import SweepPoint
+from engine.lab.workload import WorkloadConfig, build
+
+
+def solo_outputs(lab: Lab) -> dict[int, tuple[int, ...]]:
+    """Each request served alone: a scheduler with that one request in the pool."""
+    outs = {}
+    for spec in lab.specs:
+        lab.pool.free_all()
+        scheduler = Scheduler(Policy.named("sequential", 1), [spec], lab.forward, lab.eos)
+        (request,) = scheduler.run()
+        outs[spec.id] = tuple(request.out)
+    return outs
+
+
+def outputs(policy) -> dict[int, tuple[int, ...]]:
+    return {r.spec.id: tuple(r.out) for r in policy.requests}
+
+
+def test_batched_greedy_equals_each_request_served_alone(tiny_loaded):
+    config = LabConfig(requests=5, max_batch=4, max_new=10, budget_mib=1, step_tokens=48, arrivals="once")
+    lab = Lab(tiny_loaded, config)
+    solo = solo_outputs(lab)
+    continuous = lab.run_policy("continuous", None, None)
+    steps = continuous.steps
+    assert max(s.batch for s in steps) > 1  # several sequences really shared a step
+    assert any(s.decode_tokens and s.prefill_tokens for s in steps)  # chunked prefill beside decode
+    assert outputs(continuous) == solo
+    assert outputs(lab.run_policy("static", None, None)) == solo
+    # ...and served alone is what transformers' own greedy generate gives (up to its end token)
+    spec = lab.specs[0]
+    reference = tiny_loaded.model.generate(torch.tensor([spec.prompt]), max_new_tokens=10, do_sample=False)
+    assert list(solo[spec.id]) == reference[0, len(spec.prompt) :].tolist()[: len(solo[spec.id])]
+
+
+def test_pool_bytes_come_from_its_tensors_and_match_the_formula(tiny_loaded):
+    lab = Lab(tiny_loaded, LabConfig(budget_mib=0.5, block_size=8))
+    info = tiny_loaded.info
+    per_block = 2 * info.layers * info.kv_heads * info.head_dim * 4 * 8
+    assert lab.pool.block_bytes == per_block
+    assert lab.pool.num_blocks == int(0.5 * 2**20) // per_block
+    counted = sum(t.numel() * t.element_size() for t in lab.pool.keys + lab.pool.values)
+    assert lab.pool.tensor_bytes == counted == lab.pool.formula_bytes == lab.pool.num_blocks * per_block
+    assert lab.pool_json()["formula"].endswith(f"= {per_block} bytes per block")
+
+
+def test_blocks_follow_requests_and_are_freed_when_they_finish():
+    pool = PagedKVPool(KVShape(2, 2, 4, torch.float32), budget_bytes=10 * 2 * 2 * 2 * 4 * 4 * 4, block_size=4)
+    assert pool.num_blocks == 10
+    pool.reserve(1, 5)  # 2 blocks
+    pool.reserve(2, 4)  # 1 block
+    pool.reserve(1, 9)  # a third for request 1
+    assert pool.used_blocks == 4 and len(pool.tables[1]) == 3
+    assert pool.slots(1, 7, 9).tolist() == [pool.tables[1][1] * 4 + 3, pool.tables[1][2] * 4 + 0]
+    with pytest.raises(PoolError):
+        pool.reserve(3, 100)
+    assert pool.used_blocks == 4  # a failed reserve takes nothing
+    assert pool.free(1) == 3 and pool.free_blocks == 9 and 1 not in pool.tables
+    assert pool.peak_used == 4
+
+
+def test_every_policy_leaves_the_pool_empty(tiny_loaded):
+    lab = Lab(tiny_loaded, LabConfig(requests=3, max_batch=2, max_new=4, budget_mib=1))
+    for name in ("sequential", "static", "continuous"):
+        result = lab.run_policy(name, None, None)
+        assert lab.pool.used_blocks == 0 and lab.pool.tables == {}
+        assert result.peak_blocks > 0 and all(r.state == "done" for r in result.requests)
+
+
+def test_a_small_pool_preempts_the_newest_and_recomputes_the_same_answers(tiny_loaded):
+    # About two requests' worth of blocks for four: continuous must preempt to make progress.
+    lab = Lab(tiny_loaded, LabConfig(requests=4, max_batch=4, max_new=12, budget_mib=0.12, arrivals="once"))
+    solo = solo_outputs(lab)
+    events = []
+    result = lab.run_policy("continuous", lambda name, step, views: events.append((step, views)), None)
+    assert result.preemptions > 0
+    assert outputs(result) == solo
+    preempted = [r for r in result.requests if r.preemptions]
+    assert all("preempted" in [state for _, state in r.timeline] for r in preempted)
+    assert result.peak_blocks <= lab.pool.num_blocks
+    assert any(step.preempted for step, _ in events)
+    # static never preempts: it admits only what fits at the worst case
+    assert lab.run_policy("static", None, None).preemptions == 0
+
+
+def test_timeline_and_latencies(tiny_loaded):
+    lab = Lab(tiny_loaded, LabConfig(requests=3, max_batch=3, max_new=5, budget_mib=1, arrivals="poisson"))
+    result = lab.run_policy("continuous", None, None)
+    for r in result.requests:
+        states = [s for _, s in r.timeline]
+        assert states[0] == "queued" and states[-1] == "done" and "prefill" in states
+        times = [t for t, _ in r.timeline]
+        assert times == sorted(times) and times[0] == r.spec.arrival_s
+        assert r.ttft_s is not None and r.ttft_s > 0 and len(r.itls_s) == len(r.out) - 1
+
+
+def test_workload_is_seeded_and_has_long_and_korean_questions(tiny_loaded):
+    tok = tiny_loaded.tokenizer
+    a = build(WorkloadConfig(requests=10, arrivals="poisson", seed=3), tok)
+    b = build(WorkloadConfig(requests=10, arrivals="poisson", seed=3), tok)
+    c = build(WorkloadConfig(requests=10, arrivals="poisson", seed=4), tok)
+    assert a == b and a != c
+    assert any("어떻게" in s.question for s in a)
+    lengths = [len(s.prompt) for s in a]
+    assert max(lengths) > 3 * min(lengths)
+    arrivals = [s.arrival_s for s in a]
+    assert arrivals == sorted(arrivals) and arrivals[0] == 0 and arrivals[-1] > 0
+    assert all(s.arrival_s == 0 for s in build(WorkloadConfig(requests=4), tok))
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (dict(budget_mib=0.001), "holds no block"),
+        (dict(budget_mib=0.02), "raise --budget-mib"),  # a block or two: no request can finish
+        (dict(max_batch=0), "--max-batch must be at least 1"),
+        (dict(requests=0), "--requests must be at least 1"),
+    ],
+)
+def test_bad_input_is_one_clear_line_not_a_hang(tiny_loaded, config, message):
+    with pytest.raises(LabError, match=message) as error:
+        run(tiny_loaded, LabConfig(**config))
+    assert "\n" not in str(error.value)
+
+
+def test_stop_ends_the_run_and_frees_the_pool(tiny_loaded):
+    stop = threading.Event()
+    pools = []
+
+    def on_step(name, step, views):
+        stop.set()
+
+    original = Lab.release
+
+    def spy(self):
+        pools.append(self.pool)
+        original(self)
+
+    Lab.release = spy
+    try:
+        with pytest.raises(LabStopped):
+            run(tiny_loaded, LabConfig(requests=3, max_new=4, budget_mib=1), on_step=on_step, stop=stop)
+    finally:
+        Lab.release = original
+    assert pools and pools[0].tensor_bytes == 0 and pools[0].num_blocks == 0
+
+
+def test_cli_json_has_the_sweep_and_the_three_policies(tiny_model_dir):
+    from tui.cli.main import app
+
+    args = ["lab", "batching", "--model", str(tiny_model_dir), "--requests", "3", "--max-new", "4"]
+    result = CliRunner().invoke(app, [*args, "--budget-mib", "0.5", "--max-batch", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout[result.stdout.index("{") :])
+    assert [p["batch"] for p in data["sweep"]] == [1, 2, 4, 8, 16][: len(data["sweep"])]
+    assert len(data["sweep"]) >= 2 and data["sweep_skipped"] == [1, 2, 4, 8, 16][len(data["sweep"]) :]
+    for point in data["sweep"]:
+        assert set(point) >= {"batch", "aggregate_tok_s", "itl_ms_p50"} and point["aggregate_tok_s"] > 0
+    assert [p["policy"] for p in data["policies"]] == ["sequential", "static", "continuous"]
+    keys = {"throughput_tok_s", "ttft_ms_p50", "ttft_ms_p90", "itl_ms_p50", "itl_ms_p90", "peak_blocks"}
+    for p in data["policies"]:
+        assert keys | {"policy", "preemptions"} <= set(p) and p["throughput_tok_s"] > 0
+        assert p["ttft_ms_p90"] >= p["ttft_ms_p50"] > 0
+    assert data["pool"]["tensor_bytes"] == data["pool"]["formula_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-batch", "0"], "--max-batch must be at least 1"),
+        (["--budget-mib", "0.001"], "holds no block"),
+        (["--arrivals", "sometimes"], "--arrivals must be"),
+        (["--threads", "0"], "--threads must be at least 1"),
+    ],
+)
+def test_cli_bad_input_is_one_line(tiny_model_dir, flags, message):
+    from tui.cli.main import app
+
+    result = CliRunner().invoke(app, ["lab", "batching", "--model", str(tiny_model_dir), *flags])
+    assert result.exit_code == 2
+    assert message in result.output and result.output.count("llmchat:") == 1
+
+
+@pytest.mark.parametrize(
+    ("rates", "bends_at"),
+    [
+        ([10, 20, 40, 80, 160], None),  # perfect scaling
+        ([10, 19, 36, 50, 55], 8),  # 36 -> 50 is 1.39x for a doubling
+        ([10, 12, 13, 13, 13], 2),
+    ],
+)
+def test_where_the_sweep_bends(rates, bends_at):
+    points = [SweepPoint(b, r, 1000 * b / r, 0.0) for b, r in zip((1, 2, 4, 8, 16), rates)]
+    assert bend(points) == bends_at

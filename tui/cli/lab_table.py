@@ -1,0 +1,84 @@
+"""Rich tables for `llmchat lab batching` (the engine returns plain data)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from tui.plot import text_plot
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f}M"
+
+
+def print_lab(result: dict) -> None:
+    console = Console()
+    pool = result["pool"]
+    console.print(
+        f"[bold]{result['model']}[/] at {result['precision']}: pool of {pool['blocks']} blocks x "
+        f"{pool['block_size']} tokens = {pool['tensor_bytes'] / 2**20:.1f} MiB in its tensors "
+        f"(formula: {pool['formula']}; x {pool['blocks']} = {pool['formula_bytes'] / 2**20:.1f} MiB)"
+    )
+    w = result["workload"]
+    console.print(
+        f"workload: {w['requests']} requests, arrivals {w['arrivals']}"
+        + (f" at {w['rate_per_s']}/s" if w["rate_per_s"] else "")
+        + f", prompts {min(w['prompt_tokens'])}-{max(w['prompt_tokens'])} tokens, up to "
+        f"{w['max_new_tokens']} new each, seed {w['seed']}; max batch {result['max_batch']}"
+    )
+    table = Table(title="Three policies, same workload (times in ms; peak KV bytes: paged vs contiguous)")
+    for column in (
+        "policy", "tok/s", "TTFT p50", "TTFT p90", "ITL p50", "ITL p90",
+        "blocks", "paged", "contig.", "preempt",
+    ):  # fmt: skip
+        table.add_column(column, justify="right")
+    for p in result["policies"]:
+        table.add_row(
+            p["policy"],
+            f"{p['throughput_tok_s']:.1f}",
+            f"{p['ttft_ms_p50']:.0f}",
+            f"{p['ttft_ms_p90']:.0f}",
+            f"{p['itl_ms_p50']:.1f}",
+            f"{p['itl_ms_p90']:.1f}",
+            str(p["peak_blocks"]),
+            _mib(p["peak_paged_bytes"]),
+            _mib(p["peak_contiguous_bytes"]),
+            str(p["preemptions"]),
+        )
+    console.print(table)
+    agree = "the same tokens" if result["outputs_agree"] else "DIFFERENT tokens (numerics at a near tie)"
+    console.print(f"greedy answers: every policy produced {agree} for every request")
+    sweep = result["sweep"]
+    if not sweep:
+        console.print("sweep: the budget holds no batch (raise --budget-mib)")
+        return
+    balance = result["balance_flop_per_byte"]
+    table = Table(title="Decode sweep: B sequences, one step each token")
+    for column in ("B", "aggregate tok/s", "x B=1", "ITL p50 ms", "FLOP/byte"):
+        table.add_column(column, justify="right")
+    first = sweep[0]["aggregate_tok_s"]
+    for s in sweep:
+        table.add_row(
+            str(s["batch"]),
+            f"{s['aggregate_tok_s']:.1f}",
+            f"{s['aggregate_tok_s'] / first:.2f}",
+            f"{s['itl_ms_p50']:.1f}",
+            f"{s['intensity_flop_per_byte']:.1f}",
+        )
+    console.print(table)
+    if balance is not None:
+        console.print(f"balance point: {balance:.1f} FLOP/byte (below it, a step waits on memory)")
+    bends = result["sweep_bends_at"]
+    console.print(
+        f"the curve bends at B = {bends} (from there, doubling B gains less than 1.7x)"
+        if bends
+        else "the curve does not bend over these B (each doubling gains 1.7x or more)"
+    )
+    if result["sweep_skipped"]:
+        console.print(f"left out (the budget cannot hold them): B = {result['sweep_skipped']}")
+    xs = [s["batch"] for s in sweep]
+    ys = [s["aggregate_tok_s"] for s in sweep]
+    console.print("aggregate tok/s (● measured, ○ B x the B=1 rate)", markup=False)
+    for line in text_plot(xs, ys, reference=[first * x for x in xs], unit="tok/s"):
+        console.print(line, markup=False, highlight=False)
