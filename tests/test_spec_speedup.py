@@ -18,7 +18,7 @@ from engine.spec.loop import Speculation
 from engine.spec.speedup import PlainBaseline
 from tests.test_speculative import PROMPTS
 from tests.test_tui_model import WIDE, Recorder, turns_done
-from tests.tui_fakes import fake_app
+from tests.tui_fakes import real_tiny_app
 from tests.tui_screen import screen_text, wait_for, widget_text
 from tui.fmt import ms
 from tui.screens.phases import PhasesScreen
@@ -110,13 +110,7 @@ def test_the_app_shows_the_speed_up_and_f6_the_verify_pass(tiny_model_dir, tmp_p
     recorder = Recorder()
 
     async def scenario():
-        app = fake_app(
-            recorder.factory,
-            tmp_path,
-            model=str(tiny_model_dir),
-            device="cpu",
-            sampling={"temperature": 0, "max_new_tokens": 24},
-        )
+        app = real_tiny_app(recorder, tiny_model_dir, tmp_path, {"temperature": 0, "max_new_tokens": 24})
         async with app.run_test(size=WIDE) as pilot:
             await wait_for(pilot, lambda: app.turns.ready, timeout=60)
             app.speculation = ("lookup", 4)  # as Settings does, before any plain answer

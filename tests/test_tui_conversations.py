@@ -28,7 +28,7 @@ from engine.events import (
     TurnFinished,
 )
 from engine.saved.store import Store
-from tests.tui_fakes import FakeEngine, FakeFactory, fake_app
+from tests.tui_fakes import FakeEngine, FakeFactory, fake_app, real_tiny_app
 from tests.tui_screen import screen_text, wait_for, widget_text
 from tui.engine_link import inference_worker
 from tui.screens.conversations import ConversationsScreen, export_path, highlight, search_rows
@@ -423,13 +423,8 @@ class Recorder:
 
 
 def tiny_app(recorder: Recorder, tiny_model_dir, tmp_path, **options):
-    return fake_app(
-        recorder.factory,
-        tmp_path,
-        model=str(tiny_model_dir),
-        device="cpu",
-        sampling={"temperature": 0, "max_new_tokens": 6},
-        **options,
+    return real_tiny_app(
+        recorder, tiny_model_dir, tmp_path, {"temperature": 0, "max_new_tokens": 6}, **options
     )
 
 
@@ -526,13 +521,7 @@ def test_edit_and_regenerate_make_versions_and_the_arrows_move_between_them(
     recorder = Recorder()
 
     async def scenario():
-        app = fake_app(
-            recorder.factory,
-            tmp_path,
-            model=str(tiny_model_dir),
-            device="cpu",
-            sampling={"temperature": 1.0, "max_new_tokens": 6},
-        )
+        app = real_tiny_app(recorder, tiny_model_dir, tmp_path, {"temperature": 1.0, "max_new_tokens": 6})
         async with app.run_test(size=WIDE) as pilot:
             chat = app.query_one(ChatLog)
             await wait_for(pilot, lambda: app.turns.ready, timeout=60)

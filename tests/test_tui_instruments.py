@@ -38,7 +38,7 @@ from engine.instruments.phases import Calibration, ModelShape, turn_phases
 from engine.instruments.precision_compare import compare_turn
 from engine.instruments.stages import pending_stages, stages_at
 from engine.instruments.tokview import text_cost
-from tests.tui_fakes import FakeFactory, fake_app
+from tests.tui_fakes import FakeFactory, fake_app, real_tiny_app
 from tests.tui_screen import screen_text, wait_for, widget_text
 from tui.engine_link import inference_worker
 from tui.fmt import count, human_bytes, subscript, visible_piece
@@ -119,9 +119,7 @@ class Recorder:
 
 
 def tiny_app(recorder: Recorder, tiny_model_dir, tmp_path, sampling=None):
-    return fake_app(
-        recorder.factory, tmp_path, model=str(tiny_model_dir), device="cpu", sampling=sampling or GREEDY
-    )
+    return real_tiny_app(recorder, tiny_model_dir, tmp_path, sampling or GREEDY)
 
 
 def run(scenario) -> None:

@@ -8,7 +8,7 @@ import threading
 from textual.widgets import Input, Markdown, Select
 
 from engine.events import CacheChanged, ModelReady, PhaseChanged, PromptTokens, TokenSampled, TurnFinished
-from tests.tui_fakes import fake_app
+from tests.tui_fakes import real_tiny_app
 from tests.tui_screen import wait_for, widget_text
 from tui.engine_link import inference_worker
 from tui.fmt import ms, visible_controls
@@ -61,13 +61,7 @@ def test_panels_show_what_the_real_engine_said(tiny_model_dir, tmp_path):
     recorder = Recorder()
 
     async def scenario():
-        app = fake_app(
-            recorder.factory,
-            tmp_path,
-            model=str(tiny_model_dir),
-            device="cpu",
-            sampling={"temperature": 0, "max_new_tokens": 8},
-        )
+        app = real_tiny_app(recorder, tiny_model_dir, tmp_path, {"temperature": 0, "max_new_tokens": 8})
         async with app.run_test(size=WIDE) as pilot:
             await wait_for(pilot, lambda: app.turns.ready, timeout=60)
             await pilot.press(*"What is the capital of France?", "enter")
@@ -110,12 +104,8 @@ def test_temperature_change_mid_answer_changes_the_next_tokens(tiny_model_dir, t
     recorder = Recorder(hold_at=3)
 
     async def scenario():
-        app = fake_app(
-            recorder.factory,
-            tmp_path,
-            model=str(tiny_model_dir),
-            device="cpu",
-            sampling={"temperature": 1.0, "seed": 1, "max_new_tokens": 12},
+        app = real_tiny_app(
+            recorder, tiny_model_dir, tmp_path, {"temperature": 1.0, "seed": 1, "max_new_tokens": 12}
         )
         async with app.run_test(size=WIDE) as pilot:
             await wait_for(pilot, lambda: app.turns.ready, timeout=60)
@@ -144,13 +134,7 @@ def test_precision_switch_reloads_keeps_the_chat_and_reprefills(tiny_model_dir, 
     recorder = Recorder()
 
     async def scenario():
-        app = fake_app(
-            recorder.factory,
-            tmp_path,
-            model=str(tiny_model_dir),
-            device="cpu",
-            sampling={"temperature": 0, "max_new_tokens": 6},
-        )
+        app = real_tiny_app(recorder, tiny_model_dir, tmp_path, {"temperature": 0, "max_new_tokens": 6})
         async with app.run_test(size=WIDE) as pilot:
             await wait_for(pilot, lambda: app.turns.ready, timeout=60)
             await pilot.press(*"What is the capital of France?", "enter")

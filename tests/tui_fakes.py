@@ -326,3 +326,10 @@ def fake_app(factory, tmp_path, **options):
     from tui.options import AppOptions
 
     return make_app(AppOptions(cursor_blink=False, config_path=tmp_path / "config.json", **options), factory)
+
+
+def real_tiny_app(recorder, tiny_model_dir, tmp_path, sampling: dict, **options):
+    """The app on the real engine (through `recorder.factory`) with the tiny model on the CPU."""
+    return fake_app(
+        recorder.factory, tmp_path, model=str(tiny_model_dir), device="cpu", sampling=sampling, **options
+    )

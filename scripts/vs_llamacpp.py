@@ -1,0 +1,173 @@
+"""llmchat against llama.cpp on this CPU, same weights, measured interleaved in one run.
+
+    .venv/bin/python scripts/vs_llamacpp.py [--rounds 2] [--threads 2] [--json]
+
+Builds llama.cpp's `llama-bench` and `llama-quantize` once from the source vendored in PyPI's
+llama-cpp-python sdist (cmake, GGML_NATIVE=ON, into llmchat's cache dir; minutes on 2 cores),
+requantizes the built-in GGUF to F32 / BF16 / Q8_0 so both sides run the same weights, then
+alternates `llama-bench -p 512 -n 64 -r 3` with `llmchat bench --prompt-lengths 512` for each
+width and prints decode and prefill tok/s side by side with their ratio. Not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import urllib.request
+from pathlib import Path
+
+import platformdirs
+
+SDIST = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+# llama.cpp's type name, llmchat's precision with the same weight width.
+WIDTHS = (("F32", "fp32"), ("BF16", "bf16"), ("Q8_0", "w8"))
+PROMPT, DECODE, REPEATS = 512, 64, 3
+
+
+def cache_dir() -> Path:
+    path = Path(platformdirs.user_cache_dir("llmchat")) / "llamacpp"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def sdist_url() -> str:
+    request = urllib.request.Request(
+        f"https://pypi.org/simple/{SDIST}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        files = json.load(response)["files"]
+    name = f"{SDIST.replace('-', '_')}-{SDIST_VERSION}.tar.gz"
+    return next(f["url"] for f in files if f["filename"] == name)
+
+
+def source(cache: Path) -> Path:
+    """llama.cpp's source as vendored in the sdist, downloaded and unpacked once."""
+    tree = cache / f"{SDIST}-{SDIST_VERSION}"
+    vendored = tree / "vendor" / "llama.cpp"
+    if vendored.is_dir():
+        return vendored
+    archive = cache / f"{SDIST}-{SDIST_VERSION}.tar.gz"
+    if not archive.exists():
+        say(f"downloading the {SDIST} {SDIST_VERSION} sdist")
+        urllib.request.urlretrieve(sdist_url(), archive)
+    with tarfile.open(archive) as tar:
+        top = tar.getnames()[0].split("/")[0]
+        tar.extractall(cache, filter="data")
+    (cache / top).rename(tree)
+    return vendored
+
+
+def build(cache: Path) -> Path:
+    """`llama-bench` and `llama-quantize` built natively for this CPU, once."""
+    src = source(cache)
+    out = cache / "build"
+    binaries = out / "bin"
+    if (binaries / "llama-bench").exists() and (binaries / "llama-quantize").exists():
+        return binaries
+    say("building llama.cpp (cmake, native flags; a few minutes on 2 cores, once)")
+    flags = ["-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF"]
+    subprocess.run(["cmake", "-S", str(src), "-B", str(out), "-G", "Ninja", *flags], check=True)
+    subprocess.run(["cmake", "--build", str(out), "--target", "llama-bench", "llama-quantize"], check=True)
+    return binaries
+
+
+def builtin_gguf() -> Path:
+    from engine import DEFAULT_MODEL
+    from engine.models import resolve  # the same file the app loads
+
+    return Path(resolve(DEFAULT_MODEL).location)
+
+
+def requantized(binaries: Path, cache: Path, kind: str) -> Path:
+    """The built-in Q4_1 GGUF at `kind`, so llama.cpp runs the weights llmchat dequantizes."""
+    target = cache / f"smollm2-135m-{kind}.gguf"
+    if not target.exists():
+        say(f"requantizing the built-in GGUF to {kind}")
+        command = [
+            str(binaries / "llama-quantize"),
+            "--allow-requantize",
+            str(builtin_gguf()),
+            str(target),
+            kind,
+        ]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return target
+
+
+def llama_bench(binaries: Path, gguf: Path, threads: int) -> dict:
+    command = [str(binaries / "llama-bench"), "-m", str(gguf), "-t", str(threads)]
+    command += ["-p", str(PROMPT), "-n", str(DECODE), "-r", str(REPEATS), "-o", "json"]
+    rows = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+    prefill = next(r for r in rows if r["n_prompt"] == PROMPT and r["n_gen"] == 0)
+    decode = next(r for r in rows if r["n_gen"] == DECODE and r["n_prompt"] == 0)
+    return {"prefill_tok_s": prefill["avg_ts"], "decode_tok_s": decode["avg_ts"]}
+
+
+def llmchat_bench(precision: str) -> dict:
+    command = [sys.executable, "-m", "tui.cli", "bench", "-p", precision, "--prompt-lengths", str(PROMPT)]
+    command += ["--decode-tokens", str(DECODE), "--repeats", str(REPEATS), "--turns", "1", "--json"]
+    report = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+    result = report["results"][0]
+    return {
+        "prefill_tok_s": result["prefill"][0]["prefill_tok_s"],
+        "decode_tok_s": result["decode"]["tok_s"],
+        "bound_tok_s": result["bandwidth_bound_tok_s"],
+        "compiled": bool(result["compiled"].get("compiled")),
+    }
+
+
+def median_of(rounds: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rounds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (median reported)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = parser.parse_args()
+    cache = cache_dir()
+    binaries = build(cache)
+    ggufs = {kind: requantized(binaries, cache, kind) for kind, _ in WIDTHS}
+    theirs: dict[str, list[dict]] = {kind: [] for kind, _ in WIDTHS}
+    ours: dict[str, list[dict]] = {precision: [] for _, precision in WIDTHS}
+    for round_number in range(1, args.rounds + 1):
+        for kind, precision in WIDTHS:
+            say(f"round {round_number}: llama-bench {kind}, then llmchat bench {precision}")
+            theirs[kind].append(llama_bench(binaries, ggufs[kind], args.threads))
+            ours[precision].append(llmchat_bench(precision))
+    rows = []
+    for kind, precision in WIDTHS:
+        row = {"llamacpp": kind, "llmchat": precision}
+        for what in ("decode_tok_s", "prefill_tok_s"):
+            a, b = median_of(theirs[kind], what), median_of(ours[precision], what)
+            row[what] = {"llamacpp": round(a, 1), "llmchat": round(b, 1), "ratio": round(b / a, 3)}
+        row["bound_tok_s"] = round(median_of(ours[precision], "bound_tok_s"), 1)
+        row["compiled"] = all(r["compiled"] for r in ours[precision])
+        rows.append(row)
+    if args.json:
+        print(json.dumps({"threads": args.threads, "rounds": args.rounds, "rows": rows}, indent=2))
+        return
+    print(f"median of {args.rounds} alternating rounds, {args.threads} threads, prompt {PROMPT} tokens")
+    print(f"{'':28} {'llama.cpp':>10} {'llmchat':>10} {'ratio':>7} {'bound':>7}")
+    for row in rows:
+        for what, label in (("decode_tok_s", "decode"), ("prefill_tok_s", f"prefill {PROMPT}")):
+            figures = row[what]
+            name = f"{label}, {row['llamacpp']} / {row['llmchat']}"
+            bound = f"{row['bound_tok_s']:7.1f}" if what == "decode_tok_s" else ""
+            llama, mine, ratio = figures["llamacpp"], figures["llmchat"], figures["ratio"]
+            print(f"{name:28} {llama:10.1f} {mine:10.1f} {ratio:6.2f}x {bound}")
+
+
+if __name__ == "__main__":
+    main()
