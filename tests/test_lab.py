@@ -54,7 +54,7 @@ def test_pool_bytes_come_from_its_tensors_and_match_the_formula(tiny_loaded):
     assert lab.pool.num_blocks == int(0.5 * 2**20) // per_block
     counted = sum(t.numel() * t.element_size() for t in lab.pool.keys + lab.pool.values)
     assert lab.pool.tensor_bytes == counted == lab.pool.formula_bytes == lab.pool.num_blocks * per_block
-    assert lab.pool_json()["formula"].endswith(f"= {per_block} bytes per block")
+    assert lab.pool_json()["formula"].endswith(f"= {per_block:,} B per block")
 
 
 def test_blocks_follow_requests_and_are_freed_when_they_finish():

@@ -226,8 +226,8 @@ class Lab:
             "tensor_bytes": p.tensor_bytes,
             "formula_bytes": p.formula_bytes,
             "block_bytes": p.block_bytes,
-            "formula": f"2 x {k.layers} layers x {k.kv_heads} kv_heads x {k.head_dim} head_dim "
-            f"x {k.element_bytes} bytes x {p.block_size} tokens = {p.block_bytes} bytes per block",
+            "formula": f"2 (K,V) × {k.layers} layers × {k.kv_heads} kv heads × {k.head_dim} dims "
+            f"× {k.element_bytes} B × {p.block_size} tokens = {p.block_bytes:,} B per block",
         }
 
     def intensity(self, feeds: list[Feed]) -> float:
