@@ -61,6 +61,8 @@ class FakeBuild:
     ],
 )
 def test_each_compile_state_names_the_step_that_runs(tiny_loaded, build, step, state, words):
+    if state == "building":  # the parameters are made at collection, maybe minutes before this runs
+        build.started = time.monotonic() - 12
     session = ChatSession(tiny_loaded, SamplingSettings(), compile=False)
     session.compile_wanted, session.compiled = True, build
     shown = decode_step(session)
