@@ -812,6 +812,7 @@ def test_snapshot_precision_compare(snap_compare, tiny_model_dir, tmp_path, monk
 def test_snapshot_kv_cache_precision_compare(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
     """F8 with the KV cache as what is compared: an fp32 cache against an int8 one, same model."""
     monkeypatch.setattr(precision_compare, "time", FakeClock())
+    monkeypatch.setattr(precision_compare, "ContentionMeter", SteadyMeter)  # the machine's load varies
 
     async def before(pilot):
         await answered(pilot, recorder_of(pilot))
