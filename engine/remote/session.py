@@ -40,8 +40,7 @@ from engine.remote.target import RemoteTarget
 from engine.remote.tokenizer import ServerTokenizer
 from engine.remote.turn import Prompt, RemoteTurn
 from engine.sampling import SamplingSettings
-from engine.session import Message
-from engine.text import utf8_problem
+from engine.session import Message, Turns
 
 NEEDS_LOCAL = "needs the local engine (the server keeps the weights and the KV cache)"
 
@@ -91,7 +90,7 @@ def model_info(server: Server, connect_s: float) -> ModelInfo:
     )
 
 
-class RemoteSession:
+class RemoteSession(Turns):
     """Messages here, the model and its cache on the server."""
 
     saves_cache = False
@@ -131,40 +130,9 @@ class RemoteSession:
         self.request_extra: dict[str, Any] = {}
         """More request fields for this server (the benchmark's `ignore_eos`)."""
 
-    # -- conversation (the same calls as ChatSession) -------------------------------------------
-    def send(self, text: str) -> Iterator[Event]:
-        """Add a user message and answer it; text that is not UTF-8 is refused (Failed), as locally."""
-        system = self.system_prompt or ""
-        problem = utf8_problem(text, "the message") or utf8_problem(system, "the system prompt")
-        if problem:
-            yield Failed(problem)
-            return
-        self.messages.append(Message("user", text))
-        yield from self.answer()
-
-    def regenerate(self) -> Iterator[Event]:
-        while self.messages and self.messages[-1].role == "assistant":
-            self.messages.pop()
-        if not self.messages:
-            yield Failed("nothing to regenerate yet")
-            return
-        yield from self.answer()
-
-    def edit(self, index: int, text: str) -> Iterator[Event]:
-        if not self.is_user_message(index):
-            yield Failed(f"message {index} is not a user message")
-            return
-        del self.messages[index:]
-        yield from self.send(text)
-
+    # -- conversation: send, regenerate and edit come from Turns (engine/session.py) -------------
     def fork(self, step: int, token_id: int, answer: int | None = None) -> Iterator[Event]:
         yield Failed(f"forking from a token {NEEDS_LOCAL}")
-
-    def is_user_message(self, index: int) -> bool:
-        return 0 <= index < len(self.messages) and self.messages[index].role == "user"
-
-    def last_answer_index(self) -> int:
-        return max((i for i, m in enumerate(self.messages) if m.role == "assistant"), default=-1)
 
     def reset(self, system_prompt: str | None = None) -> None:
         self.messages.clear()
