@@ -53,6 +53,8 @@ def test_bench_reports_ratios_and_quality_for_each_precision(tiny_model_dir):
 
 
 def test_each_precision_reports_its_own_memory_peak():
+    # Start from this moment's RSS: an earlier test's higher peak would otherwise hide `big`.
+    bench.reset_peak_memory("cpu")
     big = torch.ones(128 * 2**20 // 4)  # 128 MiB, touched, then handed back to the OS
     with_big = bench.peak_memory_bytes("cpu")
     del big
