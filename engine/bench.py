@@ -8,7 +8,9 @@ the cache against a fresh full prefill), and decode against the memory-bandwidth
 
 from __future__ import annotations
 
+import functools
 import gc
+import mmap
 import resource
 import statistics
 import time
@@ -113,6 +115,8 @@ class PrecisionResult:
     contention: dict = field(default_factory=dict)
     """The CPU share the decode runs got (engine/contention.py): busy means other work slowed them."""
     peak_memory_bytes: int = 0
+    peak_memory_scope: str = "this precision"
+    """What the peak covers: "the run so far" where the system cannot reset it between precisions."""
     bandwidth_bound_tok_s: float = 0.0
     fp32_generate_tok_s: float = 0.0
     """transformers' generate at fp32 in this run (the targets are ratios to it), 0 if not run."""
@@ -145,6 +149,7 @@ class PrecisionResult:
             **({"kv_cache": self.kv_cache} if self.kv_cache else {}),
             "contention": self.contention,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_memory_scope": self.peak_memory_scope,
             "bandwidth_bound_tok_s": round(self.bandwidth_bound_tok_s, 1),
             "fraction_of_bound": round(self.decode.get("tok_s", 0.0) / self.bandwidth_bound_tok_s, 3)
             if self.bandwidth_bound_tok_s
@@ -485,28 +490,58 @@ def measure_bandwidth(device: str, megabytes: int = 512) -> float:
     return data.numel() * 4 / best
 
 
-def reset_peak_memory(device: str) -> None:
-    """Start a new peak, so each precision reports its own rather than the run's so far."""
+def reset_peak_memory(device: str) -> bool:
+    """Start a new peak, so each precision reports its own rather than the run's so far.
+
+    True if the peak now starts here; False where the system cannot reset it (the peak then
+    covers the whole run, and the report says so).
+    """
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-        return
+        return True
+    return _clear_peak_rss() and _peak_rss_resets()
+
+
+def _clear_peak_rss() -> bool:
     try:  # Linux: writing 5 to clear_refs resets VmHWM to the current RSS
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
+        return True
     except OSError:
-        pass  # elsewhere the peak covers the whole run
+        return False
+
+
+@functools.cache
+def _peak_rss_resets() -> bool:
+    """Some kernels and sandboxes accept the write and keep the old peak: try it once on a peak made here."""
+    size = 64 * 2**20
+    region = mmap.mmap(-1, size)
+    region.write(bytes(size))  # touched, so it counts in RSS, then unmapped: RSS drops by `size`
+    region.close()
+    _clear_peak_rss()
+    status = _proc_status_kib("VmHWM", "VmRSS")
+    return len(status) == 2 and status["VmHWM"] - status["VmRSS"] < size // 2**10 // 2
+
+
+def _proc_status_kib(*keys: str) -> dict[str, int]:
+    found: dict[str, int] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key = line.split(":", 1)[0]
+                if key in keys:
+                    found[key] = int(line.split()[1])
+    except OSError:
+        pass
+    return found
 
 
 def peak_memory_bytes(device: str) -> int:
     if device == "cuda":
         return torch.cuda.max_memory_allocated()
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    hwm = _proc_status_kib("VmHWM").get("VmHWM")
+    if hwm is not None:
+        return hwm * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -519,7 +554,7 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
     for precision in sorted(config.precisions, key=lambda p: p != "fp32"):
         weights_note = " (random weights)" if config.random_weights else ""
         report(f"loading {config.model} at {precision} on {device}{weights_note}")
-        reset_peak_memory(device)
+        peak_is_own = reset_peak_memory(device)
         if config.random_weights:
             loaded = models.load_random(config.model, precision, device)
         else:
@@ -584,6 +619,7 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
         per_token_bytes = result.read_bytes_per_token + info.kv_bytes_per_token * 64
         result.bandwidth_bound_tok_s = bandwidth / per_token_bytes
         result.peak_memory_bytes = peak_memory_bytes(device)
+        result.peak_memory_scope = "this precision" if peak_is_own else "the run so far"
         if results and results[0].precision == "fp32":
             result.fp32_generate_tok_s = results[0].generate["tok_s"]
             if not config.random_weights:  # agreement between random models says nothing

@@ -49,9 +49,11 @@ def print_tables(result: dict) -> None:
             f"{r['bandwidth_bound_tok_s']:.0f}",
             f"{r['fraction_of_bound']:.0%}",
             _mb(r["weight_bytes"]),
-            _mb(r["peak_memory_bytes"]),
+            _mb(r["peak_memory_bytes"]) + ("*" if r["peak_memory_scope"] != "this precision" else ""),
         )
     console.print(decode)
+    if any(r["peak_memory_scope"] != "this precision" for r in result["results"]):
+        console.print("  * peak RSS of the run so far: this system cannot reset the peak between precisions")
     for r in result["results"]:
         if r["compiled"]:
             console.print(f"  {r['precision']}: {r['compiled']['note']}")
