@@ -50,6 +50,59 @@ def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(tiny_model_dir
     assert "compiled step" in fast.compiled.describe()
 
 
+def test_one_compiled_block_serves_every_layer_and_each_model_has_its_own(tiny_model_dir):
+    # Regional: the block is compiled once for all layers (plus the head), not unrolled per layer.
+    # Its compiled code runs without guards, so two live models must never share it: fp32 and
+    # fp16 of the same model, stepped in turns, each pick their own eager tokens.
+    settings = SamplingSettings(temperature=0.0, max_new_tokens=12)
+    sessions = {}
+    for precision in ("fp32", "fp16"):
+        loaded = models.load(str(tiny_model_dir), precision, "cpu")
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        session = ChatSession(loaded, settings, compile=True)
+        assert session.compiled.ready.wait(600), session.compiled.describe()
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2  # block, head
+        assert len(session.fast.layers) > 1 and session.compiled_step_ready()
+        sessions[precision] = (session, ChatSession(loaded, settings, compile=False))
+    streams = {
+        p: (compiled.send(QUESTION), eager.send(QUESTION)) for p, (compiled, eager) in sessions.items()
+    }
+    picked = {p: ([], []) for p in sessions}
+    for _ in range(64):  # interleaved: the fp16 step runs between fp32 steps and back
+        for precision, pair in streams.items():
+            for stream, tokens in zip(pair, picked[precision]):
+                event = next(stream, None)
+                while event is not None and not isinstance(event, TokenSampled):
+                    event = next(stream, None)
+                if event is not None:
+                    tokens.append(event.id)
+    for precision, (from_compiled, from_eager) in picked.items():
+        assert len(from_compiled) == 12 and from_compiled == from_eager, precision
+
+
+def test_a_step_compiled_before_is_compiled_again_in_process_without_the_child(
+    tiny_model_dir, monkeypatch, tmp_path
+):
+    # The child process (start, imports, model load: ~8 s of the built-in model's ~11 s) only
+    # fills the cache: once this very step is in it, a new start compiles from it at once.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    children = []
+    fill = compiled._fill_cache_in_a_subprocess
+    monkeypatch.setattr(
+        compiled, "_fill_cache_in_a_subprocess", lambda *a: (children.append(a[:2]), fill(*a))[1]
+    )
+    settings = SamplingSettings(temperature=0.0, max_new_tokens=8)
+    answers = []
+    for _ in range(2):  # two loads: two fast paths, two compiles of the same step
+        loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
+        session = ChatSession(loaded, settings, compile=True)
+        assert session.compiled.ready.wait(600), session.compiled.describe()
+        answers.append(_greedy(session))
+    assert children == [(str(tiny_model_dir), "fp32")]  # the first start only
+    assert list((tmp_path / "inductor" / "llmchat-steps").iterdir())
+    assert answers[0] == answers[1] == _greedy(ChatSession(loaded, settings, compile=False))
+
+
 def test_a_failed_compilation_leaves_eager_answering(tiny_model_dir, monkeypatch):
     def broken(fn, **kwargs):
         def step(*args):

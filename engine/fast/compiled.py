@@ -6,12 +6,17 @@ multiply-and-sum (`FastLlama._matvec`), Inductor generates one loop per matrix t
 its rows at close to the bandwidth and fuses the ~25 small operations per layer around them
 (norms, RoPE, casts, the cache write). How much faster, per precision: BENCHMARKS.md.
 
-Compiling takes about a minute the first time and seconds once Inductor's on-disk cache (kept
-in llmchat's cache directory) holds the artifacts. It never blocks: a daemon thread first has a
-separate, lowest-priority process (`python -m engine.fast.compiled SPEC PRECISION`) compile the
-same step into that cache, then compiles here from it against scratch buffers, and the
-session switches to the compiled step at the first token after `ready`. Compiling in this
-process from scratch would hold the GIL and the cores for a minute while an answer streams.
+Regional: one decoder block is compiled and run for every layer (the layers differ only in
+their weights, which come in as arguments), and the head on its own. Compiling one block rather
+than the whole unrolled step takes ~9 s instead of ~30 s the first time, ~2 s instead of ~5 s
+once Inductor's on-disk cache (kept in llmchat's cache directory) holds the artifacts, and
+decodes as fast (`_RegionalStep`; measured by scripts/compile_cost.py, BENCHMARKS.md).
+
+It never blocks: a daemon thread first has a separate, lowest-priority process
+(`python -m engine.fast.compiled SPEC PRECISION`) compile the same step into that cache, then
+compiles here from it against scratch buffers, and the session switches to the compiled step
+at the first token after `ready`. Compiling in this process from scratch would hold the GIL
+and the cores while an answer streams.
 The eager fast path stays the reference; a test checks both pick the same tokens. A model or
 precision switch `stop()`s the compile for the old one (its process killed, its result here
 dropped), so switches never leave several compiles running at once.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import os
 import signal
 import subprocess
@@ -33,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import weakref
 from pathlib import Path
 from typing import Callable
@@ -75,7 +82,7 @@ class CompiledDecode:
         self.error: str | None = None
         self.gave_up = False
         """The background process ran past CHILD_TIMEOUT_S: no compile here either (it would hold
-        the GIL and the cores for a minute while an answer streams)."""
+        the GIL and the cores while an answer streams)."""
         self.compile_s = 0.0
         self.attention_error: str | None = None
         """Why the decode-attention kernel (engine/fast/attention.py) is not used, if it is not."""
@@ -86,15 +93,19 @@ class CompiledDecode:
         self._stopped = False
         self._child: subprocess.Popen | None = None
         self._finished = threading.Event()
-        self._step = torch.compile(FastLlama.step_on_buffers, dynamic=False, fullgraph=True)
+        self._step = _RegionalStep()
         self._thread = threading.Thread(target=self._warm_up, name="llmchat-compile", daemon=True)
         _compiling[:] = [t for t in _compiling if t.is_alive()] + [self._thread]
         self._thread.start()
 
     def _warm_up(self) -> None:
-        """Fill the on-disk cache in a separate process, then compile here from it."""
+        """Fill the on-disk cache in a separate process, then compile here from it. Where an
+        earlier compile of this very step left its artifacts there, compile here at once."""
         started = time.perf_counter()
-        if self.source is not None and not self._stopped:
+        fast = self._fast()
+        marker = _cached_marker(fast, self.cache_dtype) if fast is not None else None
+        del fast  # held weakly: a switch may drop the model while the child compiles
+        if self.source is not None and not self._stopped and not (marker and marker.exists()):
             # best effort: on failure we compile here
             notes, timed_out = _fill_cache_in_a_subprocess(*self.source, self._child_started)
             self._note(notes)
@@ -111,6 +122,10 @@ class CompiledDecode:
         error = None
         try:
             compile_once(self._step, fast, self.cache_dtype)
+            if marker is not None:
+                with contextlib.suppress(OSError):  # without it the next start takes the child's way
+                    marker.parent.mkdir(parents=True, exist_ok=True)
+                    marker.touch()
         except Exception as e:  # no C++ compiler, an unsupported op: eager keeps serving
             error = one_line(e, 200, named=True)
         self.compile_s = time.perf_counter() - started
@@ -213,6 +228,61 @@ class CompiledDecode:
         )
 
 
+class _RegionalStep:
+    """`(fast, token, position, keys, values) -> logits` as two compiled regions, the block run
+    once per layer and the head; embedding and RoPE (a row lookup, a few dozen numbers) stay eager.
+
+    Guard-free: Dynamo would otherwise check ~190 guards on each of a step's 31 calls (~4% of a
+    token). That is safe here because these compiled functions are this step's own (fresh code
+    objects: Dynamo keeps compiled code per code object, so no other model shares it) and are
+    only ever called with this fast path's layers and cache buffers of one dtype, whose capacity
+    is compiled as dynamic: nothing a guard would catch can change between calls."""
+
+    def __init__(self):
+        self.block = _own_compiled(FastLlama.block_on_buffers)
+        self.head = _own_compiled(FastLlama.head)
+
+    def __call__(self, fast: FastLlama, token: torch.Tensor, position: torch.Tensor, keys, values):
+        h = fast.embed[token].to(fast.act_dtype)
+        cos, sin = fast._rope(position)
+        for layer, k_buffer, v_buffer in zip(fast.layers, keys, values):
+            h = self.block(fast, layer, h, cos, sin, position, k_buffer, v_buffer)
+        return self.head(fast, h)
+
+
+def _own_compiled(fn: Callable) -> Callable:
+    """`fn` compiled without guards, on a copy of its code that nothing else compiles."""
+    code = fn.__code__.replace()  # a new code object: Dynamo's cache for it is this copy's alone
+    own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+    return torch.compile(own, dynamic=False, fullgraph=True, options=options)
+
+
+_CODE = ("fused.py", "compiled.py", "attention.py", "decode_attention.cpp", "../quant/w8.py")
+"""The sources the compiled step is made of: a change to any makes earlier artifacts stale."""
+
+
+def _cached_marker(fast: FastLlama, cache_dtype: torch.dtype) -> Path | None:
+    """A file that exists once this step (these shapes and dtypes, this torch, this code) has been
+    compiled into Inductor's on-disk cache: a later start then compiles from it in seconds,
+    in-process, without the child process's start and model load (~8 s). None without a cache dir."""
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not root:
+        return None
+    layer = fast.layers[0]
+    shapes = [
+        (tuple(w.shape), str(w.dtype)) if isinstance(w, torch.Tensor) else repr(w)
+        for w in (layer.wqkv, layer.wo, layer.wgu, layer.wdown, layer.ln1, fast.lm_head, fast.embed)
+    ]
+    here = Path(__file__).parent
+    key = hashlib.sha256(
+        repr((torch.__version__, sys.version, fast.heads, fast.kv_heads, fast.eps, fast.transposed)).encode()
+        + repr((shapes, str(fast.act_dtype), str(cache_dtype), fast.inv_freq.tolist())).encode()
+        + b"".join((here / name).read_bytes() for name in _CODE)
+    ).hexdigest()[:32]
+    return Path(root) / "llmchat-steps" / key
+
+
 def compile_once(step, fast: FastLlama, cache_dtype: torch.dtype) -> None:
     """One call of the compiled step on scratch buffers: compiles it, or loads it from the cache."""
     shape = (1, fast.kv_heads, PreallocatedLayer.initial_capacity, fast.head_dim)
@@ -226,7 +296,7 @@ def compile_once(step, fast: FastLlama, cache_dtype: torch.dtype) -> None:
 
 _children: list[subprocess.Popen] = []
 CHILD_TIMEOUT_S = 900
-"""The compile child is killed past this (a first compile takes ~60 s; at nice 19 on busy cores more)."""
+"""The compile child is killed past this (a first compile takes ~10 s; at nice 19 on busy cores more)."""
 NOTE = "llmchat-note: "
 """The compile child's lines for the user start with this (on its stdout)."""
 
@@ -239,7 +309,7 @@ def _fill_cache_in_a_subprocess(
     spec: str, precision: str, started: Callable[[subprocess.Popen], None] | None = None
 ) -> tuple[list[str], bool]:
     """Compile in another process at the lowest priority: a first compile there never competes
-    with the chat for the GIL (in-process it slows an answer several-fold for a minute), and
+    with the chat for the GIL (in-process it slows an answer several-fold while it runs), and
     leaves artifacts that make the compile here take seconds. Killed if llmchat exits first or
     it runs past CHILD_TIMEOUT_S; `started(child)` may kill it sooner. Returns its notes and
     whether it was killed for running past CHILD_TIMEOUT_S."""
@@ -341,8 +411,7 @@ def main(spec: str, precision: str) -> None:
         attention.load()  # a problem with it: the app's own load meets it again and says so
         for note in attention.take_notes():
             print(f"{NOTE}{note}", flush=True)
-        step = torch.compile(FastLlama.step_on_buffers, dynamic=False, fullgraph=True)
-        compile_once(step, fast, getattr(torch, loaded.info.cache_dtype))
+        compile_once(_RegionalStep(), fast, getattr(torch, loaded.info.cache_dtype))
 
 
 if __name__ == "__main__":

@@ -291,23 +291,31 @@ class FastLlama:
             h = self._block(layer, h, cos, sin, linear, functools.partial(attend, cache_layer))
         return self._all_logits(h, linear) if every else self._logits(h, linear)
 
-    def step_on_buffers(
-        self, token: torch.Tensor, position: torch.Tensor, keys: list, values: list
+    def block_on_buffers(
+        self,
+        layer: _Layer,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        position: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
     ) -> torch.Tensor:
-        """One decode step written for torch.compile (engine/fast/compiled.py): token and position
-        are [1] tensors, keys/values each layer's whole cache buffer [1, kv_heads, capacity, d].
-        The new K/V go in at `position`; attention masks the slots past it."""
-        h = self.embed[token].to(self.act_dtype)  # [1, hidden]
-        cos, sin = self._rope(position)
-        mask = (torch.arange(keys[0].shape[2], device=h.device) <= position)[None, :]
+        """One layer of a decode step, written for torch.compile (engine/fast/compiled.py), which
+        compiles it once and runs it for every layer: h is [1, hidden], position a [1] tensor,
+        k/v_buffer the layer's whole cache buffer [1, kv_heads, capacity, d]. The new K/V go in
+        at `position`; attention masks the slots past it."""
+        mask = (torch.arange(k_buffer.shape[2], device=h.device) <= position)[None, :]
 
-        def attend(k_buffer, v_buffer, q, k, v):
+        def attend(q, k, v):
             k_buffer.index_copy_(2, position, k.to(k_buffer.dtype))
             v_buffer.index_copy_(2, position, v.to(v_buffer.dtype))
             return self._attention(q.to(k_buffer.dtype), k_buffer, v_buffer, mask, position)
 
-        for layer, k_buffer, v_buffer in zip(self.layers, keys, values):
-            h = self._block(layer, h, cos, sin, self._matvec, functools.partial(attend, k_buffer, v_buffer))
+        return self._block(layer, h, cos, sin, self._matvec, attend)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """The logits [vocab] of a decode step's h [1, hidden], for torch.compile as above."""
         return self._logits(h, self._matvec)
 
 

@@ -1,0 +1,161 @@
+"""What compiling the decode step costs, regional (the app's) against the whole unrolled step.
+
+    .venv/bin/python scripts/compile_cost.py [--precision fp32] [--windows 5] [--json]
+
+The app compiles one decoder block and runs it for every layer, without Dynamo's guards
+(engine/fast/compiled.py). This measures, on the built-in model:
+- the compile time, each in a fresh process: cold (an empty Inductor cache, as on a fresh
+  machine: what the app's background child pays) and cached (what the app then pays in-process);
+- decode tok/s of the regional step, the whole step with guards (the app before regional
+  compilation) and the whole step without guards, in alternating windows of one process, so
+  all three meet the same machine; best window each, and the ratios of the best.
+Not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("regional", "whole", "whole-no-guards")
+MODEL = "smollm2-135m"
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _steps(precision: str, variants: tuple[str, ...]):
+    """Load the model once; a compiled step and its own cache buffers for each variant."""
+    import torch
+
+    from engine import models
+    from engine.fast import attention, compiled, fused
+
+    loaded = models.load(MODEL, precision, "cpu")
+    fast = fused.for_model(loaded.model, compiled=True)
+    attention.load()
+    cache_dtype = getattr(torch, loaded.info.cache_dtype)
+
+    def whole(fast, token, position, keys, values):  # the step as it was: one graph, 30 blocks
+        h = fast.embed[token].to(fast.act_dtype)
+        cos, sin = fast._rope(position)
+        for layer, k_buffer, v_buffer in zip(fast.layers, keys, values):
+            h = fast.block_on_buffers(layer, h, cos, sin, position, k_buffer, v_buffer)
+        return fast.head(h)
+
+    made = {}
+    for variant in variants:
+        if variant == "regional":
+            step = compiled._RegionalStep()
+        elif variant == "whole":
+            step = torch.compile(whole, dynamic=False, fullgraph=True)
+        else:
+            step = compiled._own_compiled(whole)
+        shape = (1, fast.kv_heads, 4096, fast.head_dim)
+        buffers = [[torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers] for _ in range(2)]
+        for buffer in buffers[0] + buffers[1]:
+            torch._dynamo.mark_dynamic(buffer, 2)
+        made[variant] = (step, *buffers)
+    return fast, made
+
+
+def compile_time(precision: str, variant: str) -> dict:
+    """In this process: load, then the first call of the step (the compile), timed."""
+    import torch
+
+    fast, made = _steps(precision, (variant,))
+    step, keys, values = made[variant]
+    started = time.perf_counter()
+    with torch.inference_mode():
+        step(fast, torch.tensor([0]), torch.tensor([0]), keys, values)
+    return {"variant": variant, "compile_s": round(time.perf_counter() - started, 2)}
+
+
+def decode_speeds(precision: str, windows: int, tokens: int = 48) -> dict:
+    import torch
+
+    fast, made = _steps(precision, VARIANTS)
+    best = dict.fromkeys(VARIANTS, 0.0)
+    with torch.inference_mode():
+        firsts = {}
+        for variant, (step, keys, values) in made.items():
+            ids = [1]
+            for position in range(8):  # compiles; and the same greedy tokens from each
+                logits = step(fast, torch.tensor([ids[-1]]), torch.tensor([position]), keys, values)
+                ids.append(int(logits.argmax()))
+            firsts[variant] = ids
+        if len({tuple(ids) for ids in firsts.values()}) != 1:
+            raise SystemExit(f"the variants disagree: {firsts}")
+        position = 8
+        for _ in range(windows):
+            for variant, (step, keys, values) in made.items():
+                started = time.perf_counter()
+                for p in range(position, position + tokens):
+                    step(fast, torch.tensor([1]), torch.tensor([p]), keys, values)
+                best[variant] = max(best[variant], tokens / (time.perf_counter() - started))
+            position += tokens
+    return {variant: round(speed, 1) for variant, speed in best.items()}
+
+
+def _in_a_fresh_process(args: list[str], cache_dir: str) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, env=env, cwd=ROOT, check=False
+    )
+    if done.returncode:
+        raise SystemExit(f"{' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--windows", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # a child's compile
+    parser.add_argument("--speeds", action="store_true", help=argparse.SUPPRESS)  # a child's decode
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(compile_time(args.precision, args.one)))
+        return
+    if args.speeds:
+        print(json.dumps(decode_speeds(args.precision, args.windows)))
+        return
+    result: dict = {"precision": args.precision, "cpus": os.cpu_count(), "compile_s": {}}
+    with tempfile.TemporaryDirectory(prefix="llmchat-inductor-") as scratch:
+        for variant in ("regional", "whole"):
+            cache = os.path.join(scratch, variant)  # each its own: no kernel shared between them
+            say(f"[{variant}] compiling with an empty Inductor cache, then again from it")
+            cold = _in_a_fresh_process(["--one", variant, "--precision", args.precision], cache)
+            cached = _in_a_fresh_process(["--one", variant, "--precision", args.precision], cache)
+            result["compile_s"][variant] = {"cold": cold["compile_s"], "cached": cached["compile_s"]}
+        say(f"decode tok/s: {args.windows} alternating windows of the three steps in one process")
+        speeds = ["--speeds", "--precision", args.precision, "--windows", str(args.windows)]
+        result["decode_tok_s"] = _in_a_fresh_process(speeds, os.path.join(scratch, "whole"))
+    decode = result["decode_tok_s"]
+    result["regional_vs_whole"] = round(decode["regional"] / decode["whole"], 3)
+    result["regional_vs_whole_no_guards"] = round(decode["regional"] / decode["whole-no-guards"], 3)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{MODEL} {args.precision}, {result['cpus']} CPUs")
+    for variant, times in result["compile_s"].items():
+        print(f"  compile {variant:>8}: {times['cold']:6.1f} s cold, {times['cached']:5.1f} s cached")
+    for variant, speed in decode.items():
+        print(f"  decode {variant:>16}: {speed:6.1f} tok/s")
+    print(
+        f"  regional / whole {result['regional_vs_whole']:.2f}x, "
+        f"/ whole without guards {result['regional_vs_whole_no_guards']:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
