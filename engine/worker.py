@@ -463,9 +463,11 @@ class InferenceWorker:
                 )
             # Reported from the compiling thread: the UI's inbox takes events from any thread.
             compiled.when_done(lambda c: self._compile_done(session, c))
+            compiled.when_upgraded(lambda c: self._compile_done(session, c))
 
     def _compile_done(self, session: ChatSession, build) -> None:
-        """From the compiling thread: say what decodes now (a stopped build says nothing)."""
+        """From the compiling thread: say what decodes now, once ready and again when the whole
+        step takes over (a stopped build says nothing)."""
         if session.compiled is build and build.state != "stopped":
             self.emit(decode_step(session))
             self.emit(Notice(build.describe()))

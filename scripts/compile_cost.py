@@ -1,14 +1,14 @@
-"""What compiling the decode step costs, regional (the app's) against the whole unrolled step.
+"""What compiling the decode step costs: the regional step against the whole one.
 
     .venv/bin/python scripts/compile_cost.py [--precision fp32] [--windows 5] [--json]
 
-The app compiles one decoder block and runs it for every layer, without Dynamo's guards
-(engine/fast/compiled.py). This measures, on the built-in model:
-- the compile time, each in a fresh process: cold (an empty Inductor cache, as on a fresh
+The app compiles one decoder block run for every layer first, then the whole step, both
+without Dynamo's guards (engine/fast/steps.py). This measures, on the built-in model:
+- the compile time of each, in a fresh process: cold (an empty Inductor cache, as on a fresh
   machine: what the app's background child pays) and cached (what the app then pays in-process);
-- decode tok/s of the regional step, the whole step with guards (the app before regional
-  compilation) and the whole step without guards, in alternating windows of one process, so
-  all three meet the same machine; best window each, and the ratios of the best.
+- decode tok/s of the regional step, the whole step with guards (the app before this round)
+  and without (the app once the whole step took over), in alternating windows of one process,
+  so all three meet the same machine; best window each, and the ratios of the best.
 Not part of CI.
 """
 
@@ -37,28 +37,19 @@ def _steps(precision: str, variants: tuple[str, ...]):
     import torch
 
     from engine import models
-    from engine.fast import attention, compiled, fused
+    from engine.fast import attention, fused, steps
 
     loaded = models.load(MODEL, precision, "cpu")
     fast = fused.for_model(loaded.model, compiled=True)
     attention.load()
     cache_dtype = getattr(torch, loaded.info.cache_dtype)
 
-    def whole(fast, token, position, keys, values):  # the step as it was: one graph, 30 blocks
-        h = fast.embed[token].to(fast.act_dtype)
-        cos, sin = fast._rope(position)
-        for layer, k_buffer, v_buffer in zip(fast.layers, keys, values):
-            h = fast.block_on_buffers(layer, h, cos, sin, position, k_buffer, v_buffer)
-        return fast.head(h)
-
     made = {}
     for variant in variants:
-        if variant == "regional":
-            step = compiled._RegionalStep()
-        elif variant == "whole":
-            step = torch.compile(whole, dynamic=False, fullgraph=True)
+        if variant == "whole":  # with Dynamo's guards, as before this round
+            step = torch.compile(steps.whole_step, dynamic=False, fullgraph=True)
         else:
-            step = compiled._own_compiled(whole)
+            step = steps.build("regional" if variant == "regional" else "whole")
         shape = (1, fast.kv_heads, 4096, fast.head_dim)
         buffers = [[torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers] for _ in range(2)]
         for buffer in buffers[0] + buffers[1]:

@@ -38,30 +38,34 @@ def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(tiny_model_dir
     assert fast.fast.transposed == eager_first
     assert fast.compiled is not None
     assert fast.compiled.ready.wait(600), fast.compiled.describe()
+    first_tokens = _greedy(fast)  # the regional step, and the whole one from when it takes over
+    assert fast.compiled.wait_settled(600) and fast.compiled.kind == "whole", fast.compiled.describe()
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     compiled_tokens = _greedy(fast)  # the answer runs past the first 256 slots: the buffers grow
     assert len(fast.cache) > PreallocatedLayer.initial_capacity
     assert (
         torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
     )  # capacity is dynamic: no recompiling
-    eager_tokens = _greedy(ChatSession(loaded, settings, compile=False))
+    eager = ChatSession(loaded, settings, compile=False)
+    eager_tokens = _greedy(eager)
     assert compiled_tokens == eager_tokens
+    assert first_tokens == eager_tokens[: len(first_tokens)]
     assert len(set(eager_tokens)) > 3
-    assert "compiled step" in fast.compiled.describe()
+    assert "the whole model in one graph" in fast.compiled.describe()
 
 
 def test_one_compiled_block_serves_every_layer_and_each_model_has_its_own(tiny_model_dir):
-    # Regional: the block is compiled once for all layers (plus the head), not unrolled per layer.
-    # Its compiled code runs without guards, so two live models must never share it: fp32 and
-    # fp16 of the same model, stepped in turns, each pick their own eager tokens.
+    # Regional: the block is compiled once for all layers (plus the head), then the whole step.
+    # Compiled code runs without guards, so two live models must never share it: fp32 and fp16
+    # of the same model, stepped in turns, each pick their own eager tokens.
     settings = SamplingSettings(temperature=0.0, max_new_tokens=12)
     sessions = {}
     for precision in ("fp32", "fp16"):
         loaded = models.load(str(tiny_model_dir), precision, "cpu")
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         session = ChatSession(loaded, settings, compile=True)
-        assert session.compiled.ready.wait(600), session.compiled.describe()
-        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2  # block, head
+        assert session.compiled.wait_settled(600) and session.compiled.kind == "whole"
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 3  # block, head, whole
         assert len(session.fast.layers) > 1 and session.compiled_step_ready()
         sessions[precision] = (session, ChatSession(loaded, settings, compile=False))
     streams = {
@@ -89,16 +93,16 @@ def test_a_step_compiled_before_is_compiled_again_in_process_without_the_child(
     children = []
     fill = compiled._fill_cache_in_a_subprocess
     monkeypatch.setattr(
-        compiled, "_fill_cache_in_a_subprocess", lambda *a: (children.append(a[:2]), fill(*a))[1]
+        compiled, "_fill_cache_in_a_subprocess", lambda *a: (children.append(a[:3]), fill(*a))[1]
     )
     settings = SamplingSettings(temperature=0.0, max_new_tokens=8)
     answers = []
     for _ in range(2):  # two loads: two fast paths, two compiles of the same step
         loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
         session = ChatSession(loaded, settings, compile=True)
-        assert session.compiled.ready.wait(600), session.compiled.describe()
+        assert session.compiled.wait_settled(600) and session.compiled.kind == "whole"
         answers.append(_greedy(session))
-    assert children == [(str(tiny_model_dir), "fp32")]  # the first start only
+    assert children == [(str(tiny_model_dir), "fp32", kind) for kind in ("regional", "whole")]  # first start
     assert list((tmp_path / "inductor" / "llmchat-steps").iterdir())
     assert answers[0] == answers[1] == _greedy(ChatSession(loaded, settings, compile=False))
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.events import DecodeStep, ModelReady, to_json
-from engine.fast import attention, compiled, which
+from engine.fast import attention, compiled, steps, which
 from engine.fast.which import COMPILE_OFF, decode_step
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -43,13 +43,17 @@ class FakeBuild:
         self.ready = threading.Event()
         if state == "ready":
             self.ready.set()
+        self.kind, self.whole_error, self._settled = "regional", None, threading.Event()
+        self._settled.set()
+
+    how = compiled.CompiledDecode.how  # the real words, from these fields
 
 
 @pytest.mark.parametrize(
     ("build", "step", "state", "words"),
     [
         (FakeBuild("building", started_ago=12), "eager", "building", "compiling in the background"),
-        (FakeBuild("ready", compile_s=58), "compiled", "ready", "torch.compile, ready after 58 s"),
+        (FakeBuild("ready", compile_s=58), "compiled", "ready", "one block per layer, ready after 58 s"),
         (FakeBuild("failed", error="no C++ compiler"), "eager", "failed", "compile failed: no C++ compiler"),
         (
             FakeBuild("given up", error="the build ran past 900 s"),
@@ -91,12 +95,12 @@ def test_the_compiled_step_with_sdpa_says_why_not_the_kernel(tiny_loaded):
 
 def test_a_build_past_its_time_limit_is_given_up_not_compiled_here(tiny_loaded, monkeypatch):
     monkeypatch.setattr(compiled, "_fill_cache_in_a_subprocess", lambda *args: ([], True))
-    monkeypatch.setattr(compiled, "_cached_marker", lambda *args: None)  # never compiled before
+    monkeypatch.setattr(steps, "cached_marker", lambda *args: None)  # never compiled before
 
     def compiling_here(*args):
         raise AssertionError("compiled in the app's process after the background build was given up")
 
-    monkeypatch.setattr(compiled, "compile_once", compiling_here)
+    monkeypatch.setattr(steps, "compile_once", compiling_here)
     fast = Weakly()  # held weakly; never reached: the compile here is not started
     build = compiled.CompiledDecode(fast, torch.float32, source=("tiny", "fp32"))
     told = threading.Event()
@@ -139,21 +143,22 @@ def test_the_worker_says_building_then_failed_when_the_compile_breaks(tiny_model
     monkeypatch.setattr(
         compiled, "_fill_cache_in_a_subprocess", lambda *args: (building.wait(60), ([], False))[1]
     )
+    monkeypatch.setattr(steps, "cached_marker", lambda *args: None)  # never compiled before
     monkeypatch.setattr(attention, "load", lambda: "no compiler")
     events: queue.Queue = queue.Queue()
     worker = InferenceWorker(events.put, compile=True)
     try:
         worker.load(str(tiny_model_dir), "fp32", "cpu")
-        steps: list[DecodeStep] = []
+        seen: list[DecodeStep] = []
         deadline = time.monotonic() + 120
-        while len(steps) < 2 and time.monotonic() < deadline:
+        while len(seen) < 2 and time.monotonic() < deadline:
             event = events.get(timeout=120)
             if isinstance(event, DecodeStep):
-                steps.append(event)
+                seen.append(event)
                 building.set()
-        assert [s.compile for s in steps] == ["building", "failed"]
-        assert steps[0].step == "eager" and steps[1].step == "eager"
-        assert steps[1].why == "compile failed: RuntimeError: no C++ compiler found"
+        assert [s.compile for s in seen] == ["building", "failed"]
+        assert seen[0].step == "eager" and seen[1].step == "eager"
+        assert seen[1].why == "compile failed: RuntimeError: no C++ compiler found"
     finally:
         getattr(worker.session.compiled, "stop", lambda: None)()
         worker.shutdown()

@@ -6,17 +6,17 @@ multiply-and-sum (`FastLlama._matvec`), Inductor generates one loop per matrix t
 its rows at close to the bandwidth and fuses the ~25 small operations per layer around them
 (norms, RoPE, casts, the cache write). How much faster, per precision: BENCHMARKS.md.
 
-Regional: one decoder block is compiled and run for every layer (the layers differ only in
-their weights, which come in as arguments), and the head on its own. Compiling one block rather
-than the whole unrolled step takes ~9 s instead of ~30 s the first time, ~2 s instead of ~5 s
-once Inductor's on-disk cache (kept in llmchat's cache directory) holds the artifacts, and
-decodes as fast (`_RegionalStep`; measured by scripts/compile_cost.py, BENCHMARKS.md).
+Two steps (engine/fast/steps.py), built one after the other: the regional one (one decoder
+block compiled and run for every layer: ~9 s the first time, ~2 s once Inductor's on-disk
+cache, kept in llmchat's cache directory, holds it) serves first; the whole one (all layers in
+one graph: ~30 s, ~5 s cached; one call per token instead of 31, 4-20% faster) takes over when
+built. Each is compiled without Dynamo's guards (why that is safe: engine/fast/steps.py).
 
-It never blocks: a daemon thread first has a separate, lowest-priority process
-(`python -m engine.fast.compiled SPEC PRECISION`) compile the same step into that cache, then
-compiles here from it against scratch buffers, and the session switches to the compiled step
-at the first token after `ready`. Compiling in this process from scratch would hold the GIL
-and the cores while an answer streams.
+It never blocks: a daemon thread has a separate, lowest-priority process
+(`python -m engine.fast.compiled SPEC PRECISION KIND`) compile each step into that cache, then
+compiles here from it against scratch buffers (at once, without the child, where an earlier
+start left this very step there), and the session switches at the next token. Compiling in
+this process from scratch would hold the GIL and the cores while an answer streams.
 The eager fast path stays the reference; a test checks both pick the same tokens. A model or
 precision switch `stop()`s the compile for the old one (its process killed, its result here
 dropped), so switches never leave several compiles running at once.
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
 import os
 import signal
 import subprocess
@@ -39,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-import types
 import weakref
 from pathlib import Path
 from typing import Callable
@@ -49,9 +47,9 @@ import torch
 
 from engine.errors import one_line
 from engine.events import ModelInfo
-from engine.fast import attention
+from engine.fast import attention, steps
 from engine.fast.fused import FastLlama
-from engine.kvcache import KVCache, PreallocatedLayer
+from engine.kvcache import KVCache
 from engine.quant.int8 import Int8Linear
 
 os.environ.setdefault(
@@ -93,63 +91,80 @@ class CompiledDecode:
         self._stopped = False
         self._child: subprocess.Popen | None = None
         self._finished = threading.Event()
-        self._step = _RegionalStep()
+        self._step: Callable | None = None
+        self.kind = "regional"
+        """Which step of engine/fast/steps.py serves once ready: the whole one once it took over."""
+        self.whole_s = 0.0
+        """When the whole step took over (0 until it does)."""
+        self.whole_error: str | None = None
+        """Why the whole step never took over, where it failed; the regional one goes on serving."""
+        self._upgrade_listeners: list[Callable[["CompiledDecode"], None]] = []
+        self._settled = threading.Event()
         self._thread = threading.Thread(target=self._warm_up, name="llmchat-compile", daemon=True)
         _compiling[:] = [t for t in _compiling if t.is_alive()] + [self._thread]
         self._thread.start()
 
     def _warm_up(self) -> None:
-        """Fill the on-disk cache in a separate process, then compile here from it. Where an
-        earlier compile of this very step left its artifacts there, compile here at once."""
+        """The regional step, then the whole one (engine/fast/steps.py): the first ready in
+        seconds, the second, faster per token, taking over when it is built."""
         started = time.perf_counter()
-        fast = self._fast()
-        marker = _cached_marker(fast, self.cache_dtype) if fast is not None else None
-        del fast  # held weakly: a switch may drop the model while the child compiles
-        if self.source is not None and not self._stopped and not (marker and marker.exists()):
-            # best effort: on failure we compile here
-            notes, timed_out = _fill_cache_in_a_subprocess(*self.source, self._child_started)
-            self._note(notes)
-            if timed_out:
-                self._give_up(f"the build ran past {CHILD_TIMEOUT_S:.0f} s", started)
-                return
-        if self._stopped:
-            return
-        self.attention_error = attention.load()  # before tracing, so the step calls the kernel
-        self._note(attention.take_notes())
-        fast = self._fast()
-        if fast is None or self._stopped:
-            return
-        error = None
-        try:
-            compile_once(self._step, fast, self.cache_dtype)
-            if marker is not None:
-                with contextlib.suppress(OSError):  # without it the next start takes the child's way
-                    marker.parent.mkdir(parents=True, exist_ok=True)
-                    marker.touch()
-        except Exception as e:  # no C++ compiler, an unsupported op: eager keeps serving
-            error = one_line(e, 200, named=True)
-        self.compile_s = time.perf_counter() - started
+        step, error, timed_out = self._compile("regional")
         with self._lock:
             if self._stopped:  # compiled for a model no longer in use: dropped
                 return
-            self.error = error
-            if self.error is None:
+            self.compile_s = time.perf_counter() - started
+            self.gave_up = timed_out
+            self.error = f"the build ran past {CHILD_TIMEOUT_S:.0f} s" if timed_out else error
+            if step is not None:
+                self._step = step
                 self.ready.set()
             self._finished.set()
             listeners, self._listeners = self._listeners, []
         for listener in listeners:
             listener(self)
+        if step is not None:
+            whole, error, timed_out = self._compile("whole")
+            with self._lock:
+                if whole is not None and not self._stopped:
+                    self._step, self.kind = whole, "whole"
+                    self.whole_s = time.perf_counter() - started
+                elif error or timed_out:
+                    self.whole_error = f"the build ran past {CHILD_TIMEOUT_S:.0f} s" if timed_out else error
+                listeners, self._upgrade_listeners = self._upgrade_listeners, []
+            for listener in listeners:
+                listener(self)
+        self._settled.set()
 
-    def _give_up(self, why: str, started: float) -> None:
-        with self._lock:
-            if self._stopped:
-                return
-            self.compile_s = time.perf_counter() - started
-            self.error, self.gave_up = why, True
-            self._finished.set()
-            listeners, self._listeners = self._listeners, []
-        for listener in listeners:
-            listener(self)
+    def _compile(self, kind: str) -> tuple[Callable | None, str | None, bool]:
+        """A compiled step of `kind`, filling the on-disk cache in a separate process first unless
+        an earlier compile of this very step left it there: (step, None, False), or (None, why,
+        whether the child ran past its time), or (None, None, False) once stopped."""
+        fast = self._fast()
+        marker = steps.cached_marker(fast, self.cache_dtype, kind) if fast is not None else None
+        del fast  # held weakly: a switch may drop the model while the child compiles
+        if self.source is not None and not self._stopped and not (marker and marker.exists()):
+            # best effort: on failure we compile here
+            notes, timed_out = _fill_cache_in_a_subprocess(*self.source, kind, self._child_started)
+            self._note(notes)
+            if timed_out:
+                return None, None, True
+        if self._stopped:
+            return None, None, False
+        self.attention_error = attention.load()  # before tracing, so the step calls the kernel
+        self._note(attention.take_notes())
+        fast = self._fast()
+        if fast is None or self._stopped:
+            return None, None, False
+        step = steps.build(kind)
+        try:
+            steps.compile_once(step, fast, self.cache_dtype)
+        except Exception as e:  # no C++ compiler, an unsupported op: eager keeps serving
+            return None, one_line(e, 200, named=True), False
+        if marker is not None:
+            with contextlib.suppress(OSError):  # without it the next start takes the child's way
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.touch()
+        return step, None, False
 
     @property
     def state(self) -> str:
@@ -176,13 +191,15 @@ class CompiledDecode:
         """Abandon this compile (its model or precision is being replaced): the child process is
         killed at once, the compile here is skipped or its result dropped, no listener is called."""
         with self._lock:
-            if self.done:
+            if self._settled.is_set():
                 return
             self._stopped = True
-            self.error = "stopped: the model or precision changed"
-            self._listeners = []
+            if not self.ready.is_set():  # a ready step stays; only its upgrade stops
+                self.error = "stopped: the model or precision changed"
+            self._listeners, self._upgrade_listeners = [], []
             child = self._child
             self._finished.set()
+            self._settled.set()
         if child is not None:
             _kill(child)  # the compiling thread's wait() reaps it
 
@@ -193,6 +210,21 @@ class CompiledDecode:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until compilation has finished, failed or was stopped; whether it has."""
         return self._finished.wait(timeout)
+
+    def wait_settled(self, timeout: float | None = None) -> bool:
+        """Wait until no other step will take over (the whole one did, or failed); whether so."""
+        return self._settled.wait(timeout)
+
+    def when_upgraded(self, listener: Callable[["CompiledDecode"], None]) -> None:
+        """Call `listener(self)` once the whole step took over or failed to (never if stopped, or
+        where the regional step never became ready)."""
+        with self._lock:
+            if not self._settled.is_set():
+                self._upgrade_listeners.append(listener)
+                return
+            tried = self.kind == "whole" or self.whole_error is not None
+        if tried:
+            listener(self)
 
     def when_done(self, listener: Callable[["CompiledDecode"], None]) -> None:
         """Call `listener(self)` once compilation has finished or failed (now, if it has)."""
@@ -222,76 +254,21 @@ class CompiledDecode:
         if self.error:
             return f"compiled decode unavailable ({self.error}); the eager fast path serves{notes}"
         kernel = f"; attention by SDPA ({self.attention_error})" if self.attention_error else ""
-        return (
-            f"decode now runs the compiled step (torch.compile, ready after {self.compile_s:.0f} s "
-            f"in the background){kernel}{notes}"
-        )
+        return f"decode now runs the compiled step ({self.how()}){kernel}{notes}"
 
-
-class _RegionalStep:
-    """`(fast, token, position, keys, values) -> logits` as two compiled regions, the block run
-    once per layer and the head; embedding and RoPE (a row lookup, a few dozen numbers) stay eager.
-
-    Guard-free: Dynamo would otherwise check ~190 guards on each of a step's 31 calls (~4% of a
-    token). That is safe here because these compiled functions are this step's own (fresh code
-    objects: Dynamo keeps compiled code per code object, so no other model shares it) and are
-    only ever called with this fast path's layers and cache buffers of one dtype, whose capacity
-    is compiled as dynamic: nothing a guard would catch can change between calls."""
-
-    def __init__(self):
-        self.block = _own_compiled(FastLlama.block_on_buffers)
-        self.head = _own_compiled(FastLlama.head)
-
-    def __call__(self, fast: FastLlama, token: torch.Tensor, position: torch.Tensor, keys, values):
-        h = fast.embed[token].to(fast.act_dtype)
-        cos, sin = fast._rope(position)
-        for layer, k_buffer, v_buffer in zip(fast.layers, keys, values):
-            h = self.block(fast, layer, h, cos, sin, position, k_buffer, v_buffer)
-        return self.head(fast, h)
-
-
-def _own_compiled(fn: Callable) -> Callable:
-    """`fn` compiled without guards, on a copy of its code that nothing else compiles."""
-    code = fn.__code__.replace()  # a new code object: Dynamo's cache for it is this copy's alone
-    own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
-    return torch.compile(own, dynamic=False, fullgraph=True, options=options)
-
-
-_CODE = ("fused.py", "compiled.py", "attention.py", "decode_attention.cpp", "../quant/w8.py")
-"""The sources the compiled step is made of: a change to any makes earlier artifacts stale."""
-
-
-def _cached_marker(fast: FastLlama, cache_dtype: torch.dtype) -> Path | None:
-    """A file that exists once this step (these shapes and dtypes, this torch, this code) has been
-    compiled into Inductor's on-disk cache: a later start then compiles from it in seconds,
-    in-process, without the child process's start and model load (~8 s). None without a cache dir."""
-    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not root:
-        return None
-    layer = fast.layers[0]
-    shapes = [
-        (tuple(w.shape), str(w.dtype)) if isinstance(w, torch.Tensor) else repr(w)
-        for w in (layer.wqkv, layer.wo, layer.wgu, layer.wdown, layer.ln1, fast.lm_head, fast.embed)
-    ]
-    here = Path(__file__).parent
-    key = hashlib.sha256(
-        repr((torch.__version__, sys.version, fast.heads, fast.kv_heads, fast.eps, fast.transposed)).encode()
-        + repr((shapes, str(fast.act_dtype), str(cache_dtype), fast.inv_freq.tolist())).encode()
-        + b"".join((here / name).read_bytes() for name in _CODE)
-    ).hexdigest()[:32]
-    return Path(root) / "llmchat-steps" / key
-
-
-def compile_once(step, fast: FastLlama, cache_dtype: torch.dtype) -> None:
-    """One call of the compiled step on scratch buffers: compiles it, or loads it from the cache."""
-    shape = (1, fast.kv_heads, PreallocatedLayer.initial_capacity, fast.head_dim)
-    with torch.inference_mode():  # as the session's calls are: same guards, no recompiling
-        keys = [torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers]
-        values = [torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers]
-        for buffer in keys + values:
-            torch._dynamo.mark_dynamic(buffer, 2)  # any capacity, one compilation
-        step(fast, torch.tensor([0]), torch.tensor([0]), keys, values)
+    def how(self) -> str:
+        """Which compiled step serves, since when, and whether the faster one is still coming."""
+        if self.kind == "whole":
+            return (
+                f"torch.compile, one block per layer after {self.compile_s:.0f} s, "
+                f"the whole model in one graph after {self.whole_s:.0f} s"
+            )
+        regional = f"torch.compile, one block per layer, ready after {self.compile_s:.0f} s in the background"
+        if self.whole_error:
+            return f"{regional}; the whole-model step failed: {self.whole_error}"
+        if not self._settled.is_set():
+            return f"{regional}; the whole-model step, faster per token, is compiling"
+        return regional
 
 
 _children: list[subprocess.Popen] = []
@@ -301,12 +278,12 @@ NOTE = "llmchat-note: "
 """The compile child's lines for the user start with this (on its stdout)."""
 
 
-def _child_command(spec: str, precision: str) -> list[str]:
-    return [sys.executable, "-m", "engine.fast.compiled", spec, precision]
+def _child_command(spec: str, precision: str, kind: str) -> list[str]:
+    return [sys.executable, "-m", "engine.fast.compiled", spec, precision, kind]
 
 
 def _fill_cache_in_a_subprocess(
-    spec: str, precision: str, started: Callable[[subprocess.Popen], None] | None = None
+    spec: str, precision: str, kind: str, started: Callable[[subprocess.Popen], None] | None = None
 ) -> tuple[list[str], bool]:
     """Compile in another process at the lowest priority: a first compile there never competes
     with the chat for the GIL (in-process it slows an answer several-fold while it runs), and
@@ -316,7 +293,7 @@ def _fill_cache_in_a_subprocess(
     with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: nothing it leaves can block us
         try:
             child = subprocess.Popen(
-                _child_command(spec, precision),
+                _child_command(spec, precision, kind),
                 stdout=out,
                 stderr=subprocess.DEVNULL,
                 preexec_fn=lambda: os.nice(19),
@@ -400,8 +377,8 @@ def compiled_decode(fast: FastLlama, info: ModelInfo) -> CompiledDecode | None:
     return compiled
 
 
-def main(spec: str, precision: str) -> None:
-    """`python -m engine.fast.compiled SPEC PRECISION`: compile the decode step once, for the cache."""
+def main(spec: str, precision: str, kind: str) -> None:
+    """`python -m engine.fast.compiled SPEC PRECISION KIND`: compile a decode step once, for the cache."""
     from engine import models
     from engine.fast import fused
 
@@ -411,8 +388,8 @@ def main(spec: str, precision: str) -> None:
         attention.load()  # a problem with it: the app's own load meets it again and says so
         for note in attention.take_notes():
             print(f"{NOTE}{note}", flush=True)
-        compile_once(_RegionalStep(), fast, getattr(torch, loaded.info.cache_dtype))
+        steps.compile_once(steps.build(kind), fast, getattr(torch, loaded.info.cache_dtype))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

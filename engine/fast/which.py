@@ -50,7 +50,7 @@ def decode_step(session: ChatSession, off: str = COMPILE_OFF) -> DecodeStep:
         return DecodeStep("eager", _attention(session), "ready", why, build.compile_s)
     if state == "ready":
         kernel = "SDPA" if build.attention_error else _attention(session)
-        why = f"torch.compile, ready after {build.compile_s:.0f} s"
+        why = build.how()
         if build.attention_error:
             why += f"; attention by SDPA ({build.attention_error})"
         return DecodeStep("compiled", kernel, "ready", why, build.compile_s)

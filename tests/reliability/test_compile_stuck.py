@@ -136,9 +136,9 @@ def test_a_stale_lock_is_named_in_the_compile_notice_and_eager_serves(
 def test_a_compile_child_past_its_time_limit_is_killed_and_reaped(monkeypatch):
     monkeypatch.setattr(compiled, "CHILD_TIMEOUT_S", 1)
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
-    monkeypatch.setattr(compiled, "_child_command", lambda spec, precision: sleeper)
+    monkeypatch.setattr(compiled, "_child_command", lambda spec, precision, kind: sleeper)
     children: list[subprocess.Popen] = []
-    notes, timed_out = compiled._fill_cache_in_a_subprocess("model", "fp32", children.append)
+    notes, timed_out = compiled._fill_cache_in_a_subprocess("model", "fp32", "regional", children.append)
     assert len(children) == 1
     assert children[0].returncode is not None  # waited for: no zombie left
     assert not Path(f"/proc/{children[0].pid}").exists()

@@ -1,0 +1,110 @@
+"""The compiled decode steps, and compiling one against scratch buffers.
+
+Each is `(fast, token, position, keys, values) -> logits [vocab]` over the cache buffers of
+every layer (engine/fast/compiled.py builds them in the background):
+- "regional": one decoder block compiled once and run for every layer (the layers differ only
+  in their weights, which come in as arguments), and the head. Compiles in ~9 s, ~2 s cached.
+- "whole": the blocks unrolled into one graph. ~30 s to compile, ~5 s cached, and one call per
+  token instead of 31: 4-20% faster per token, the more the fewer bytes a token reads (w8).
+scripts/compile_cost.py measures both; BENCHMARKS.md has the numbers.
+
+Both run without Dynamo's guards, which would check ~190 (regional, per call) or ~1,800 (whole)
+conditions before each call, ~0.6 ms a token. That is safe here because each step is compiled
+on its own copy of the code (Dynamo keeps compiled code per code object, so no other model's
+step shares it) and is only ever called with one fast path's layers and cache buffers of one
+dtype, whose capacity is compiled as dynamic: nothing a guard would catch changes between calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from engine.fast.fused import FastLlama
+from engine.kvcache import PreallocatedLayer
+
+KINDS = ("regional", "whole")
+"""In the order the background build makes them: quick to compile first, fastest second."""
+
+
+def build(kind: str) -> Callable:
+    """A new, not yet compiled step of `kind` (compiled by its first call: `compile_once`)."""
+    if kind == "regional":
+        return _RegionalStep()
+    return own_compiled(whole_step)
+
+
+def whole_step(fast: FastLlama, token: torch.Tensor, position: torch.Tensor, keys, values) -> torch.Tensor:
+    """A decode step in one piece; embedding and RoPE are a row lookup and a few dozen numbers."""
+    h = fast.embed[token].to(fast.act_dtype)
+    cos, sin = fast._rope(position)
+    for layer, k_buffer, v_buffer in zip(fast.layers, keys, values):
+        h = fast.block_on_buffers(layer, h, cos, sin, position, k_buffer, v_buffer)
+    return fast.head(h)
+
+
+class _RegionalStep:
+    """`whole_step` with the block and the head compiled on their own, the block run per layer."""
+
+    def __init__(self):
+        self.block = own_compiled(FastLlama.block_on_buffers)
+        self.head = own_compiled(FastLlama.head)
+
+    def __call__(self, fast: FastLlama, token: torch.Tensor, position: torch.Tensor, keys, values):
+        h = fast.embed[token].to(fast.act_dtype)
+        cos, sin = fast._rope(position)
+        for layer, k_buffer, v_buffer in zip(fast.layers, keys, values):
+            h = self.block(fast, layer, h, cos, sin, position, k_buffer, v_buffer)
+        return self.head(fast, h)
+
+
+def own_compiled(fn: Callable) -> Callable:
+    """`fn` compiled without guards, on a copy of its code that nothing else compiles."""
+    code = fn.__code__.replace()  # a new code object: Dynamo's cache for it is this copy's alone
+    own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+    return torch.compile(own, dynamic=False, fullgraph=True, options=options)
+
+
+def compile_once(step: Callable, fast: FastLlama, cache_dtype: torch.dtype) -> None:
+    """One call of the step on scratch buffers: compiles it, or loads it from the cache."""
+    shape = (1, fast.kv_heads, PreallocatedLayer.initial_capacity, fast.head_dim)
+    with torch.inference_mode():  # as the session's calls are
+        keys = [torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers]
+        values = [torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers]
+        for buffer in keys + values:
+            torch._dynamo.mark_dynamic(buffer, 2)  # any capacity, one compilation
+        step(fast, torch.tensor([0]), torch.tensor([0]), keys, values)
+
+
+_CODE = ("fused.py", "steps.py", "attention.py", "decode_attention.cpp", "../quant/w8.py")
+"""The sources a compiled step is made of: a change to any makes earlier artifacts stale."""
+
+
+def cached_marker(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | None:
+    """A file that exists once this step (this kind, these shapes and dtypes, this torch, this
+    code) has been compiled into Inductor's on-disk cache: a later start then compiles it from
+    there in seconds, in-process, without the child process's start and model load (~8 s).
+    None without a cache directory."""
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not root:
+        return None
+    layer = fast.layers[0]
+    shapes = [
+        (tuple(w.shape), str(w.dtype)) if isinstance(w, torch.Tensor) else repr(w)
+        for w in (layer.wqkv, layer.wo, layer.wgu, layer.wdown, layer.ln1, fast.lm_head, fast.embed)
+    ]
+    model = (kind, len(fast.layers), fast.heads, fast.kv_heads, fast.eps, fast.transposed)
+    here = Path(__file__).parent
+    key = hashlib.sha256(
+        repr((torch.__version__, sys.version, model)).encode()
+        + repr((shapes, str(fast.act_dtype), str(cache_dtype), fast.inv_freq.tolist())).encode()
+        + b"".join((here / name).read_bytes() for name in _CODE)
+    ).hexdigest()[:32]
+    return Path(root) / "llmchat-steps" / key
