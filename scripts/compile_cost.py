@@ -6,6 +6,9 @@ The app compiles one decoder block run for every layer first, then the whole ste
 without Dynamo's guards (engine/fast/steps.py). This measures, on the built-in model:
 - the compile time of each, in a fresh process: cold (an empty Inductor cache, as on a fresh
   machine: what the app's background child pays) and cached (what the app then pays in-process);
+- the app's own timeline, each in a fresh process: when the regional step is ready and when the
+  whole one took over, from the session's start (background child, cache fill, the compile
+  in-process), cold and cached;
 - decode tok/s of the regional step, the whole step with guards (the app before this round)
   and without (the app once the whole step took over), in alternating windows of one process,
   so all three meet the same machine; best window each, and the ratios of the best.
@@ -70,6 +73,20 @@ def compile_time(precision: str, variant: str) -> dict:
     return {"variant": variant, "compile_s": round(time.perf_counter() - started, 2)}
 
 
+def app_ready(precision: str) -> dict:
+    """In this process, as the app does it: a session, then its background build's timeline."""
+    from engine import models
+    from engine.session import ChatSession
+
+    loaded = models.load(MODEL, precision, "cpu")
+    started = time.perf_counter()
+    build = ChatSession(loaded, compile=True).compiled
+    build.ready.wait(900)
+    ready = time.perf_counter() - started
+    build.wait_settled(900)
+    return {"regional": round(ready, 1), "whole": round(time.perf_counter() - started, 1), "kind": build.kind}
+
+
 def decode_speeds(precision: str, windows: int, tokens: int = 48) -> dict:
     import torch
 
@@ -113,9 +130,13 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # a child's compile
     parser.add_argument("--speeds", action="store_true", help=argparse.SUPPRESS)  # a child's decode
+    parser.add_argument("--app", action="store_true", help=argparse.SUPPRESS)  # a child's session
     args = parser.parse_args()
     if args.one:
         print(json.dumps(compile_time(args.precision, args.one)))
+        return
+    if args.app:
+        print(json.dumps(app_ready(args.precision)))
         return
     if args.speeds:
         print(json.dumps(decode_speeds(args.precision, args.windows)))
@@ -128,6 +149,10 @@ def main() -> None:
             cold = _in_a_fresh_process(["--one", variant, "--precision", args.precision], cache)
             cached = _in_a_fresh_process(["--one", variant, "--precision", args.precision], cache)
             result["compile_s"][variant] = {"cold": cold["compile_s"], "cached": cached["compile_s"]}
+        say("the app's timeline: a session's background build, with an empty cache, then again")
+        app = os.path.join(scratch, "app")
+        session = ["--app", "--precision", args.precision]
+        result["app_ready_s"] = {run: _in_a_fresh_process(session, app) for run in ("cold", "cached")}
         say(f"decode tok/s: {args.windows} alternating windows of the three steps in one process")
         speeds = ["--speeds", "--precision", args.precision, "--windows", str(args.windows)]
         result["decode_tok_s"] = _in_a_fresh_process(speeds, os.path.join(scratch, "whole"))
@@ -140,6 +165,11 @@ def main() -> None:
     print(f"{MODEL} {args.precision}, {result['cpus']} CPUs")
     for variant, times in result["compile_s"].items():
         print(f"  compile {variant:>8}: {times['cold']:6.1f} s cold, {times['cached']:5.1f} s cached")
+    for run, ready in result["app_ready_s"].items():
+        print(
+            f"  app, {run:>6}: regional step ready after {ready['regional']:5.1f} s, "
+            f"whole after {ready['whole']:5.1f} s"
+        )
     for variant, speed in decode.items():
         print(f"  decode {variant:>16}: {speed:6.1f} tok/s")
     print(
