@@ -51,7 +51,7 @@ def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(tiny_model_dir
     assert compiled_tokens == eager_tokens
     assert first_tokens == eager_tokens[: len(first_tokens)]
     assert len(set(eager_tokens)) > 3
-    assert "the whole model in one graph" in fast.compiled.describe()
+    assert "whole model in one graph" in fast.compiled.describe()
 
 
 def test_one_compiled_block_serves_every_layer_and_each_model_has_its_own(tiny_model_dir):

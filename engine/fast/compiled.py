@@ -254,20 +254,17 @@ class CompiledDecode:
         if self.error:
             return f"compiled decode unavailable ({self.error}); the eager fast path serves{notes}"
         kernel = f"; attention by SDPA ({self.attention_error})" if self.attention_error else ""
-        return f"decode now runs the compiled step ({self.how()}){kernel}{notes}"
+        return f"decode now runs the compiled step (torch.compile: {self.how()}){kernel}{notes}"
 
     def how(self) -> str:
-        """Which compiled step serves, since when, and whether the faster one is still coming."""
+        """Which compiled step serves and since when, short enough for the Phase panel."""
         if self.kind == "whole":
-            return (
-                f"torch.compile, one block per layer after {self.compile_s:.0f} s, "
-                f"the whole model in one graph after {self.whole_s:.0f} s"
-            )
-        regional = f"torch.compile, one block per layer, ready after {self.compile_s:.0f} s in the background"
+            return f"whole model in one graph (after {self.whole_s:.0f} s)"
+        regional = f"one block per layer (ready after {self.compile_s:.0f} s)"
         if self.whole_error:
-            return f"{regional}; the whole-model step failed: {self.whole_error}"
+            return f"{regional}; whole model failed: {self.whole_error}"
         if not self._settled.is_set():
-            return f"{regional}; the whole-model step, faster per token, is compiling"
+            return f"{regional}; whole model next"
         return regional
 
 
