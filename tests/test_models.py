@@ -13,6 +13,7 @@ import torch
 from engine import models
 from engine.events import TokenSampled, TurnFinished
 from engine.models import ModelError
+from engine.quant import narrow
 from engine.quant.precision import PRECISIONS, PrecisionError
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -197,3 +198,45 @@ def test_progress_is_reported(tiny_model_dir):
     models.load(str(tiny_model_dir), "fp32", "cpu", progress=lambda stage, fraction: stages.append(fraction))
     assert stages[0] == 0.0 and stages[-1] == 1.0
     assert stages == sorted(stages)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_16_bit_from_float32_files_is_what_transformers_loads_with_less_memory(precision, dtype):
+    # The built-in model's files are float32: mapped as stored, then narrowed one tensor at a time
+    # (engine/quant/narrow.py) rather than converted by transformers with the whole file resident.
+    from transformers import AutoModelForCausalLM
+
+    loaded = models.load(models.DEFAULT_MODEL, precision, "cpu")
+    directory = loaded.model.name_or_path
+    assert narrow.stored_dtype(directory) == "F32"
+    reference = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+    ours = dict(loaded.model.named_parameters(remove_duplicate=False))
+    theirs = dict(reference.named_parameters(remove_duplicate=False))
+    assert ours.keys() == theirs.keys()
+    for name, param in theirs.items():
+        assert ours[name].dtype == dtype and torch.equal(ours[name], param), name
+    # The head and the embedding are one tensor in SmolLM2: still one, not two copies.
+    assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight
+    assert loaded.info.weight_bytes == reference.get_memory_footprint()
+
+
+@pytest.mark.real_model
+def test_a_16_bit_load_never_holds_the_float32_file_and_its_copies_together():
+    script = """
+import json
+from engine import models
+def peak():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
+models.load(models.DEFAULT_MODEL, "fp32", "cpu")  # imports done, the converted files cached
+before = peak()
+loaded = models.load(models.DEFAULT_MODEL, "bf16", "cpu")
+print(json.dumps({"grew": peak() - before, "weights": loaded.info.weight_bytes}))
+"""
+    # After an fp32 load (imports done, the files cached), a bf16 load grows the peak by its own
+    # weights and one float32 tensor at a time: 238 MiB for 256 MiB of weights here. Converted
+    # by transformers, the float32 file (2x the weights) was resident beside them: 771 MiB, 3x.
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-500:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["grew"] < 1.5 * result["weights"]

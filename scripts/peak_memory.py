@@ -1,0 +1,88 @@
+"""Peak RSS of a chat at each precision, each alone in a fresh process, against its weights.
+
+    .venv/bin/python scripts/peak_memory.py [-p fp32 -p bf16 -p w8 ...] [--json]
+
+Each precision runs as the app does on a CPU: load the built-in model, build the fast path,
+compile the decode step (from Inductor's cache where an earlier run left it: run twice for the
+cached figures), answer one question. `VmHWM` (the process's peak resident set) is read after
+each stage; issue 15's target is a peak of at most twice the weights. Not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTION = "What is the capital of France?"
+
+
+def _peak_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise SystemExit("no /proc/self/status: Linux only")
+
+
+def one(precision: str) -> dict:
+    """In this process: the stages of a chat at `precision`, the peak after each."""
+    stages = {"imports": 0.0}
+    from engine import models
+    from engine.session import ChatSession
+
+    stages["imports"] = _peak_mib()
+    loaded = models.load(models.DEFAULT_MODEL, precision, "cpu")
+    stages["loaded"] = _peak_mib()
+    session = ChatSession(loaded, compile=True)
+    stages["fast path built"] = _peak_mib()
+    if session.compiled is not None:
+        session.compiled.wait_settled(900)
+        stages["compiled steps ready"] = _peak_mib()
+    for _ in session.send(QUESTION):
+        pass
+    stages["after an answer"] = _peak_mib()
+    weights = loaded.info.weight_bytes / 2**20
+    return {
+        "precision": precision,
+        "weights_mib": round(weights, 1),
+        "peak_mib": {stage: round(mib) for stage, mib in stages.items()},
+        "peak_over_weights": round(stages["after an answer"] / weights, 2),
+        "compiled": session.compiled is not None and session.compiled.ready.is_set(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-p", "--precision", action="append", dest="precisions")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a child's precision
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one)))
+        return
+    rows = []
+    for precision in args.precisions or ["fp32", "bf16", "fp16", "w8", "w8a8"]:
+        print(f"[{precision}] in a fresh process", file=sys.stderr, flush=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", precision], capture_output=True, text=True, cwd=ROOT
+        )
+        if done.returncode:
+            raise SystemExit(f"{precision} failed: {done.stderr.strip().splitlines()[-1:]}")
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    if args.json:
+        print(json.dumps(rows))
+        return
+    for row in rows:
+        stages = " · ".join(f"{stage} {mib:,} MiB" for stage, mib in row["peak_mib"].items())
+        print(
+            f"{row['precision']:>5}: weights {row['weights_mib']:,.0f} MiB, peak "
+            f"{row['peak_over_weights']:.2f}x ({stages})"
+        )
+
+
+if __name__ == "__main__":
+    main()
