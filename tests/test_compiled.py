@@ -107,6 +107,24 @@ def test_a_step_compiled_before_is_compiled_again_in_process_without_the_child(
     assert answers[0] == answers[1] == _greedy(ChatSession(loaded, settings, compile=False))
 
 
+def test_a_compile_here_lets_a_streaming_answer_have_the_gil_often(tiny_model_dir, monkeypatch):
+    # Tracing holds the GIL; at Python's 5 ms switch interval an answer streaming meanwhile got
+    # 250 ms tokens and a 3 s first token. While a step compiles here the interval is short,
+    # and it is back to what it was once the build is done.
+    seen = []
+    compile_once = compiled.steps.compile_once
+    monkeypatch.setattr(
+        compiled.steps, "compile_once", lambda *a: (seen.append(sys.getswitchinterval()), compile_once(*a))[1]
+    )
+    before = sys.getswitchinterval()
+    loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
+    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=4), compile=True)
+    assert session.compiled.wait_settled(600) and session.compiled.kind == "whole"
+    assert seen == pytest.approx([compiled.SWITCH_INTERVAL_S] * 2)  # the regional step, the whole one
+    assert compiled.SWITCH_INTERVAL_S < before / 10
+    assert sys.getswitchinterval() == before
+
+
 def test_a_failed_compilation_leaves_eager_answering(tiny_model_dir, monkeypatch):
     def broken(fn, **kwargs):
         def step(*args):

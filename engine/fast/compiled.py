@@ -156,10 +156,16 @@ class CompiledDecode:
         if fast is None or self._stopped:
             return None, None, False
         step = steps.build(kind)
+        # Tracing here holds the GIL for seconds: a chat streaming meanwhile waits for it at
+        # each op, for up to the switch interval (5 ms: 250 ms tokens, a 3 s first token).
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
             steps.compile_once(step, fast, self.cache_dtype)
         except Exception as e:  # no C++ compiler, an unsupported op: eager keeps serving
             return None, one_line(e, 200, named=True), False
+        finally:
+            sys.setswitchinterval(interval)
         if marker is not None:
             with contextlib.suppress(OSError):  # without it the next start takes the child's way
                 marker.parent.mkdir(parents=True, exist_ok=True)
@@ -267,6 +273,9 @@ class CompiledDecode:
             return f"{regional}; whole model next"
         return regional
 
+
+SWITCH_INTERVAL_S = 0.0001
+"""The GIL's switch interval while a step compiles in this process (Python's default: 5 ms)."""
 
 _children: list[subprocess.Popen] = []
 CHILD_TIMEOUT_S = 900
