@@ -265,8 +265,8 @@ class CompiledDecode:
     def how(self) -> str:
         """Which compiled step serves and since when, short enough for the Phase panel."""
         if self.kind == "whole":
-            return f"whole model in one graph (after {self.whole_s:.0f} s)"
-        regional = f"one block per layer (ready after {self.compile_s:.0f} s)"
+            return f"whole model in one graph, after {self.whole_s:.0f} s"
+        regional = f"one block per layer, ready after {self.compile_s:.0f} s"
         if self.whole_error:
             return f"{regional}; whole model failed: {self.whole_error}"
         if not self._settled.is_set():
