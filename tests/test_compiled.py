@@ -186,3 +186,16 @@ print("still running")
     while not _gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _gone(child)
+
+
+def test_layers_that_differ_are_not_compiled_as_one_block(tiny_model_dir):
+    # One block's graph runs every layer without guards: a layer of another shape or dtype would
+    # run a graph made for the others. Such a model decodes eagerly and the reason is given.
+    from engine.fast import fused
+
+    loaded = models.load(str(tiny_model_dir), "fp32", "cpu")  # a fresh fast path
+    fast = fused.for_model(loaded.model, compiled=True)
+    fast.layers[1].wo = fast.layers[1].wo.to(torch.bfloat16)  # one layer read at another width
+    assert "layers differ" in compiled.supports(fast)
+    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=4), compile=True)
+    assert session.compiled is None and len(_greedy(session)) == 4

@@ -63,6 +63,9 @@ def supports(fast: FastLlama) -> str | None:
         return "compiled decode is checked on CPU only so far (CUDA graphs are the GPU's next step)"
     if isinstance(fast.lm_head, Int8Linear):
         return "w8a8's fbgemm weights are opaque to the compiler"
+    if len({steps.layer_signature(layer) for layer in fast.layers}) > 1:
+        # one block's graph runs every layer, unguarded: they must match in shape and dtype
+        return "its layers differ in shape or dtype, and one compiled block serves every layer"
     return None
 
 

@@ -87,6 +87,16 @@ _CODE = ("fused.py", "steps.py", "attention.py", "decode_attention.cpp", "../qua
 """The sources a compiled step is made of: a change to any makes earlier artifacts stale."""
 
 
+def layer_signature(layer) -> tuple:
+    """What a compiled block depends on in a layer: each weight's shape and dtype (a w8 module's
+    own description). The regional step needs every layer's to be the same."""
+    weights = (layer.wqkv, layer.wo, layer.wgu, layer.wdown, layer.ln1, layer.ln2)
+    return tuple(
+        (tuple(w.shape), str(w.dtype), w.stride()) if isinstance(w, torch.Tensor) else repr(w)
+        for w in weights
+    )
+
+
 def cached_marker(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | None:
     """A file that exists once this step (this kind, these shapes and dtypes, this torch, this
     code) has been compiled into Inductor's on-disk cache: a later start then compiles it from
@@ -95,10 +105,9 @@ def cached_marker(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path 
     root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not root:
         return None
-    layer = fast.layers[0]
-    shapes = [
+    shapes = [layer_signature(fast.layers[0])] + [
         (tuple(w.shape), str(w.dtype)) if isinstance(w, torch.Tensor) else repr(w)
-        for w in (layer.wqkv, layer.wo, layer.wgu, layer.wdown, layer.ln1, fast.lm_head, fast.embed)
+        for w in (fast.lm_head, fast.embed)
     ]
     model = (kind, len(fast.layers), fast.heads, fast.kv_heads, fast.eps, fast.transposed)
     here = Path(__file__).parent
