@@ -53,11 +53,7 @@ def _steps(precision: str, variants: tuple[str, ...]):
             step = torch.compile(steps.whole_step, dynamic=False, fullgraph=True)
         else:
             step = steps.build("regional" if variant == "regional" else "whole")
-        shape = (1, fast.kv_heads, 4096, fast.head_dim)
-        buffers = [[torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers] for _ in range(2)]
-        for buffer in buffers[0] + buffers[1]:
-            torch._dynamo.mark_dynamic(buffer, 2)
-        made[variant] = (step, *buffers)
+        made[variant] = (step, *steps.scratch_buffers(fast, cache_dtype, capacity=4096))
     return fast, made
 
 

@@ -20,19 +20,16 @@ ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is the capital of France?"
 
 
-def _peak_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise SystemExit("no /proc/self/status: Linux only")
-
-
 def one(precision: str) -> dict:
     """In this process: the stages of a chat at `precision`, the peak after each."""
-    stages = {"imports": 0.0}
     from engine import models
+    from engine.bench import peak_memory_bytes
     from engine.session import ChatSession
+
+    def _peak_mib() -> float:
+        return peak_memory_bytes("cpu") / 2**20
+
+    stages = {}
 
     stages["imports"] = _peak_mib()
     loaded = models.load(models.DEFAULT_MODEL, precision, "cpu")

@@ -226,8 +226,9 @@ def test_a_16_bit_load_never_holds_the_float32_file_and_its_copies_together():
     script = """
 import json
 from engine import models
+from engine.bench import peak_memory_bytes
 def peak():
-    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
+    return peak_memory_bytes("cpu")
 models.load(models.DEFAULT_MODEL, "fp32", "cpu")  # imports done, the converted files cached
 before = peak()
 loaded = models.load(models.DEFAULT_MODEL, "bf16", "cpu")

@@ -72,15 +72,23 @@ def own_compiled(fn: Callable) -> Callable:
     return torch.compile(own, dynamic=False, fullgraph=True, options=options)
 
 
+def scratch_buffers(
+    fast: FastLlama, cache_dtype: torch.dtype, capacity: int = PreallocatedLayer.initial_capacity
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Zeroed K and V buffers for every layer, their capacity marked dynamic: a step compiled on
+    them serves a cache of any capacity, with one compilation."""
+    shape = (1, fast.kv_heads, capacity, fast.head_dim)
+    keys = [torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers]
+    values = [torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers]
+    for buffer in keys + values:
+        torch._dynamo.mark_dynamic(buffer, 2)
+    return keys, values
+
+
 def compile_once(step: Callable, fast: FastLlama, cache_dtype: torch.dtype) -> None:
     """One call of the step on scratch buffers: compiles it, or loads it from the cache."""
-    shape = (1, fast.kv_heads, PreallocatedLayer.initial_capacity, fast.head_dim)
     with torch.inference_mode():  # as the session's calls are
-        keys = [torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers]
-        values = [torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers]
-        for buffer in keys + values:
-            torch._dynamo.mark_dynamic(buffer, 2)  # any capacity, one compilation
-        step(fast, torch.tensor([0]), torch.tensor([0]), keys, values)
+        step(fast, torch.tensor([0]), torch.tensor([0]), *scratch_buffers(fast, cache_dtype))
 
 
 _CODE = ("fused.py", "steps.py", "attention.py", "decode_attention.cpp", "../quant/w8.py")
