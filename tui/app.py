@@ -202,7 +202,7 @@ class ChatApp(App[None]):
     def _emit(self, event: Event) -> None:
         """Called on the inference thread: hand the event to the UI thread (see tui.messages)."""
         if not gathered(event):
-            self.post_message(EngineEvent(event, before=self.inbox.take()))
+            self.post_message(EngineEvent(event, before=self.inbox.before_ordered()))
         elif self.inbox.put(event):
             self.post_message(Doorbell())
 
@@ -237,6 +237,13 @@ class ChatApp(App[None]):
             await self.router.show_gathered(tokens, figures)
 
     async def on_engine_event(self, message: EngineEvent) -> None:
+        try:
+            await self._show_in_order(message)
+        finally:
+            if self.inbox.ordered_shown():  # tokens that came after it waited for it
+                self.on_doorbell()
+
+    async def _show_in_order(self, message: EngineEvent) -> None:
         tokens, figures = message.before  # what was gathered before this event, shown first
         if tokens or figures:
             await self.router.show_gathered(tokens, figures)

@@ -68,6 +68,8 @@ class Inbox:
         self._lock = threading.Lock()
         self._tokens: list[TokenSampled] = []
         self._latest: dict[type, Event] = {}
+        self._ordered = 0
+        """In-order events posted and not yet shown: what is gathered meanwhile comes after them."""
 
     def put(self, event: Event) -> bool:
         """Keep an event (any thread); True when the inbox was empty, i.e. ring the doorbell."""
@@ -80,10 +82,29 @@ class Inbox:
             return empty
 
     def take(self) -> Gathered:
-        """Everything gathered so far: the tokens in order, then the newest figure of each kind."""
+        """Everything gathered so far: the tokens in order, then the newest figure of each kind;
+        nothing while an in-order event is still to be shown (what came after it must wait: a
+        fork's first token shown before its answer began was lost)."""
         with self._lock:
-            tokens, latest = self._tokens, list(self._latest.values())
-            self._tokens, self._latest = [], {}
+            if self._ordered:
+                return [], []
+            return self._take()
+
+    def before_ordered(self) -> Gathered:
+        """An in-order event is being posted (any thread): what was gathered before it."""
+        with self._lock:
+            self._ordered += 1
+            return self._take()
+
+    def ordered_shown(self) -> bool:
+        """The in-order event was shown; True when what was gathered meanwhile may now be."""
+        with self._lock:
+            self._ordered -= 1
+            return not self._ordered and bool(self._tokens or self._latest)
+
+    def _take(self) -> Gathered:
+        tokens, latest = self._tokens, list(self._latest.values())
+        self._tokens, self._latest = [], {}
         return tokens, latest
 
 
