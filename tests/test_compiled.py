@@ -11,7 +11,7 @@ import torch
 
 from engine import models
 from engine.events import TokenSampled
-from engine.fast import compiled
+from engine.fast import compiled, gemm
 from engine.kvcache import PreallocatedLayer
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -25,14 +25,18 @@ def _greedy(session: ChatSession, prompt: str = QUESTION) -> list[int]:
 
 
 # fp32 is laid out [out, in] for the compiled matvec, or [in, out] when an eager session built
-# the fast path first; fp16 and w8's int8 weights are widened inside the matvec.
+# the fast path first on a torch without oneDNN; fp16 and w8's int8 weights are widened inside
+# the matvec.
 @pytest.mark.parametrize(
     "precision, eager_first", [("fp32", False), ("fp32", True), ("fp16", False), ("w8", False)]
 )
-def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(tiny_model_dir, precision, eager_first):
+def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(
+    tiny_model_dir, precision, eager_first, monkeypatch
+):
     loaded = models.load(str(tiny_model_dir), precision, "cpu")
     settings = SamplingSettings(temperature=0.0, max_new_tokens=PreallocatedLayer.initial_capacity)
     if eager_first:
+        monkeypatch.setattr(gemm, "onednn_works", lambda: False)
         ChatSession(loaded, settings, compile=False)
     fast = ChatSession(loaded, settings, compile=True)
     assert fast.fast.transposed == eager_first
@@ -165,7 +169,7 @@ def test_quitting_while_compiling_ends_the_process_cleanly_and_stops_the_child()
     # Interpreter shutdown under a running compile aborted the app (exit 134); this ends it first.
     script = """
 import subprocess, sys, threading, time
-from engine.fast import compiled
+from engine.fast import compiled, gemm
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 compiled._children.append(child)
 print(child.pid, flush=True)

@@ -1,11 +1,14 @@
 """The fast forward path must match the HF forward (the readable reference)."""
 
+import platform
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine import models
 from engine.events import TokenSampled
-from engine.fast import fused
+from engine.fast import fused, gemm
 from engine.kvcache import KVCache
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -62,3 +65,35 @@ def test_unsupported_models_say_why(tiny_model_dir):
     assert fused.supports(loaded.model) is None
     loaded.model.config.hidden_act = "gelu"
     assert "activation" in fused.supports(loaded.model)
+
+
+def test_a_fresh_prefill_and_one_on_top_of_a_cache_match_the_reference(tiny_model_dir):
+    # A fresh prefill attends plainly causally (no mask built); a chunk after cached tokens
+    # masks by position. Both must score every token as the HF forward over the whole text does.
+    loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
+    ids = torch.tensor(
+        [loaded.tokenizer("Prefill fills the cache; decode reads it, one token at a time.")["input_ids"]]
+    )
+    half = ids.shape[1] // 2
+    with torch.inference_mode():
+        reference = loaded.model(input_ids=ids, use_cache=False).logits[0].float()
+        fast = fused.FastLlama(loaded.model)
+        cache = KVCache.for_model(loaded.info)
+        first = fast.forward(ids[:, :half], cache, every=True)
+        cache.appended(ids[0, :half].tolist())
+        second = fast.forward(ids[:, half:], cache, every=True)
+    assert torch.allclose(torch.cat([first, second]), reference, atol=1e-3)
+
+
+def test_float32_matmuls_run_on_onednn_with_torchs_results():
+    # torch's default BLAS (MKL) runs float32 at half speed on AMD CPUs (scripts/gemm.py);
+    # x86 torch wheels carry oneDNN, and the fast path must use it there.
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert gemm.onednn_works()
+    weight = torch.randn(48, 32)
+    for x in (torch.randn(1, 32), torch.randn(7, 32), torch.randn(2, 5, 32)):
+        assert torch.allclose(gemm.linear(x, weight), F.linear(x, weight), atol=1e-5)
+        as_in_out = weight.t().contiguous().t()  # the [in, out] layout's view
+        assert torch.allclose(gemm.linear(x, as_in_out), F.linear(x, weight), atol=1e-5)
+    x16, w16 = torch.randn(3, 32).bfloat16(), weight.bfloat16()
+    assert torch.equal(gemm.linear(x16, w16), F.linear(x16, w16))  # 16-bit: torch's own path

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.fast import attention, pages
+from engine.fast import attention, gemm, pages
 from engine.kvcache import KVCache, QuantizedKV
 from engine.quant.int8 import Int8Linear
 from engine.quant.precision import cpu_matmul_native
@@ -53,10 +53,12 @@ def supports(model: nn.Module) -> str | None:
 
 
 def transposed_is_faster(dtype: torch.dtype, device: torch.device, compiled: bool) -> bool:
-    """Weight layout. Eager batch-1 matmul on a CPU reads float32 [in, out] ~1.5x faster than
-    [out, in] (the 16-bit kernels are fast only as [out, in]); the compiled step's matvec
-    streams [out, in] rows ~3x faster still (measured: BENCHMARKS.md)."""
-    return device.type == "cpu" and dtype == torch.float32 and not compiled
+    """Weight layout. Without oneDNN, eager batch-1 matmul on a CPU reads float32 [in, out]
+    ~1.5x faster than [out, in] (the 16-bit kernels are fast only as [out, in]); oneDNN is as
+    fast either way (scripts/gemm.py), and the compiled step's matvec streams [out, in] rows
+    faster still (measured: BENCHMARKS.md)."""
+    cpu_float32 = device.type == "cpu" and dtype == torch.float32
+    return cpu_float32 and not compiled and not gemm.onednn_works()
 
 
 class _Layer:
@@ -186,7 +188,7 @@ class FastLlama:
                 weight = weight.to(x.dtype)
             else:
                 return self._linear(x.to(weight.dtype), weight, upcast).to(x.dtype)
-        return x @ weight if self.transposed else F.linear(x, weight)
+        return gemm.linear(x, weight.t() if self.transposed else weight)
 
     def _rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
@@ -228,8 +230,10 @@ class FastLlama:
         in as that head's queries, so each cached K/V is read once rather than once per query
         head (BENCHMARKS.md); once built, the decode kernel of engine/fast/attention.py does it
         at close to the memory bandwidth, reading a 16-bit or int8 cache as stored."""
-        if q.shape[2] > 1:
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        if q.shape[2] > 1:  # no mask: the cache held nothing before these queries, plainly causal
+            return F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+            )
         _, heads, _, d = q.shape
         grouped = q.reshape(1, self.kv_heads, heads // self.kv_heads, d)
         if isinstance(keys, QuantizedKV):
@@ -273,7 +277,7 @@ class FastLlama:
         cos, sin = self._rope(torch.arange(start, start + n, device=h.device))
         last = torch.tensor([start]) if n == 1 else None  # the one new token's position, for the kernel
         mask = None
-        if n > 1:  # query i (at start+i) sees every cached key and keys up to itself
+        if n > 1 and start:  # query i (at start+i) sees every cached key and keys up to itself
             keys = torch.arange(start + n, device=h.device)
             mask = keys[None, :] <= (start + torch.arange(n, device=h.device))[:, None]
 

@@ -8,11 +8,12 @@ every layer (engine/fast/compiled.py builds them in the background):
   token instead of 31: 4-20% faster per token, the more the fewer bytes a token reads (w8).
 scripts/compile_cost.py measures both; BENCHMARKS.md has the numbers.
 
-Both run without Dynamo's guards, which would check ~190 (regional, per call) or ~1,800 (whole)
-conditions before each call, ~0.6 ms a token. That is safe here because each step is compiled
-on its own copy of the code (Dynamo keeps compiled code per code object, so no other model's
-step shares it) and is only ever called with one fast path's layers and cache buffers of one
-dtype, whose capacity is compiled as dynamic: nothing a guard would catch changes between calls.
+Both run without Dynamo's guards (nor Inductor's size asserts), which would check ~190
+(regional, per call) or ~1,800 (whole) conditions before each call, ~0.6 ms a token. That is
+safe here because each step is compiled on its own copy of the code (Dynamo keeps compiled code
+per code object, so no other model's step shares it) and is only ever called with one fast
+path's layers and cache buffers of one dtype, whose capacity is compiled as dynamic: nothing a
+guard would catch changes between calls.
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ def own_compiled(fn: Callable) -> Callable:
     """`fn` compiled without guards, on a copy of its code that nothing else compiles."""
     code = fn.__code__.replace()  # a new code object: Dynamo's cache for it is this copy's alone
     own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+    # Inductor's size asserts check each input's shape and strides per call, like the guards
+    # (~280 a whole step, ~0.15 ms a token), and are off for the same reason.
+    options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe, "size_asserts": False}
     return torch.compile(own, dynamic=False, fullgraph=True, options=options)
 
 

@@ -17,10 +17,9 @@ too, and that is where its drift comes from: engine/quant/int8.py).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from engine.fast import pages
+from engine.fast import gemm, pages
 from engine.quant.int8 import quantize_rows
 
 WIDEN_ROWS = 4096
@@ -55,7 +54,7 @@ class W8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Widened a block of rows at a time: SmolLM2's LM head widened whole is a 113 MB temporary.
-        blocks = [F.linear(x, q.to(x.dtype)) for q in self.q.split(WIDEN_ROWS)]
+        blocks = [gemm.linear(x, q.to(x.dtype)) for q in self.q.split(WIDEN_ROWS)]
         return (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)) * self.scale
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
