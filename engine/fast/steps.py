@@ -69,9 +69,17 @@ def own_compiled(fn: Callable) -> Callable:
     """`fn` compiled without guards, on a copy of its code that nothing else compiles."""
     code = fn.__code__.replace()  # a new code object: Dynamo's cache for it is this copy's alone
     own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    # Inductor's size asserts check each input's shape and strides per call, like the guards
-    # (~280 a whole step, ~0.15 ms a token), and are off for the same reason.
-    options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe, "size_asserts": False}
+    options = {
+        "guard_filter_fn": torch.compiler.skip_all_guards_unsafe,
+        # Inductor's size asserts check each input's shape and strides per call, like the
+        # guards (~280 a whole step, ~0.15 ms a token), and are off for the same reason.
+        "size_asserts": False,
+        # Before a machine's first compile, Inductor test-builds ATen's vector headers for each
+        # ISA the CPU reports (4.7 s of a 9.9 s first compile here; a dlopen probe in a fresh
+        # Python on every start). The CPU's flags still choose the ISA; a compiler that cannot
+        # build it fails the compile itself, which leaves eager serving and says why.
+        "cpp.vec_isa_ok": True,
+    }
     return torch.compile(own, dynamic=False, fullgraph=True, options=options)
 
 
