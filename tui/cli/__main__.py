@@ -1,3 +1,3 @@
-from tui.cli.main import app
+from tui.cli import run
 
-app()
+run()
