@@ -458,8 +458,9 @@ class InferenceWorker:
         if compiled is not None:
             if not compiled.done:
                 yield Notice(
-                    "compiling the decode step in the background (about 20 s the first time, 2-3 s "
-                    "once cached; then a faster whole-model step); the eager fast path answers meanwhile"
+                    "compiling the decode step in the background (about 10 s the first time, longer "
+                    "while an answer runs; 2 s once cached; then a faster whole-model step); the eager "
+                    "fast path answers meanwhile"
                 )
             # Reported from the compiling thread: the UI's inbox takes events from any thread.
             compiled.when_done(lambda c: self._compile_done(session, c))

@@ -7,7 +7,7 @@ its rows at close to the bandwidth and fuses the ~25 small operations per layer 
 (norms, RoPE, casts, the cache write). How much faster, per precision: BENCHMARKS.md.
 
 Two steps (engine/fast/steps.py), built one after the other: the regional one (one decoder
-block compiled and run for every layer: ~9 s the first time, ~2 s once Inductor's on-disk
+block compiled and run for every layer: ~5 s the first time, ~1.5 s once Inductor's on-disk
 cache, kept in llmchat's cache directory, holds it) serves first; the whole one (all layers in
 one graph: ~30 s, ~5 s cached; one call per token instead of 31, 4-20% faster) takes over when
 built. Each is compiled without Dynamo's guards (why that is safe: engine/fast/steps.py).
@@ -282,7 +282,7 @@ SWITCH_INTERVAL_S = 0.0001
 
 _children: list[subprocess.Popen] = []
 CHILD_TIMEOUT_S = 900
-"""The compile child is killed past this (a first compile takes ~10 s; at nice 19 on busy cores more)."""
+"""The compile child is killed past this (a first whole-step compile takes ~30 s; more on busy cores)."""
 NOTE = "llmchat-note: "
 """The compile child's lines for the user start with this (on its stdout)."""
 

@@ -3,7 +3,7 @@
 Each is `(fast, token, position, keys, values) -> logits [vocab]` over the cache buffers of
 every layer (engine/fast/compiled.py builds them in the background):
 - "regional": one decoder block compiled once and run for every layer (the layers differ only
-  in their weights, which come in as arguments), and the head. Compiles in ~9 s, ~2 s cached.
+  in their weights, which come in as arguments), and the head. Compiles in ~5 s, ~1.5 s cached.
 - "whole": the blocks unrolled into one graph. ~30 s to compile, ~5 s cached, and one call per
   token instead of 31: 4-20% faster per token, the more the fewer bytes a token reads (w8).
 scripts/compile_cost.py measures both; BENCHMARKS.md has the numbers.
