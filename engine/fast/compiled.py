@@ -111,6 +111,10 @@ class CompiledDecode:
         """The regional step, then the whole one (engine/fast/steps.py): the first ready in
         seconds, the second, faster per token, taking over when it is built."""
         started = time.perf_counter()
+        # The decode-attention kernel (~8 s of the C++ compiler on a fresh machine) builds here
+        # meanwhile, beside the child's start and model load rather than after them: the child
+        # waits on the build's lock, then loads it. Built once per machine; cached, it only loads.
+        threading.Thread(target=attention.load, name="llmchat-kernel-build", daemon=True).start()
         step, error, timed_out = self._compile("regional")
         with self._lock:
             if self._stopped:  # compiled for a model no longer in use: dropped
