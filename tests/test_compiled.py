@@ -169,7 +169,7 @@ def test_quitting_while_compiling_ends_the_process_cleanly_and_stops_the_child()
     # Interpreter shutdown under a running compile aborted the app (exit 134); this ends it first.
     script = """
 import subprocess, sys, threading, time
-from engine.fast import compiled, gemm
+from engine.fast import compiled
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 compiled._children.append(child)
 print(child.pid, flush=True)

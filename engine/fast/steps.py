@@ -106,14 +106,17 @@ _CODE = ("fused.py", "steps.py", "attention.py", "decode_attention.cpp", "../qua
 """The sources a compiled step is made of: a change to any makes earlier artifacts stale."""
 
 
+def _signature(weight) -> tuple | str:
+    """What compiled code depends on in a weight: shape, dtype, strides (a w8 module's own description)."""
+    if isinstance(weight, torch.Tensor):
+        return (tuple(weight.shape), str(weight.dtype), weight.stride())
+    return repr(weight)
+
+
 def layer_signature(layer) -> tuple:
-    """What a compiled block depends on in a layer: each weight's shape and dtype (a w8 module's
-    own description). The regional step needs every layer's to be the same."""
-    weights = (layer.wqkv, layer.wo, layer.wgu, layer.wdown, layer.ln1, layer.ln2)
-    return tuple(
-        (tuple(w.shape), str(w.dtype), w.stride()) if isinstance(w, torch.Tensor) else repr(w)
-        for w in weights
-    )
+    """What a compiled block depends on in a layer. The regional step needs every layer's to be
+    the same."""
+    return tuple(_signature(w) for w in (layer.wqkv, layer.wo, layer.wgu, layer.wdown, layer.ln1, layer.ln2))
 
 
 def cached_marker(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | None:
@@ -124,10 +127,7 @@ def cached_marker(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path 
     root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not root:
         return None
-    shapes = [layer_signature(fast.layers[0])] + [
-        (tuple(w.shape), str(w.dtype)) if isinstance(w, torch.Tensor) else repr(w)
-        for w in (fast.lm_head, fast.embed)
-    ]
+    shapes = [layer_signature(fast.layers[0]), _signature(fast.lm_head), _signature(fast.embed)]
     model = (kind, len(fast.layers), fast.heads, fast.kv_heads, fast.eps, fast.transposed)
     here = Path(__file__).parent
     key = hashlib.sha256(
