@@ -305,14 +305,16 @@ def _fill_cache_in_a_subprocess(
     whether it was killed for running past CHILD_TIMEOUT_S."""
     with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: nothing it leaves can block us
         try:
+            # Not preexec_fn: it runs Python's at-fork hooks in the forking thread, and logging's
+            # waits for its lock; with another thread inside logging (the kernel build's imports)
+            # the start hung for good. The child is made lowest-priority once it exists.
             child = subprocess.Popen(
-                _child_command(spec, precision, kind),
-                stdout=out,
-                stderr=subprocess.DEVNULL,
-                preexec_fn=lambda: os.nice(19),
+                _child_command(spec, precision, kind), stdout=out, stderr=subprocess.DEVNULL
             )
         except OSError:
             return [], False
+        with contextlib.suppress(OSError, AttributeError):  # no setpriority: it runs at ours
+            os.setpriority(os.PRIO_PROCESS, child.pid, 19)
         _children.append(child)
         try:
             if started is not None:

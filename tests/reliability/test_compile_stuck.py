@@ -145,6 +145,36 @@ def test_a_compile_child_past_its_time_limit_is_killed_and_reaped(monkeypatch):
     assert notes == [] and timed_out
 
 
+def test_the_compile_child_starts_while_another_thread_is_inside_logging(monkeypatch):
+    # The child was started with preexec_fn, which runs Python's at-fork hooks in the forking
+    # thread; logging's waits for logging's lock. With the kernel build importing setuptools on
+    # another thread (inside logging.getLogger) the start hung for good: a clean CI run, Python 3.11.2.
+    import logging
+
+    quick = [
+        sys.executable,
+        "-c",
+        f"import os, time; time.sleep(0.5); print('{compiled.NOTE}' + str(os.nice(0)))",
+    ]
+    monkeypatch.setattr(compiled, "_child_command", lambda spec, precision, kind: quick)
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold_logging() -> None:
+        with logging._lock:
+            inside.set()
+            leave.wait(60)
+
+    threading.Thread(target=hold_logging, daemon=True).start()
+    assert inside.wait(10)
+    started = time.monotonic()
+    try:
+        notes, timed_out = compiled._fill_cache_in_a_subprocess("model", "fp32", "regional")
+    finally:
+        leave.set()
+    assert time.monotonic() - started < 30, "the child's start waited for another thread's lock"
+    assert notes == ["19"] and not timed_out  # still the lowest priority
+
+
 def _compile_children() -> list[int]:
     """This process's live (not zombie) children running `python -m engine.fast.compiled`."""
     found = []
