@@ -416,7 +416,7 @@ def _attention_alone(session: ChatSession, repeats: int) -> list[float]:
     with torch.inference_mode():
         for _ in range(repeats):
             started = time.perf_counter()
-            for layer in session.cache.hf.layers:
+            for layer in session.cache.layers:
                 stored = layer.quantized() if session.cache.quantized else (layer.keys, layer.values)
                 keys, values = (stored, None) if session.cache.quantized else stored
                 fast._attention(q, keys, values, None, position)

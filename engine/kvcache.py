@@ -22,7 +22,6 @@ import dataclasses
 from typing import NamedTuple
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
 
 CACHE_PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 """The cache precisions `--kv-cache` offers."""
@@ -94,15 +93,19 @@ class QuantizedKV(NamedTuple):
     value_scales: torch.Tensor
 
 
-class PreallocatedLayer(DynamicLayer):
-    """A DynamicLayer whose keys/values are views into a buffer with room to grow."""
+class PreallocatedLayer:
+    """One layer's K and V: views into a buffer with room to grow. It keeps transformers' cache-layer
+    protocol (`update`, `get_seq_length`, `crop`), which the HF forward reaches through
+    engine/kvcache_hf.py, so this module, and a start that never runs the HF forward, need no
+    transformers (~1.3 s of imports)."""
 
     initial_capacity = 256
 
     def __init__(self, storage_dtype: torch.dtype | None = None):
-        super().__init__()
         self.storage_dtype = storage_dtype
         """None stores whatever dtype arrives first."""
+        self.is_initialized = False
+        self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -128,14 +131,6 @@ class PreallocatedLayer(DynamicLayer):
     @property
     def values(self) -> torch.Tensor | None:
         return self._v[:, :, : self.length] if self.is_initialized else None
-
-    @keys.setter
-    def keys(self, tensor: None) -> None:
-        _only_none(tensor)  # what transformers' CacheLayerMixin.__init__ and reset set
-
-    @values.setter
-    def values(self, tensor: None) -> None:
-        _only_none(tensor)
 
     _buffers = ("_k", "_v")
     """The tensors that grow with the positions (dim 2)."""
@@ -275,11 +270,6 @@ class QuantizedLayer(PreallocatedLayer):
         self._store(keys, values, *scales)
 
 
-def _only_none(tensor) -> None:
-    if tensor is not None:
-        raise AttributeError("a cache layer's keys and values are views of its buffers: store with append")
-
-
 def make_layer(precision: str) -> PreallocatedLayer:
     """An empty cache layer of one of CACHE_PRECISIONS."""
     return QuantizedLayer() if precision == "int8" else PreallocatedLayer(CACHE_DTYPES[precision])
@@ -305,7 +295,17 @@ class KVCache:
             layers = [make_layer(precision) for _ in range(num_layers)]
         else:
             layers = [PreallocatedLayer(dtype) for _ in range(num_layers)]
-        self.hf = Cache(layers=layers)
+        self.layers: list[PreallocatedLayer] = layers
+        self._hf = None
+
+    @property
+    def hf(self):
+        """The same layers as a transformers `Cache`, for the HF forward (made on first use)."""
+        if self._hf is None:
+            from engine.kvcache_hf import hf_cache
+
+            self._hf = hf_cache(self.layers)
+        return self._hf
 
     @classmethod
     def for_model(cls, info) -> "KVCache":
@@ -321,7 +321,7 @@ class KVCache:
         """A copy of this cache at another precision, holding the same positions (the bench fills one
         cache and times each precision on it: the time of a step does not depend on the values)."""
         other = KVCache(self.num_layers, precision=precision)
-        for source, target in zip(self.hf.layers, other.hf.layers):
+        for source, target in zip(self.layers, other.layers):
             if source.get_seq_length():
                 keys, values = source.dequantized(torch.float32)
                 target.append(keys, values)
@@ -341,7 +341,7 @@ class KVCache:
         """Keep only the first `keep` positions."""
         drop = len(self.ids) - keep
         if drop > 0:
-            for layer in self.hf.layers:
+            for layer in self.layers:
                 layer.crop(-drop)
             del self.ids[keep:]
 
@@ -354,7 +354,7 @@ class KVCache:
 
     def tensor_bytes(self) -> int:
         """Bytes of the K and V tensors for the tokens held, summed from the real tensors."""
-        return sum(layer.used_bytes() for layer in self.hf.layers)
+        return sum(layer.used_bytes() for layer in self.layers)
 
     def reserved_bytes(self) -> int:
-        return sum(layer.reserved_bytes() for layer in self.hf.layers)
+        return sum(layer.reserved_bytes() for layer in self.layers)

@@ -53,11 +53,11 @@ def test_round_trip_gives_back_the_same_ids_and_tensors(saved, warm_session, tin
     assert notice == f"KV cache loaded from disk: {len(warm_session.cache)} tokens, no prefill needed"
     assert cache.ids == warm_session.cache.ids
     assert cache.tensor_bytes() == warm_session.cache.tensor_bytes()
-    for mine, theirs in zip(cache.hf.layers, warm_session.cache.hf.layers):
+    for mine, theirs in zip(cache.layers, warm_session.cache.layers):
         assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
     # The loaded cache grows like any other.
-    cache.hf.layers[0].update(torch.zeros(1, 2, 300, 16), torch.zeros(1, 2, 300, 16))
-    assert cache.hf.layers[0].get_seq_length() == len(warm_session.cache) + 300
+    cache.layers[0].update(torch.zeros(1, 2, 300, 16), torch.zeros(1, 2, 300, 16))
+    assert cache.layers[0].get_seq_length() == len(warm_session.cache) + 300
 
 
 def test_the_file_describes_itself(saved, warm_session, tiny_loaded):
@@ -80,7 +80,7 @@ def test_the_file_describes_itself(saved, warm_session, tiny_loaded):
 
 def test_saving_replaces_the_old_file_atomically(saved, warm_session, tiny_loaded):
     shorter = KVCache(2)
-    for layer, full in zip(shorter.hf.layers, warm_session.cache.hf.layers):
+    for layer, full in zip(shorter.layers, warm_session.cache.layers):
         layer.update(full.keys[:, :, :5].clone(), full.values[:, :, :5].clone())
     shorter.appended(warm_session.cache.ids[:5])
     save_cache(shorter, tiny_loaded, saved)

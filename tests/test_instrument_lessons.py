@@ -48,7 +48,7 @@ def test_the_sweep_measures_each_size_and_leaves_the_chat_as_it_was(tiny_loaded)
     for session in (swept, plain):
         answer(session, "What is the capital of France?")
     ids = list(swept.cache.ids)
-    keys = swept.cache.hf.layers[0].keys.clone()
+    keys = swept.cache.layers[0].keys.clone()
 
     sweep = ContextSweep(steps=4)
     points = [sweep.measure(swept, n) for n in sizes(swept.context, largest=64, steps=4)]
@@ -59,7 +59,7 @@ def test_the_sweep_measures_each_size_and_leaves_the_chat_as_it_was(tiny_loaded)
         assert p.ttft_s > 0 and p.itl_s > 0 and p.itl_steps == 4
         assert p.cache_bytes == kv * p.context  # the real tensors hold what the formula says
         assert p.decode_path == "eager fast path" and p.prefill_path == "eager fast path"
-    assert swept.cache.ids == ids and torch.equal(swept.cache.hf.layers[0].keys, keys)
+    assert swept.cache.ids == ids and torch.equal(swept.cache.layers[0].keys, keys)
     # The next turn reuses the chat's cache and answers exactly as without the sweep.
     text, events = answer(swept, "And Germany?")
     expected, expected_events = answer(plain, "And Germany?")

@@ -57,7 +57,7 @@ def test_bytes_summed_from_the_tensors_equal_the_formula(tiny_loaded, precision)
 def test_the_int8_cache_holds_int8_values_and_a_float32_scale_per_token_and_head(tiny_loaded):
     session = greedy(tiny_loaded, "int8")
     answers(session, QUESTIONS[:1])
-    layer = session.cache.hf.layers[0]
+    layer = session.cache.layers[0]
     assert isinstance(layer, QuantizedLayer)
     n, heads = len(session.cache), tiny_loaded.info.kv_heads
     assert layer.keys.dtype == torch.int8 and layer.keys.shape == (1, heads, n, tiny_loaded.info.head_dim)
@@ -251,7 +251,7 @@ def test_an_int8_cache_file_round_trips_with_its_scales(tiny_loaded, tmp_path):
     cache, notice = load_cache(path, tiny_loaded, info=session.info)
     assert cache is not None, notice
     assert cache.quantized and cache.tensor_bytes() == session.cache.tensor_bytes()
-    for mine, theirs in zip(cache.hf.layers, session.cache.hf.layers):
+    for mine, theirs in zip(cache.layers, session.cache.layers):
         assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.key_scales, theirs.key_scales)
         assert torch.equal(mine.values, theirs.values) and torch.equal(mine.value_scales, theirs.value_scales)
 
@@ -315,8 +315,8 @@ def test_kv_cache_converted_holds_the_same_positions(tiny_loaded):
     for precision in CACHE_PRECISIONS:
         other: KVCache = session.cache.converted(precision)
         assert len(other) == len(session.cache) and other.precision == precision
-        keys, _ = other.hf.layers[0].dequantized(torch.float32)
-        torch.testing.assert_close(keys, session.cache.hf.layers[0].keys, atol=0.05, rtol=0.02)
+        keys, _ = other.layers[0].dequantized(torch.float32)
+        torch.testing.assert_close(keys, session.cache.layers[0].keys, atol=0.05, rtol=0.02)
 
 
 def test_the_kv_panel_formula_shows_the_element_size_and_the_scale(tiny_loaded):

@@ -39,7 +39,7 @@ def reference_keys(model, ids: list[int]) -> DynamicCache:
 def assert_holds(model, cache: KVCache) -> None:
     """The cache tensors are exactly what feeding cache.ids from scratch produces."""
     fresh = reference_keys(model, cache.ids)
-    for ours, ref in zip(cache.hf.layers, fresh.layers):
+    for ours, ref in zip(cache.layers, fresh.layers):
         assert ours.get_seq_length() == len(cache.ids)
         torch.testing.assert_close(ours.keys, ref.keys, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(ours.values, ref.values, atol=1e-4, rtol=1e-4)
@@ -85,7 +85,7 @@ def test_reuse_keeps_the_longest_prefix_leaving_one_token(model, cache, held, wa
         feed(model, cache, held)
     assert cache.reuse(wanted) == reused
     assert cache.ids == wanted[:reused]
-    assert all(layer.get_seq_length() == reused for layer in cache.hf.layers)
+    assert all(layer.get_seq_length() == reused for layer in cache.layers)
     assert len(cache) == reused
 
 
@@ -152,7 +152,7 @@ def test_hf_forward_reads_a_cache_stored_in_another_dtype(tiny_model_dir):
             cache = KVCache(loaded.info.layers, dtype)
             loaded.model(input_ids=ids[:, :-1], cache=cache.hf, use_cache=True)
             logits[dtype] = loaded.model(input_ids=ids[:, -1:], cache=cache.hf, use_cache=True).logits[0, -1]
-            assert cache.hf.layers[0].keys.dtype == dtype
+            assert cache.layers[0].keys.dtype == dtype
     assert torch.equal(
         logits[torch.float32], logits[torch.bfloat16]
     )  # bf16 values survive fp32 storage exactly

@@ -46,7 +46,7 @@ def assert_cache_holds(session: ChatSession) -> None:
     fresh = DynamicCache(config=session.model.config)
     with torch.inference_mode():
         session.model(input_ids=torch.tensor([ids]), cache=fresh, use_cache=True)
-    for ours, ref in zip(session.cache.hf.layers, fresh.layers):
+    for ours, ref in zip(session.cache.layers, fresh.layers):
         torch.testing.assert_close(ours.keys, ref.keys, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(ours.values, ref.values, atol=1e-4, rtol=1e-4)
 

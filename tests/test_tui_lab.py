@@ -36,7 +36,7 @@ def fill(screen: LabScreen, **values: str) -> None:
 
 def cache_state(app) -> tuple[list[int], list[torch.Tensor]]:
     cache = session_of(app).cache
-    return list(cache.ids), [layer.keys.clone() for layer in cache.hf.layers if layer.keys is not None]
+    return list(cache.ids), [layer.keys.clone() for layer in cache.layers if layer.keys is not None]
 
 
 def test_lab_shows_the_engine_numbers_and_frees_its_pool(tiny_model_dir, tmp_path):

@@ -68,7 +68,7 @@ def test_the_context_sweep_plots_each_size_and_the_chat_goes_on_as_before(tiny_m
             await answered(pilot, recorder)
             session = session_of(app)
             ids = list(session.cache.ids)
-            keys = session.cache.hf.layers[0].keys.clone()
+            keys = session.cache.layers[0].keys.clone()
             screen = await swept(pilot)
             assert [p.context for p in screen.points] == [16, 32, 64, 128, 256]  # the tiny window is 512
             assert "done: 5 sizes" in screen_text(app)
@@ -83,7 +83,7 @@ def test_the_context_sweep_plots_each_size_and_the_chat_goes_on_as_before(tiny_m
                 assert f"c* = {s.crossover:,} tokens" in shown
             assert "computed from the formula" in shown
             # The chat's cache is as it was, and its next turn reuses it.
-            assert session.cache.ids == ids and torch.equal(session.cache.hf.layers[0].keys, keys)
+            assert session.cache.ids == ids and torch.equal(session.cache.layers[0].keys, keys)
             await pilot.press("escape")  # an instrument opened from another replaces it: back to the chat
             await wait_for(pilot, lambda: app.screen is app.default_screen)
             await pilot.press(*"And Germany?", "enter")

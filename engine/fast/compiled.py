@@ -249,7 +249,7 @@ class CompiledDecode:
 
     def step(self, fast: FastLlama, token_id: int, cache: KVCache) -> torch.Tensor:
         """Feed one token after the cache's positions; the logits [vocab]. Needs `ready`."""
-        layers = cache.hf.layers
+        layers = cache.layers
         buffers = [layer.buffers_with_room(1) for layer in layers]
         position = torch.tensor([len(cache)])
         logits = self._step(

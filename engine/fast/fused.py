@@ -291,7 +291,7 @@ class FastLlama:
             return self._attention(q, keys, values, mask, last)
 
         linear = functools.partial(self._linear, upcast=upcast)
-        for layer, cache_layer in zip(self.layers, cache.hf.layers):
+        for layer, cache_layer in zip(self.layers, cache.layers):
             h = self._block(layer, h, cos, sin, linear, functools.partial(attend, cache_layer))
         return self._all_logits(h, linear) if every else self._logits(h, linear)
 

@@ -219,7 +219,7 @@ class ContextSweep:
             logits = session._forward(self._prompt[:SMALLEST], cache)
             session._forward([int(torch.argmax(logits))], cache)
         cache.clear()
-        for layer in cache.hf.layers:
+        for layer in cache.layers:
             layer.buffers_with_room(len(self._prompt) + self.steps + 1)
 
     def _prefill(
@@ -252,7 +252,7 @@ class ContextSweep:
 
 
 def _initialized(cache: KVCache) -> bool:
-    return all(layer.is_initialized for layer in cache.hf.layers)
+    return all(layer.is_initialized for layer in cache.layers)
 
 
 def main(argv: list[str] | None = None) -> None:

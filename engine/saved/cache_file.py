@@ -160,7 +160,7 @@ def _running(pid: int) -> bool:
 
 def _tensors(cache: KVCache) -> dict[str, torch.Tensor]:
     tensors = {}
-    for i, layer in enumerate(cache.hf.layers):
+    for i, layer in enumerate(cache.layers):
         if layer.get_seq_length() != len(cache):
             raise CacheFileError(
                 f"layer {i} holds {layer.get_seq_length()} positions, the cache {len(cache)} ids"
@@ -292,7 +292,7 @@ def _fill(tensors: dict[str, torch.Tensor], ids: list[int], loaded: LoadedModel,
     device = next(loaded.model.parameters()).device
     cache = KVCache.for_model(info)
     kinds = ("keys", "values") + (("key_scales", "value_scales") if cache.quantized else ())
-    for i, layer in enumerate(cache.hf.layers):
+    for i, layer in enumerate(cache.layers):
         layer.load_positions(*(tensors[f"layers.{i}.{kind}"].to(device) for kind in kinds))
     cache.appended(ids)
     return cache
