@@ -111,6 +111,7 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
     target = converted_dir(gguf)
     if (target / "config.json").is_file():
         return target
+    _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     progress("first start: reading the GGUF tokenizer (one-time)", 0.05)
@@ -144,12 +145,19 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
 
 
 def load(
-    spec: str, precision: str = "fp32", device: str = "auto", progress: Progress | None = None
+    spec: str,
+    precision: str = "fp32",
+    device: str = "auto",
+    progress: Progress | None = None,
+    fast_only: bool = False,
 ) -> LoadedModel:
-    """Load a model spec at a precision; raises ModelError or PrecisionError with a one-line reason."""
+    """Load a model spec at a precision; raises ModelError or PrecisionError with a one-line reason.
+
+    `fast_only`: the caller runs only the fast path (no reference forward, no attention hooks, no
+    bitsandbytes), so a Llama checkpoint on a CPU is read without transformers where
+    engine/fast/checkpoint.py covers it (~2 s sooner); anything else loads as usual."""
     progress = progress or (lambda stage, fraction: None)
     started = time.perf_counter()
-    _quiet_transformers()
     device = resolve_device(device)
     prec = precision_for(precision, device)
     source = resolve(spec)
@@ -158,6 +166,49 @@ def load(
         directory = str(convert_gguf(Path(source.location), progress))
     else:
         directory = source.location
+    parts = None
+    if fast_only and source.kind != "hub":
+        parts = _read_for_fast_path(Path(directory), prec, device, progress)
+    model, tokenizer = parts or _load_with_transformers(spec, source, directory, prec, device, progress)
+    if prec.name == "w8a8":
+        progress("quantizing to int8 (w8a8)", 0.95)
+        int8.quantize_linears(model, int8.calibration_ids(tokenizer))
+    elif prec.name == "w8":
+        progress("quantizing weights to int8 (w8)", 0.95)
+        w8.quantize_linears(model)
+    model.eval()
+    progress("ready", 1.0)
+    info = describe(model, spec, display_name(source), prec, device, time.perf_counter() - started)
+    return LoadedModel(model, tokenizer, info, prec)
+
+
+def _read_for_fast_path(directory: Path, prec: Precision, device: str, progress: Progress):
+    """(model, tokenizer) read without transformers (engine/fast/checkpoint.py,
+    engine/chat_tokenizer.py), or None where those do not cover the checkpoint."""
+    if device != "cpu" or prec.name not in ("fp32", "bf16", "fp16", "w8"):
+        return None
+    from engine.chat_tokenizer import ChatTokenizer
+    from engine.fast import checkpoint
+
+    progress("loading tokenizer", 0.7)
+    tokenizer = ChatTokenizer.from_dir(directory)
+    if tokenizer is None:
+        return None
+    progress(f"loading weights at {prec.name} on {device}", 0.75)
+    model = checkpoint.load(directory)
+    if model is None or any(p.dtype not in (torch.float32, prec.dtype) for p in model.parameters()):
+        return None
+    if prec.dtype != torch.float32:  # a float32 file narrowed a tensor at a time, as below
+        progress(f"narrowing weights to {prec.name}", 0.95)
+        narrow.narrow(model, prec.dtype)
+    return model, tokenizer
+
+
+def _load_with_transformers(
+    spec: str, source: ModelSource, directory: str, prec: Precision, device: str, progress: Progress
+):
+    """(model, tokenizer) through transformers' Auto classes."""
+    _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     # Without a network the hub client retries with back-off for most of a minute: look first,
@@ -203,16 +254,7 @@ def load(
     if narrow_later:
         progress(f"narrowing weights to {prec.name}", 0.95)
         narrow.narrow(model, prec.dtype)
-    if prec.name == "w8a8":
-        progress("quantizing to int8 (w8a8)", 0.95)
-        int8.quantize_linears(model, int8.calibration_ids(tokenizer))
-    elif prec.name == "w8":
-        progress("quantizing weights to int8 (w8)", 0.95)
-        w8.quantize_linears(model)
-    model.eval()
-    progress("ready", 1.0)
-    info = describe(model, spec, display_name(source), prec, device, time.perf_counter() - started)
-    return LoadedModel(model, tokenizer, info, prec)
+    return model, tokenizer
 
 
 def hub_reachable(timeout_s: float = HUB_TIMEOUT_S) -> bool:

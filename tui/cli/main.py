@@ -327,7 +327,16 @@ def ask(
         stops.on_stop = session.cancel.set  # a silent server would hold the stop until it spoke
     else:
         session = local_session(
-            model or DEFAULT_MODEL, precision, device, sampling, system, context, emit, as_json, kv_cache
+            model or DEFAULT_MODEL,
+            precision,
+            device,
+            sampling,
+            system,
+            context,
+            emit,
+            as_json,
+            kv_cache,
+            fast_only=speculative is None,  # a draft model and the verify pass may need the HF forward
         )
     emit(ModelReady(session.info))
     if server is None and as_json:
@@ -530,8 +539,11 @@ def emit_result(result: dict, as_json: bool, module: str, printer: str) -> None:
 ASK_DECODES = "ask runs the eager step: a one-shot command does not wait for a compile"
 
 
-def local_session(model, precision, device, sampling, system, context, emit, as_json, kv_cache=None):
-    """Load the model here (loading progress as events with --json); exits with the reason if it cannot."""
+def local_session(
+    model, precision, device, sampling, system, context, emit, as_json, kv_cache=None, fast_only=False
+):
+    """Load the model here (loading progress as events with --json); exits with the reason if it cannot.
+    `fast_only`: nothing but the fast path will run, so transformers may be skipped (engine/models.py)."""
     from engine import models
     from engine.events import ModelLoading
     from engine.quant.precision import PrecisionError
@@ -539,7 +551,11 @@ def local_session(model, precision, device, sampling, system, context, emit, as_
 
     try:
         loaded = models.load(
-            model, precision, device, progress=lambda s, f: emit(ModelLoading(s, f)) if as_json else None
+            model,
+            precision,
+            device,
+            progress=lambda s, f: emit(ModelLoading(s, f)) if as_json else None,
+            fast_only=fast_only,
         )
     except (models.ModelError, PrecisionError) as e:
         refuse(str(e), as_json)
