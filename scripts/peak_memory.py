@@ -1,11 +1,13 @@
 """Peak RSS of a chat at each precision, each alone in a fresh process, against its weights.
 
-    .venv/bin/python scripts/peak_memory.py [-p fp32 -p bf16 -p w8 ...] [--json]
+    .venv/bin/python scripts/peak_memory.py [-p fp32 -p bf16 -p w8 ...] [--ask] [--json]
 
 Each precision runs as the app does on a CPU: load the built-in model, build the fast path,
 compile the decode step (from Inductor's cache where an earlier run left it: run twice for the
 cached figures), answer one question. `VmHWM` (the process's peak resident set) is read after
-each stage; issue 15's target is a peak of at most twice the weights. Not part of CI.
+each stage; issue 15's target is a peak of at most twice the weights. `--ask` runs each as
+`llmchat ask` does instead: loaded for the fast path only (without transformers where it can be),
+no compile. Not part of CI.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is the capital of France?"
 
 
-def one(precision: str) -> dict:
+def one(precision: str, ask: bool = False) -> dict:
     """In this process: the stages of a chat at `precision`, the peak after each."""
     from engine import models
     from engine.bench import peak_memory_bytes
@@ -32,9 +34,9 @@ def one(precision: str) -> dict:
     stages = {}
 
     stages["imports"] = _peak_mib()
-    loaded = models.load(models.DEFAULT_MODEL, precision, "cpu")
+    loaded = models.load(models.DEFAULT_MODEL, precision, "cpu", fast_only=ask)
     stages["loaded"] = _peak_mib()
-    session = ChatSession(loaded, compile=True)
+    session = ChatSession(loaded, compile=not ask)
     stages["fast path built"] = _peak_mib()
     if session.compiled is not None:
         session.compiled.wait_settled(900)
@@ -55,17 +57,21 @@ def one(precision: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-p", "--precision", action="append", dest="precisions")
+    parser.add_argument("--ask", action="store_true", help="as `llmchat ask` runs: no compile")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child's precision
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one)))
+        print(json.dumps(one(args.one, args.ask)))
         return
     rows = []
     for precision in args.precisions or ["fp32", "bf16", "fp16", "w8", "w8a8"]:
         print(f"[{precision}] in a fresh process", file=sys.stderr, flush=True)
         done = subprocess.run(
-            [sys.executable, __file__, "--one", precision], capture_output=True, text=True, cwd=ROOT
+            [sys.executable, __file__, "--one", precision, *(["--ask"] if args.ask else [])],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
         )
         if done.returncode:
             raise SystemExit(f"{precision} failed: {done.stderr.strip().splitlines()[-1:]}")

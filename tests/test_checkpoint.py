@@ -109,3 +109,38 @@ def test_ask_answers_without_importing_transformers():
     imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line]
     assert "torch" in imported and "engine.fast.checkpoint" in imported
     assert not [name for name in imported if name.split(".")[0] == "transformers"]
+
+
+def test_weights_the_fast_path_copies_leave_none_of_the_file_resident(tmp_path):
+    """The tensors the fast path does not fuse (w8's float embedding, the norms) are copied into
+    memory of their own; the file's pages they were read from went on being resident beside the
+    copies (113 MB of w8's peak on the built-in model)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    from torch import nn
+
+    from tests.test_pages import _resident_kib
+
+    path = tmp_path / "embedding.safetensors"
+    original = torch.randn(2048, 1024)  # 8 MiB
+    save_file({"weight": original}, str(path))
+    with safe_open(str(path), framework="pt") as f:
+        mapped = f.get_tensor(
+            "weight"
+        )  # the mapping lives on meanwhile, as the model's other weights keep it
+        holder = nn.Module()
+        holder.weight = nn.Parameter(mapped, requires_grad=False)
+        fused._own_remaining_weights(holder, [])
+        assert _resident_kib(path) < 512
+    assert holder.weight.data_ptr() != mapped.data_ptr()
+    assert torch.equal(holder.weight, original)
+
+
+def test_a_single_16_bit_matrix_is_used_where_it_lies(tiny_model_dir):
+    """Narrowed weights are the process's own memory already: the fast path takes them as they are
+    instead of copying each (the copies were peak memory)."""
+    loaded = models.load(str(tiny_model_dir), "bf16", "cpu", fast_only=True)
+    before = {name: p.data_ptr() for name, p in loaded.model.named_parameters()}
+    fast = fused.for_model(loaded.model)
+    assert fast.lm_head.data_ptr() == before["lm_head.weight"]
+    assert fast.layers[0].wo.data_ptr() == before["model.layers.0.self_attn.o_proj.weight"]

@@ -93,6 +93,10 @@ class _Fuser:
                 fused.packed  # pack at load time, not inside the first answer's TTFT
             return fused
         first = linears[0].weight
+        if len(linears) == 1 and not self.transposed and not pages.mapped(first, self.mappings):
+            return (
+                first.detach()
+            )  # its own memory already (narrowed, quantized): a copy would only add a peak
         rows = sum(linear.weight.shape[0] for linear in linears)
         shape = (first.shape[1], rows) if self.transposed else (rows, first.shape[1])
         fused = torch.empty(shape, dtype=first.dtype, device=first.device)
@@ -119,10 +123,12 @@ def _own_remaining_weights(model: nn.Module, fused: list[torch.Tensor]) -> None:
     big matrices live in fused copies, these views alone would keep all of it resident.
     """
     ours = {t.untyped_storage().data_ptr() for t in fused}
+    mappings = pages.weight_file_mappings()
     for module in model.modules():
         for name, param in list(module.named_parameters(recurse=False)):
             if param.untyped_storage().data_ptr() not in ours:
-                setattr(module, name, nn.Parameter(param.detach().clone(), requires_grad=False))
+                own = pages.owned_copy(param.detach(), mappings)
+                setattr(module, name, nn.Parameter(own, requires_grad=False))
 
 
 _built: "weakref.WeakKeyDictionary[nn.Module, FastLlama]" = weakref.WeakKeyDictionary()
@@ -184,7 +190,9 @@ class FastLlama:
         if isinstance(weight, nn.Module):  # w8a8, w8: the module multiplies
             return weight(x)
         if weight.dtype != x.dtype:
-            if upcast:
+            # Widened for many rows only: for a prefill's last row (its logits) the LM head's
+            # float32 copy was a 113 MB temporary, the peak of a 16-bit answer.
+            if upcast and x.shape[0] > UPCAST_ABOVE:
                 weight = weight.to(x.dtype)
             else:
                 return self._linear(x.to(weight.dtype), weight, upcast).to(x.dtype)

@@ -33,6 +33,12 @@ def weight_file_mappings(suffix: str = ".safetensors") -> list[tuple[int, int]]:
     return ranges
 
 
+def mapped(tensor: torch.Tensor, mappings: list[tuple[int, int]]) -> bool:
+    """Whether `tensor`'s bytes lie in one of `mappings` (a view of a weight file)."""
+    start = tensor.data_ptr()
+    return any(low <= start < high for low, high in mappings)
+
+
 def release(tensor: torch.Tensor, mappings: list[tuple[int, int]]) -> int:
     """Drop the whole pages of `tensor` that lie in one of `mappings`; returns the bytes dropped."""
     start = tensor.data_ptr()
@@ -48,6 +54,22 @@ def release(tensor: torch.Tensor, mappings: list[tuple[int, int]]) -> int:
     if _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_DONTNEED) != 0:
         return 0
     return last - first
+
+
+def owned_copy(
+    tensor: torch.Tensor, mappings: list[tuple[int, int]], block_bytes: int = 8 << 20
+) -> torch.Tensor:
+    """A copy of `tensor` in memory of its own. Where it is a view of a weight file, the copy is
+    made a block of rows at a time, each block's pages handed back once copied, so the file's
+    pages and the copy are never resident together (w8's float embedding: 113 MB)."""
+    copy = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    if tensor.dim() == 0 or not tensor.is_contiguous() or not mapped(tensor, mappings):
+        return copy.copy_(tensor)
+    rows = max(1, block_bytes // max(1, tensor[0].numel() * tensor.element_size()))
+    for start in range(0, tensor.shape[0], rows):
+        copy[start : start + rows].copy_(tensor[start : start + rows])
+        release(tensor[start : start + rows], mappings)
+    return copy
 
 
 _LIBC: ctypes.CDLL | None = None
