@@ -79,6 +79,7 @@ class _Fuser:
 
     Each source is copied straight into its place in the fused matrix and its pages of the
     weight file are handed back at once, so the file and the copies are never resident together.
+    A lone matrix already in the process's own memory (narrowed to 16 bits) is kept as it is.
     """
 
     def __init__(self, transposed: bool):
@@ -94,9 +95,8 @@ class _Fuser:
             return fused
         first = linears[0].weight
         if len(linears) == 1 and not self.transposed and not pages.mapped(first, self.mappings):
-            return (
-                first.detach()
-            )  # its own memory already (narrowed, quantized): a copy would only add a peak
+            # The process's own memory already (narrowed to 16 bits): a copy would only add a peak.
+            return first.detach()
         rows = sum(linear.weight.shape[0] for linear in linears)
         shape = (first.shape[1], rows) if self.transposed else (rows, first.shape[1])
         fused = torch.empty(shape, dtype=first.dtype, device=first.device)
