@@ -99,23 +99,26 @@ def test_float32_matmuls_run_on_onednn_with_torchs_results():
     assert torch.equal(gemm.linear(x16, w16), F.linear(x16, w16))  # 16-bit: torch's own path
 
 
-def test_a_16_bit_prefill_widens_no_weight_for_its_one_row_of_logits(tiny_model_dir, monkeypatch):
-    """A prefill on a CPU without 16-bit matmuls widens each weight to float32 for the prompt's
-    rows; for the last row's logits alone that copy of the LM head was the peak memory of a
-    16-bit answer (113 MB on the built-in model)."""
+def test_a_16_bit_prefill_widens_its_weights_a_block_of_rows_at_a_time(tiny_model_dir, monkeypatch):
+    """A prefill on a CPU without 16-bit matmuls widens each weight to float32; SmolLM2's LM head
+    widened whole was a 113 MB temporary, the peak memory of a 16-bit answer."""
     loaded = models.load(str(tiny_model_dir), "fp16", "cpu")
     fast = fused.for_model(loaded.model)
     monkeypatch.setattr(fast, "upcast_prefill", True)  # as on a CPU without native fp16
-    multiplied = []
+    monkeypatch.setattr(gemm, "WIDEN_ROWS", 64)  # the tiny model's LM head has 400 rows
+    widened_rows = []
     real = gemm.linear
 
     def spy(x, weight):
-        multiplied.append((x.shape[0], weight.dtype))
+        if weight.dtype == torch.float32:
+            widened_rows.append(weight.shape[0])
         return real(x, weight)
 
     monkeypatch.setattr(gemm, "linear", spy)
-    prompt = list(range(3, 3 + 2 * fused.UPCAST_ABOVE))
+    prompt = torch.tensor([list(range(3, 3 + 2 * fused.UPCAST_ABOVE))])
     with torch.inference_mode():
-        fast.forward(torch.tensor([prompt]), KVCache.for_model(loaded.info))
-    assert (len(prompt), torch.float32) in multiplied  # the prompt's rows: widened weights
-    assert multiplied[-1] == (1, torch.float16)  # the logits: the LM head as stored
+        logits = fast.forward(prompt, KVCache.for_model(loaded.info))
+        monkeypatch.setattr(gemm, "WIDEN_ROWS", 10**9)  # each weight widened whole, as before
+        whole = fast.forward(prompt, KVCache.for_model(loaded.info))
+    assert widened_rows and max(widened_rows[: len(widened_rows) // 2]) <= 64
+    torch.testing.assert_close(logits, whole, rtol=1e-5, atol=1e-5)

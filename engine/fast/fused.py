@@ -190,12 +190,9 @@ class FastLlama:
         if isinstance(weight, nn.Module):  # w8a8, w8: the module multiplies
             return weight(x)
         if weight.dtype != x.dtype:
-            # Widened for many rows only: for a prefill's last row (its logits) the LM head's
-            # float32 copy was a 113 MB temporary, the peak of a 16-bit answer.
-            if upcast and x.shape[0] > UPCAST_ABOVE:
-                weight = weight.to(x.dtype)
-            else:
-                return self._linear(x.to(weight.dtype), weight, upcast).to(x.dtype)
+            if upcast:  # [out, in]: only float32 weights are ever stored transposed
+                return gemm.widened(x, weight)
+            return self._linear(x.to(weight.dtype), weight, upcast).to(x.dtype)
         return gemm.linear(x, weight.t() if self.transposed else weight)
 
     def _rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -35,3 +35,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         out = torch.ops.mkldnn._linear_pointwise(rows, weight, None, "none", [], "")
         return out.reshape(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight)
+
+
+WIDEN_ROWS = 4096
+"""Rows of a weight widened at once by `widened`."""
+
+
+def widened(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T for a narrower weight [out, in] (16-bit, int8), widened to x's dtype a block
+    of rows at a time: SmolLM2's LM head widened whole is a 113 MB temporary, the peak of a
+    16-bit prefill's or a w8 answer's memory."""
+    blocks = [linear(x, rows.to(x.dtype)) for rows in weight.split(WIDEN_ROWS)]
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)

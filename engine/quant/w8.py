@@ -22,9 +22,6 @@ from torch import nn
 from engine.fast import gemm, pages
 from engine.quant.int8 import quantize_rows
 
-WIDEN_ROWS = 4096
-"""Rows widened to float at once by the eager forward."""
-
 
 class W8Linear(nn.Module):
     """y = x @ W.T with W held as int8 rows `q` [out, in] and their float32 `scale` [out]."""
@@ -53,9 +50,7 @@ class W8Linear(nn.Module):
         return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Widened a block of rows at a time: SmolLM2's LM head widened whole is a 113 MB temporary.
-        blocks = [gemm.linear(x, q.to(x.dtype)) for q in self.q.split(WIDEN_ROWS)]
-        return (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)) * self.scale
+        return gemm.widened(x, self.q) * self.scale
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         """forward for one row x [1, in], written for the compiled step: Q is widened inside
