@@ -12,18 +12,14 @@ several templates), `ChatTokenizer.from_dir` returns None and the caller loads w
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
-import sys
-from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer, processors
 
@@ -38,6 +34,8 @@ INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 """The encoding fields `__call__` can return, in transformers' order."""
 UNSUPPORTED_TEMPLATE_ARGS = frozenset(
     {
+        "tools",
+        "documents",
         "chat_template",
         "continue_final_message",
         "sanitize_control_tokens",
@@ -51,7 +49,6 @@ UNSUPPORTED_TEMPLATE_ARGS = frozenset(
 )
 """apply_chat_template arguments transformers acts on and this does not; refused rather than
 handed to the template as variables."""
-REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 class Unsupported(Exception):
@@ -190,34 +187,24 @@ class ChatTokenizer:
     def apply_chat_template(
         self,
         conversation: list[dict[str, Any]],
-        tools: list[dict] | None = None,
-        documents: list[dict[str, str]] | None = None,
         add_generation_prompt: bool = False,
         tokenize: bool = True,
         return_dict: bool = True,
         **kwargs: Any,
     ) -> str | list[int] | dict[str, list[int]]:
-        """Render one conversation as transformers does: the text with tokenize=False, else its encoding
-        without added special tokens (a dict as `__call__` gives, or the ids with return_dict=False)."""
+        """Render one conversation of plain messages as transformers does: the text with
+        tokenize=False, else its encoding without added special tokens (a dict as `__call__` gives,
+        or the ids with return_dict=False)."""
         unsupported = UNSUPPORTED_TEMPLATE_ARGS & kwargs.keys()
         if unsupported:
             raise NotImplementedError(f"ChatTokenizer does not take {', '.join(sorted(unsupported))}")
-        chat = _chat_messages(conversation)
-        if tools is not None:
-            if not all(isinstance(tool, dict) for tool in tools):
-                raise NotImplementedError("ChatTokenizer takes tools as JSON schemas, not functions")
-            tools = plain_template_data(tools)
-        if documents is not None:
-            if not all(isinstance(document, dict) for document in documents):
-                raise TypeError("Documents should be a list of dicts with 'title' and 'text' keys!")
-            documents = plain_template_data(documents)
-        values = plain_template_data({**self.special_tokens_map, **kwargs})
         text = self._template.render(
-            messages=chat,
-            tools=tools,
-            documents=documents,
+            messages=_chat_messages(conversation),
+            tools=None,
+            documents=None,
             add_generation_prompt=add_generation_prompt,
-            **values,
+            **self.special_tokens_map,
+            **kwargs,
         )
         if not tokenize:
             return text
@@ -360,21 +347,6 @@ def clean_up_tokenization(text: str) -> str:
 
 
 # -- the template environment, as transformers/utils/chat_template_utils.py builds it ------
-class GenerationTag(jinja2.ext.Extension):
-    """`{% generation %}...{% endgeneration %}` marks assistant text for transformers' assistant mask;
-    without a mask to fill it renders its body unchanged."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> nodes.CallBlock:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-    def _body(self, caller: jinja2.runtime.Macro) -> str:
-        return caller()
-
-
 class TemplateDict:
     """`dict(...)` in a template, without exposing the dict type itself."""
 
@@ -426,7 +398,7 @@ def compile_template(source: str) -> jinja2.Template:
     if _version(jinja2.__version__) < (3, 1, 6):  # older ones have sandbox escapes; transformers refuses them
         raise ImportError(f"chat templates need jinja2>=3.1.6, not {jinja2.__version__}")
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -440,50 +412,16 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 
 
-def plain_template_data(value: Any) -> Any:
-    """`value` rebuilt from plain JSON types, anything else as a placeholder naming its type: templates
-    are untrusted code, and rich objects carry methods the sandbox does not know to be dangerous."""
-    if value is None or type(value) in (str, int, float, bool):
-        return value
-    if isinstance(value, str):  # subclasses (enums...) lose their extra methods
-        return str.__str__(value)
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return float.__float__(value)
-    if isinstance(value, Mapping):
-        return {plain_template_data(key): plain_template_data(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [plain_template_data(item) for item in value]
-    if isinstance(value, tuple):
-        return tuple(plain_template_data(item) for item in value)
-    numpy = sys.modules.get("numpy")  # a numpy value means numpy is imported already
-    if numpy is not None and isinstance(value, numpy.generic):
-        return plain_template_data(value.item())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        return {field.name: plain_template_data(getattr(value, field.name)) for field in fields}
-    if callable(getattr(value, "model_dump", None)):  # pydantic models
-        return plain_template_data(value.model_dump())
-    return f"<{type(value).__name__}>"
-
-
 def _chat_messages(conversation: Any) -> list[dict]:
-    """The messages as the template sees them: plain data, None values dropped, reasoning under its names."""
+    """The messages as the template sees them: copies, None values dropped (as transformers does:
+    templates handle a missing key better than a literal "None")."""
     if isinstance(conversation, (list, tuple)) and len(conversation) == 0:
         raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
-    if isinstance(conversation, (list, tuple)) and (
-        isinstance(conversation[0], (list, tuple)) or hasattr(conversation[0], "messages")
-    ):
-        raise NotImplementedError("ChatTokenizer renders one conversation at a time")
-    chat = []
-    for message in plain_template_data(getattr(conversation, "messages", conversation)):
+    if not isinstance(conversation, (list, tuple)) or isinstance(conversation[0], (list, tuple)):
+        raise NotImplementedError("ChatTokenizer renders one conversation (a list of messages) at a time")
+    for message in conversation:
         if not isinstance(message, dict):
-            raise TypeError(f"Chat messages should be dicts, dataclasses or pydantic models: {message!r}")
-        # Some APIs send content=None; templates handle a missing key better than a literal "None"
-        message = {key: item for key, item in message.items() if item is not None}
-        reasoning = next((message[key] for key in REASONING_FIELDS if message.get(key) is not None), None)
-        if reasoning is not None:
-            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
-        chat.append(message)
-    return chat
+            raise NotImplementedError(
+                f"ChatTokenizer takes messages as plain dicts, not {type(message).__name__}"
+            )
+    return [{key: item for key, item in message.items() if item is not None} for message in conversation]

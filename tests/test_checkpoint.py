@@ -76,8 +76,10 @@ def _variant(tiny_model_dir, tmp_path, **config_changes):
         {"attention_bias": True},
         {"model_type": "gpt2"},
         {"hidden_size": None},
+        {"rope_parameters": "default"},
+        {"head_dim": "64"},
     ],
-    ids=["scaled-rope", "biases", "not-llama", "broken-config"],
+    ids=["scaled-rope", "biases", "not-llama", "broken-config", "rope-not-a-table", "head-dim-not-a-number"],
 )
 def test_what_it_cannot_reproduce_is_left_to_transformers(tiny_model_dir, tmp_path, change):
     assert checkpoint.load(_variant(tiny_model_dir, tmp_path, **change)) is None

@@ -30,7 +30,9 @@ class _Linear(nn.Linear):
     def __init__(self, weight: torch.Tensor):
         nn.Module.__init__(self)
         self.out_features, self.in_features = weight.shape
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight = (
+            weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        )
         self.register_parameter("bias", None)
 
 
@@ -98,11 +100,9 @@ class LlamaWeights(nn.Module):
         self.config = config
         self.generation_config = generation_config
         self.model = _Inner(config, stored)
-        if config.tie_word_embeddings:  # one matrix, as transformers ties them
-            self.lm_head = _Linear(self.model.embed_tokens.weight)
-            self.lm_head.weight = self.model.embed_tokens.weight
-        else:
-            self.lm_head = _Linear(stored["lm_head.weight"])
+        # Tied: one Parameter for both, as transformers ties them.
+        head = self.model.embed_tokens.weight if config.tie_word_embeddings else stored["lm_head.weight"]
+        self.lm_head = _Linear(head)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
@@ -151,18 +151,22 @@ def read_config(directory: Path) -> SimpleNamespace | None:
     if not isinstance(raw, dict):
         return None
     rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if not isinstance(rope, dict):  # a damaged config: transformers says what is wrong with it
+        return None
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     theta = rope.get("rope_theta", raw.get("rope_theta"))
     if rope_type != "default" or not isinstance(theta, (int, float)):
         return None
     if raw.get("partial_rotary_factor", 1.0) != 1.0:
         return None
-    config = SimpleNamespace(**raw)
     needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-    if not all(isinstance(getattr(config, name, None), int) for name in needed):
+    if not all(isinstance(raw.get(name), int) and raw[name] > 0 for name in needed):
         return None
+    config = SimpleNamespace(**raw)
     config.num_key_value_heads = raw.get("num_key_value_heads") or config.num_attention_heads
     config.head_dim = raw.get("head_dim") or config.hidden_size // config.num_attention_heads
+    if not isinstance(config.num_key_value_heads, int) or not isinstance(config.head_dim, int):
+        return None
     config.rope_theta = float(theta)
     config.rms_norm_eps = raw.get("rms_norm_eps", 1e-6)
     config.tie_word_embeddings = raw.get("tie_word_embeddings", True)
