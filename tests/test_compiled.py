@@ -111,6 +111,32 @@ def test_a_step_compiled_before_is_compiled_again_in_process_without_the_child(
     assert answers[0] == answers[1] == _greedy(ChatSession(loaded, settings, compile=False))
 
 
+def test_the_child_compiles_while_the_kernel_builds_and_the_app_loads_what_it_left(
+    tiny_model_dir, monkeypatch, tmp_path
+):
+    # On a fresh machine the child waited for the app's build of the attention kernel (~6 s)
+    # before tracing: it now traces the step calling the kernel without it, and the app's
+    # compile, with the kernel loaded, is served from what the child left.
+    import fcntl
+
+    from engine.fast import attention, fused, steps
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(compiled, "CHILD_TIMEOUT_S", 120)
+    directory = attention._build_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / attention.LOCK_FILE, "a+") as build:
+        fcntl.flock(build, fcntl.LOCK_EX)  # a build of the kernel in progress
+        timed_out = compiled._fill_cache_in_a_subprocess(str(tiny_model_dir), "fp32", "regional")
+    assert not timed_out, "the child waited for the kernel's build"
+    assert attention.load() is None
+    fast = fused.for_model(models.load(str(tiny_model_dir), "fp32", "cpu").model, compiled=True)
+    counters = torch._dynamo.utils.counters["inductor"]
+    hits, misses = counters["fxgraph_cache_hit"], counters["fxgraph_cache_miss"]
+    steps.compile_once(steps.build("regional"), fast, torch.float32)
+    assert counters["fxgraph_cache_miss"] == misses and counters["fxgraph_cache_hit"] > hits
+
+
 def test_a_compile_here_lets_a_streaming_answer_have_the_gil_often(tiny_model_dir, monkeypatch):
     # Tracing holds the GIL; at Python's 5 ms switch interval an answer streaming meanwhile got
     # 250 ms tokens and a 3 s first token. While a step compiles here the interval is short,

@@ -94,7 +94,7 @@ def test_the_compiled_step_with_sdpa_says_why_not_the_kernel(tiny_loaded):
 
 
 def test_a_build_past_its_time_limit_is_given_up_not_compiled_here(tiny_loaded, monkeypatch):
-    monkeypatch.setattr(compiled, "_fill_cache_in_a_subprocess", lambda *args: ([], True))
+    monkeypatch.setattr(compiled, "_fill_cache_in_a_subprocess", lambda *args: True)
     monkeypatch.setattr(steps, "cached_marker", lambda *args: None)  # never compiled before
 
     def compiling_here(*args):
@@ -140,9 +140,7 @@ def test_the_worker_says_building_then_failed_when_the_compile_breaks(tiny_model
 
     monkeypatch.setattr(torch, "compile", broken)
     building = threading.Event()  # the background build waits until the test has seen "building"
-    monkeypatch.setattr(
-        compiled, "_fill_cache_in_a_subprocess", lambda *args: (building.wait(60), ([], False))[1]
-    )
+    monkeypatch.setattr(compiled, "_fill_cache_in_a_subprocess", lambda *args: (building.wait(60), False)[1])
     monkeypatch.setattr(steps, "cached_marker", lambda *args: None)  # never compiled before
     monkeypatch.setattr(attention, "load", lambda: "no compiler")
     events: queue.Queue = queue.Queue()

@@ -9,6 +9,8 @@ sum (the measurements: BENCHMARKS.md, "ITL against context length").
 It is compiled with the C++ compiler torch.compile needs anyway, once per machine, into
 llmchat's cache directory, by the background job that compiles the decode step
 (engine/fast/compiled.py). Until it is loaded, or where it cannot be built, SDPA does the same sum.
+Its ops are declared here, not in the C++, so that job's child process can trace a step calling
+them while the kernel is still building (`stand_in`).
 
 torch's builder guards the directory with a `lock` file that only the build that made it
 removes: a build killed mid-way (a closed terminal) left it, and every later build waited on it
@@ -53,6 +55,28 @@ _lock = threading.Lock()
 _error: list[str] = []
 _loaded = threading.Event()
 _notes: list[str] = []
+_standing_in = threading.Event()
+
+
+SCHEMAS = {
+    "decode_attention": "(Tensor q, Tensor k, Tensor v, Tensor position) -> Tensor",
+    "decode_attention_int8": (
+        "(Tensor q, Tensor k, Tensor ks, Tensor v, Tensor vs, Tensor position) -> Tensor"
+    ),
+}
+"""The kernel's ops; the built library registers their CPU implementations."""
+
+
+def _shape(q: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+    """The output as torch.compile traces it: [kv_heads, group, d], whatever the capacity."""
+    return q.new_empty(q.shape)
+
+
+# Declared here rather than in the C++ (2 ms): a step can then be traced before the kernel is built.
+_LIBRARY = torch.library.Library("llmchat", "DEF")
+for _name, _schema in SCHEMAS.items():
+    _LIBRARY.define(_name + _schema)
+    torch.library.register_fake(f"llmchat::{_name}", lib=_LIBRARY)(_shape)
 
 
 class BuildBusy(Exception):
@@ -144,19 +168,22 @@ def load() -> str | None:
         except Exception as e:  # no compiler or ninja: SDPA serves
             _error.append(one_line(e, 200, named=True))
             return _error[0]
-        torch.library.register_fake("llmchat::decode_attention")(_shape)
-        torch.library.register_fake("llmchat::decode_attention_int8")(_shape_int8)
         _loaded.set()
         return None
 
 
-def _shape(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """The output as torch.compile traces it: [kv_heads, group, d], whatever the capacity."""
-    return q.new_empty(q.shape)
+def stand_in() -> None:
+    """For the compile child only (engine/fast/compiled.py), whose step's output nobody reads:
+    the ops answer zeros instead of waiting for the kernel's build (~6 s of a fresh machine's
+    first start, which the app runs meanwhile), so the step is traced as the app will trace
+    it, calling the kernel, while that builds."""
+    for name in SCHEMAS:
+        torch.library.impl(_LIBRARY, name, "CPU")(_shape_zeros)
+    _standing_in.set()
 
 
-def _shape_int8(q, keys, key_scales, values, value_scales, position) -> torch.Tensor:
-    return q.new_empty(q.shape)
+def _shape_zeros(q: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+    return q.new_zeros(q.shape)
 
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8)
@@ -169,8 +196,10 @@ def is_loaded() -> bool:
 
 
 def can_attend(keys: torch.Tensor) -> bool:
-    """Whether the kernel can attend over `keys` now (loaded; a cache on the CPU of a type it reads)."""
-    return _loaded.is_set() and keys.device.type == "cpu" and keys.dtype in KERNEL_DTYPES
+    """Whether the kernel can attend over `keys` now (loaded, or stood in for; a cache on the
+    CPU of a type it reads)."""
+    there = _loaded.is_set() or _standing_in.is_set()
+    return there and keys.device.type == "cpu" and keys.dtype in KERNEL_DTYPES
 
 
 def decode(

@@ -24,7 +24,7 @@ dropped), so switches never leave several compiles running at once.
 The step takes each layer's whole cache buffer (capacity marked dynamic, so the cache growing
 does not recompile) and writes the new K/V at the position; attention reads the positions up
 to it, through the decode-attention kernel (engine/fast/attention.py) that the same background job
-builds first, or SDPA with the slots past it masked.
+builds meanwhile, or SDPA with the slots past it masked.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -111,10 +110,10 @@ class CompiledDecode:
         """The regional step, then the whole one (engine/fast/steps.py): the first ready in
         seconds, the second, faster per token, taking over when it is built."""
         started = time.perf_counter()
-        # The decode-attention kernel (~8 s of the C++ compiler on a fresh machine) builds here
-        # meanwhile, beside the child's start and model load rather than after them: the child
-        # waits on the build's lock, then loads it. Built once per machine; cached, it only loads.
-        threading.Thread(target=attention.load, name="llmchat-kernel-build", daemon=True).start()
+        # The decode-attention kernel (~6 s of the C++ compiler on a fresh machine) builds here
+        # meanwhile, beside the child's compile, which traces the step without it
+        # (attention.stand_in). Built once per machine; cached, it only loads.
+        threading.Thread(target=_meanwhile, name="llmchat-kernel-build", daemon=True).start()
         step, error, timed_out = self._compile("regional")
         with self._lock:
             if self._stopped:  # compiled for a model no longer in use: dropped
@@ -151,9 +150,7 @@ class CompiledDecode:
         del fast  # held weakly: a switch may drop the model while the child compiles
         if self.source is not None and not self._stopped and not (marker and marker.exists()):
             # best effort: on failure we compile here
-            notes, timed_out = _fill_cache_in_a_subprocess(*self.source, kind, self._child_started)
-            self._note(notes)
-            if timed_out:
+            if _fill_cache_in_a_subprocess(*self.source, kind, self._child_started):
                 return None, None, True
         if self._stopped:
             return None, None, False
@@ -281,14 +278,19 @@ class CompiledDecode:
         return regional
 
 
+def _meanwhile() -> None:
+    """What the compile here needs, made ready while the child compiles: the attention kernel,
+    then Inductor's imports (~0.35 s of the compile from the cache)."""
+    attention.load()
+    import torch._inductor.compile_fx  # noqa: F401
+
+
 SWITCH_INTERVAL_S = 0.0001
 """The GIL's switch interval while a step compiles in this process (Python's default: 5 ms)."""
 
 _children: list[subprocess.Popen] = []
 CHILD_TIMEOUT_S = 900
 """The compile child is killed past this (a first whole-step compile takes ~30 s; more on busy cores)."""
-NOTE = "llmchat-note: "
-"""The compile child's lines for the user start with this (on its stdout)."""
 
 
 def _child_command(spec: str, precision: str, kind: str) -> list[str]:
@@ -297,36 +299,34 @@ def _child_command(spec: str, precision: str, kind: str) -> list[str]:
 
 def _fill_cache_in_a_subprocess(
     spec: str, precision: str, kind: str, started: Callable[[subprocess.Popen], None] | None = None
-) -> tuple[list[str], bool]:
+) -> bool:
     """Compile in another process at the lowest priority: a first compile there never competes
     with the chat for the GIL (in-process it slows an answer several-fold while it runs), and
     leaves artifacts that make the compile here take seconds. Killed if llmchat exits first or
-    it runs past CHILD_TIMEOUT_S; `started(child)` may kill it sooner. Returns its notes and
-    whether it was killed for running past CHILD_TIMEOUT_S."""
-    with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: nothing it leaves can block us
-        try:
-            # Not preexec_fn: it runs Python's at-fork hooks in the forking thread, and logging's
-            # waits for its lock; with another thread inside logging (the kernel build's imports)
-            # the start hung for good. The child is made lowest-priority once it exists.
-            child = subprocess.Popen(
-                _child_command(spec, precision, kind), stdout=out, stderr=subprocess.DEVNULL
-            )
-        except OSError:
-            return [], False
-        with contextlib.suppress(OSError, AttributeError):  # no setpriority: it runs at ours
-            os.setpriority(os.PRIO_PROCESS, child.pid, 19)
-        _children.append(child)
-        try:
-            if started is not None:
-                started(child)
-            child.wait(timeout=CHILD_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            _kill(child)
-            return [], True
-        finally:
-            _children.remove(child)
-        out.seek(0)
-        return [line[len(NOTE) :] for line in out.read().splitlines() if line.startswith(NOTE)], False
+    it runs past CHILD_TIMEOUT_S; `started(child)` may kill it sooner. Returns whether it was
+    killed for running past CHILD_TIMEOUT_S."""
+    try:
+        # Not preexec_fn: it runs Python's at-fork hooks in the forking thread, and logging's
+        # waits for its lock; with another thread inside logging (the kernel build's imports)
+        # the start hung for good. The child is made lowest-priority once it exists.
+        child = subprocess.Popen(
+            _child_command(spec, precision, kind), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    except OSError:
+        return False
+    with contextlib.suppress(OSError, AttributeError):  # no setpriority: it runs at ours
+        os.setpriority(os.PRIO_PROCESS, child.pid, 19)
+    _children.append(child)
+    try:
+        if started is not None:
+            started(child)
+        child.wait(timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _kill(child)
+        return True
+    finally:
+        _children.remove(child)
+    return False
 
 
 def _kill(child: subprocess.Popen) -> None:
@@ -400,9 +400,9 @@ def main(spec: str, precision: str, kind: str) -> None:
     loaded = models.load(spec, precision, "cpu", fast_only=True)  # no transformers: ~2 s sooner
     fast = fused.for_model(loaded.model, compiled=True)
     if supports(fast) is None:
-        attention.load()  # a problem with it: the app's own load meets it again and says so
-        for note in attention.take_notes():
-            print(f"{NOTE}{note}", flush=True)
+        # The app builds the attention kernel meanwhile (and says what went wrong, if anything);
+        # this step is traced calling it, as the app's will be once it has loaded it.
+        attention.stand_in()
         steps.compile_once(steps.build(kind), fast, getattr(torch, loaded.info.cache_dtype))
 
 

@@ -178,13 +178,8 @@ at::Tensor decode_attention_int8(const at::Tensor& q, const at::Tensor& k, const
 
 }  // namespace
 
-// Its shape for torch.compile is registered in Python (engine/fast/attention.py), where the cache's
-// capacity can stay symbolic.
-TORCH_LIBRARY(llmchat, m) {
-  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor position) -> Tensor");
-  m.def("decode_attention_int8(Tensor q, Tensor k, Tensor ks, Tensor v, Tensor vs, Tensor position) -> Tensor");
-}
-
+// The ops' schemas and shapes are declared in Python (engine/fast/attention.py), so a step can be
+// traced while this builds, and the cache's capacity stays symbolic.
 TORCH_LIBRARY_IMPL(llmchat, CPU, m) {
   m.impl("decode_attention", decode_attention);
   m.impl("decode_attention_int8", decode_attention_int8);
