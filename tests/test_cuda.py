@@ -5,6 +5,7 @@ import torch
 
 from engine import models
 from engine.events import TokenSampled, TurnFinished
+from engine.kvcache import PreallocatedLayer
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 
@@ -53,3 +54,20 @@ def test_precision_switch_keeps_conversation_on_cuda(tiny_model_dir):
     _, finished = _answer(session, "And again")
     assert finished.stats.reused_tokens == 0  # a new precision re-prefills the whole history
     assert len(session.messages) == 4
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_cuda_graph_step_picks_the_eager_tokens_past_a_cache_growth(tiny_model_dir, precision):
+    # The graph is recorded over the cache's buffers: the growth past the first capacity
+    # reallocates them, and the step must record again, not replay into the freed ones.
+    loaded = models.load(str(tiny_model_dir), precision, "cuda")
+    settings = SamplingSettings(temperature=0.0, max_new_tokens=PreallocatedLayer.initial_capacity)
+    graphed = ChatSession(loaded, settings, compile=True)
+    assert graphed.compiled is not None and graphed.compiled.ready.is_set(), graphed.decode_path()
+    eager = ChatSession(loaded, settings, compile=False)
+    for prompt in ("How does inference work?", "And again, longer please"):  # two turns, one cache
+        from_graph, finished = _answer(graphed, prompt)
+        assert from_graph == _answer(eager, prompt)[0]
+        assert finished.stats.generated_tokens == len(from_graph)
+    assert graphed.compiled.kind == "graph" and "CUDA graph" in graphed.compiled.describe()
+    assert graphed.compiled._step.recordings >= 2, "the cache grew: the step must be recorded again"

@@ -25,6 +25,9 @@ The step takes each layer's whole cache buffer (capacity marked dynamic, so the 
 does not recompile) and writes the new K/V at the position; attention reads the positions up
 to it, through the decode-attention kernel (engine/fast/attention.py) that the same background job
 builds meanwhile, or SDPA with the slots past it masked.
+
+On a GPU nothing is compiled: the same whole step, eager, is recorded as a CUDA graph by its
+first call and replayed per token (engine/fast/graphed.py), ready at once.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import torch
 
 from engine.errors import one_line
 from engine.events import ModelInfo
-from engine.fast import attention, steps
+from engine.fast import attention, graphed, steps
 from engine.fast.fused import FastLlama
 from engine.kvcache import KVCache
 from engine.quant.int8 import Int8Linear
@@ -58,8 +61,9 @@ os.environ.setdefault(
 
 def supports(fast: FastLlama) -> str | None:
     """None if the decode step of this fast path can be compiled here, else why not."""
-    if fast.embed.device.type != "cpu":
-        return "compiled decode is checked on CPU only so far (CUDA graphs are the GPU's next step)"
+    device = fast.embed.device.type
+    if device not in ("cpu", "cuda"):
+        return f"no compiled decode step for {device} (CPU: torch.compile; CUDA: a CUDA graph)"
     if isinstance(fast.lm_head, Int8Linear):
         return "w8a8's fbgemm weights are opaque to the compiler"
     if len({steps.layer_signature(layer) for layer in fast.layers}) > 1:
@@ -71,7 +75,13 @@ def supports(fast: FastLlama) -> str | None:
 class CompiledDecode:
     """`step(fast, token_id, cache)` once `ready`; `error` says why it never will be."""
 
-    def __init__(self, fast: FastLlama, cache_dtype: torch.dtype, source: tuple[str, str] | None = None):
+    def __init__(
+        self,
+        fast: FastLlama,
+        cache_dtype: torch.dtype,
+        source: tuple[str, str] | None = None,
+        cuda_graph: bool = False,
+    ):
         # Weakly: the registry below is keyed by the fast path, which must be free to go.
         self._fast = weakref.ref(fast)
         self.source = source
@@ -95,13 +105,19 @@ class CompiledDecode:
         self._finished = threading.Event()
         self._step: Callable | None = None
         self.kind = "regional"
-        """Which step of engine/fast/steps.py serves once ready: the whole one once it took over."""
+        """Which step of engine/fast/steps.py serves once ready: the whole one once it took over;
+        on a GPU "graph", the whole step recorded as a CUDA graph."""
         self.whole_s = 0.0
         """When the whole step took over (0 until it does)."""
         self.whole_error: str | None = None
         """Why the whole step never took over, where it failed; the regional one goes on serving."""
         self._upgrade_listeners: list[Callable[["CompiledDecode"], None]] = []
         self._settled = threading.Event()
+        if cuda_graph:  # nothing to compile: the step's first call records it (engine/fast/graphed.py)
+            self._step, self.kind = graphed.GraphedStep(steps.whole_step), "graph"
+            for done in (self.ready, self._finished, self._settled):
+                done.set()
+            return
         self._thread = threading.Thread(target=self._warm_up, name="llmchat-compile", daemon=True)
         _compiling[:] = [t for t in _compiling if t.is_alive()] + [self._thread]
         self._thread.start()
@@ -264,10 +280,13 @@ class CompiledDecode:
         if self.error:
             return f"compiled decode unavailable ({self.error}); the eager fast path serves{notes}"
         kernel = f"; attention by SDPA ({self.attention_error})" if self.attention_error else ""
-        return f"decode now runs the compiled step (torch.compile: {self.how()}){kernel}{notes}"
+        how = self.how() if self.kind == "graph" else f"torch.compile: {self.how()}"
+        return f"decode now runs the compiled step ({how}){kernel}{notes}"
 
     def how(self) -> str:
         """Which compiled step serves and since when, short enough for the Phase panel."""
+        if self.kind == "graph":
+            return "a CUDA graph of the whole step, replayed per token"
         if self.kind == "whole":
             return f"whole model in one graph, after {self.whole_s:.0f} s"
         regional = f"one block per layer, ready after {self.compile_s:.0f} s"
@@ -388,7 +407,8 @@ def compiled_decode(fast: FastLlama, info: ModelInfo) -> CompiledDecode | None:
         if not _built:  # no live model has compiled code: forget that of models that are gone
             torch._dynamo.reset()
         source = (info.spec, info.precision)
-        compiled = _built[fast] = CompiledDecode(fast, getattr(torch, info.cache_dtype), source)
+        on_gpu = fast.embed.device.type == "cuda"
+        compiled = _built[fast] = CompiledDecode(fast, getattr(torch, info.cache_dtype), source, on_gpu)
     return compiled
 
 

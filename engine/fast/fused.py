@@ -220,6 +220,8 @@ class FastLlama:
         eager use keeps float32 as [in, out], which aten multiplies faster than this loop."""
         if isinstance(weight, W8Linear):
             return weight.matvec(x)
+        if weight.device.type != "cpu":  # a GPU's own matmul: the loop is for Inductor's CPU code
+            return self._linear(x, weight, upcast=False)
         if self.transposed:
             return x @ weight
         if weight.dtype != x.dtype:  # rounded as the eager path rounds: in and out in W's dtype

@@ -1,0 +1,61 @@
+"""A GPU decode step replayed from a CUDA graph.
+
+At 135M parameters a decode step on a GPU is bound by launches, not by its reads: ~25 small
+kernels a layer, each launched from Python, take longer to launch than to run. A CUDA graph
+records the step's kernels once and replays them all with one launch.
+
+The step recorded is engine/fast/steps.py `whole_step`, which was written for this: it writes
+the new K/V into the cache's preallocated buffers at a position it reads from a device tensor
+and attends over the whole buffer with the slots past that position masked, so nothing in it
+depends on the token or the position on the host. One recording serves every token until the
+buffers change (a new cache, or one grown past its capacity, reallocates them): then the next
+token records again, on the inference thread, inside that token's latency (a warm-up call and
+the recording: tens of milliseconds).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+class GraphedStep:
+    """`step(fast, token, position, keys, values) -> logits`, replayed from a recording."""
+
+    def __init__(self, step: Callable):
+        self.step = step
+        self.recordings = 0
+        """How many times the step was recorded (once per set of cache buffers)."""
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._recorded_for: tuple | None = None
+        self._token = self._position = self._logits = None
+
+    def __call__(self, fast, token: torch.Tensor, position: torch.Tensor, keys, values) -> torch.Tensor:
+        buffers = (*keys, *values)
+        recorded_for = (keys[0].shape[2], *(buffer.data_ptr() for buffer in buffers))
+        if recorded_for != self._recorded_for:
+            self._record(fast, token, position, keys, values)
+            self._recorded_for = recorded_for
+        self._token.copy_(token)
+        self._position.copy_(position)
+        self._graph.replay()
+        return self._logits.clone()  # the next replay overwrites the recording's output
+
+    def _record(self, fast, token: torch.Tensor, position: torch.Tensor, keys, values) -> None:
+        self._graph = self._logits = None  # the old recording's memory goes first
+        device = keys[0].device
+        self._token, self._position = token.to(device).clone(), position.to(device).clone()
+        # A warm-up call off the recording: lazy initialisations (cuBLAS's handle and workspace)
+        # must not happen inside it. It writes the same K/V the replay then writes.
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            self.step(fast, self._token, self._position, keys, values)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the app's other threads may touch CUDA (the memory figures) meanwhile
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self._logits = self.step(fast, self._token, self._position, keys, values)
+        self._graph = graph
+        self.recordings += 1
