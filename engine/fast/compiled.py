@@ -129,7 +129,7 @@ class CompiledDecode:
         # The decode-attention kernel (~6 s of the C++ compiler on a fresh machine) builds here
         # meanwhile, beside the child's compile, which traces the step without it
         # (attention.stand_in). Built once per machine; cached, it only loads.
-        threading.Thread(target=_meanwhile, name="llmchat-kernel-build", daemon=True).start()
+        threading.Thread(target=attention.load, name="llmchat-kernel-build", daemon=True).start()
         step, error, timed_out = self._compile("regional")
         with self._lock:
             if self._stopped:  # compiled for a model no longer in use: dropped
@@ -212,6 +212,9 @@ class CompiledDecode:
             stopped = self._stopped
         if stopped:
             _kill(child)
+            return
+        # While it compiles: Inductor's imports, ~0.35 s of the compile here from its artifacts.
+        import torch._inductor.compile_fx  # noqa: F401
 
     def stop(self) -> None:
         """Abandon this compile (its model or precision is being replaced): the child process is
@@ -295,13 +298,6 @@ class CompiledDecode:
         if not self._settled.is_set():
             return f"{regional}; whole model next"
         return regional
-
-
-def _meanwhile() -> None:
-    """What the compile here needs, made ready while the child compiles: the attention kernel,
-    then Inductor's imports (~0.35 s of the compile from the cache)."""
-    attention.load()
-    import torch._inductor.compile_fx  # noqa: F401
 
 
 SWITCH_INTERVAL_S = 0.0001
@@ -417,8 +413,14 @@ def main(spec: str, precision: str, kind: str) -> None:
     from engine import models
     from engine.fast import fused
 
+    # On one thread: the load runs beside the app's build of the attention kernel, and torch's
+    # parallel loops wait at each step for the thread on the busy core (w8's load: 0.4 -> 10 s).
+    # The compile keeps torch's thread count, which Inductor writes into the code it generates.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     loaded = models.load(spec, precision, "cpu", fast_only=True)  # no transformers: ~2 s sooner
     fast = fused.for_model(loaded.model, compiled=True)
+    torch.set_num_threads(threads)
     if supports(fast) is None:
         # The app builds the attention kernel meanwhile (and says what went wrong, if anything);
         # this step is traced calling it, as the app's will be once it has loaded it.
