@@ -54,9 +54,8 @@ from engine.fast.fused import FastLlama
 from engine.kvcache import KVCache
 from engine.quant.int8 import Int8Linear
 
-os.environ.setdefault(
-    "TORCHINDUCTOR_CACHE_DIR", os.path.join(platformdirs.user_cache_dir("llmchat"), "inductor")
-)
+if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):  # set but empty, Inductor writes into the working directory
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(platformdirs.user_cache_dir("llmchat"), "inductor")
 
 
 def supports(fast: FastLlama) -> str | None:

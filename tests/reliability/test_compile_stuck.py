@@ -234,3 +234,13 @@ def test_bench_does_not_wait_out_a_failed_compile(tiny_model_dir, monkeypatch):
     thread.join(120)  # it waited 900 s for a `ready` that a failed compile never sets
     assert result and result[0]["compiled"] is False
     assert "no C++ compiler found" in result[0]["note"]
+
+
+def test_an_empty_inductor_cache_variable_keeps_the_artifacts_out_of_the_working_directory(tmp_path):
+    # TORCHINDUCTOR_CACHE_DIR set but empty: Inductor wrote its cache into the working directory
+    # (a user's project folder filled with fxgraph/, aotautograd/ and hashes).
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": "", "PYTHONPATH": str(ROOT)}
+    code = "import os, engine.fast.compiled; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith(os.path.join("llmchat", "inductor"))
