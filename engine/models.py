@@ -25,6 +25,7 @@ import torch
 from engine import DEFAULT_MODEL
 from engine.errors import one_line
 from engine.events import ModelInfo
+from engine.fast import pages
 from engine.quant import int8, narrow, w8
 from engine.quant.precision import Precision, precision_for, quantization_config, resolve_device
 
@@ -166,16 +167,17 @@ def load(
         directory = str(convert_gguf(Path(source.location), progress))
     else:
         directory = source.location
-    parts = None
-    if fast_only and source.kind != "hub":
-        parts = _read_for_fast_path(Path(directory), prec, device, progress)
-    model, tokenizer = parts or _load_with_transformers(spec, source, directory, prec, device, progress)
-    if prec.name == "w8a8":
-        progress("quantizing to int8 (w8a8)", 0.95)
-        int8.quantize_linears(model, int8.calibration_ids(tokenizer))
-    elif prec.name == "w8":
-        progress("quantizing weights to int8 (w8)", 0.95)
-        w8.quantize_linears(model)
+    with pages.each_block_mapped():
+        parts = None
+        if fast_only and source.kind != "hub":
+            parts = _read_for_fast_path(Path(directory), prec, device, progress)
+        model, tokenizer = parts or _load_with_transformers(spec, source, directory, prec, device, progress)
+        if prec.name == "w8a8":
+            progress("quantizing to int8 (w8a8)", 0.95)
+            int8.quantize_linears(model, int8.calibration_ids(tokenizer))
+        elif prec.name == "w8":
+            progress("quantizing weights to int8 (w8)", 0.95)
+            w8.quantize_linears(model)
     model.eval()
     progress("ready", 1.0)
     info = describe(model, spec, display_name(source), prec, device, time.perf_counter() - started)

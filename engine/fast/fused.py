@@ -139,7 +139,8 @@ def for_model(model: nn.Module, compiled: bool = False) -> "FastLlama":
     `compiled` lays the weights out for the compiled step. The first build fixes the layout."""
     fast = _built.get(model)
     if fast is None:
-        fast = _built[model] = FastLlama(model, compiled)
+        with pages.each_block_mapped():
+            fast = _built[model] = FastLlama(model, compiled)
     return fast
 
 

@@ -1,4 +1,5 @@
-"""Hand back the pages of a memory-mapped weight file once its tensors have been copied.
+"""Hand memory back while weights load: a weight file's pages once its tensors have been copied,
+and the blocks freed along the way (`each_block_mapped`).
 
 transformers maps a safetensors file and hands out tensors that are views of the mapping; the
 pages count toward the process's resident memory once read. The fast path copies every matrix
@@ -9,9 +10,13 @@ costs nothing but a re-read from the file if anything touches them again.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import mmap
+import os
+import threading
+from typing import Iterator
 
 import torch
 
@@ -70,6 +75,53 @@ def owned_copy(
         copy[start : start + rows].copy_(tensor[start : start + rows])
         release(tensor[start : start + rows], mappings)
     return copy
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""glibc's `mallopt` parameters."""
+LOADING_MMAP_THRESHOLD = 128 << 10
+"""glibc's initial threshold: every block this large or larger is a mapping of its own."""
+STEADY_MMAP_THRESHOLD, STEADY_TRIM_THRESHOLD = 32 << 20, 64 << 20
+"""Where glibc's own adjustment takes them on a 64-bit system (its maximum, and twice that)."""
+
+_loading = [0]
+_loading_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def each_block_mapped() -> Iterator[None]:
+    """While weights are read, narrowed and copied into fused matrices: each block of 128 KiB or
+    more gets a mapping of its own, so a source freed after its copy goes back to the OS at once.
+
+    glibc raises its threshold to the size of the first large block freed, and later blocks of up
+    to that size come from the heap, which keeps what is freed: the fast path's peak at bf16 and
+    w8 was 70-180 MiB higher, and varied from run to run by as much. Afterwards the thresholds are
+    fixed where glibc's own adjustment takes them: a prefill whose temporaries were each mapped
+    anew ran 2x slower. glibc only; elsewhere this does nothing."""
+    with _loading_lock:
+        _loading[0] += 1
+        if _loading[0] == 1:
+            _mallopt(M_MMAP_THRESHOLD, LOADING_MMAP_THRESHOLD)
+    try:
+        yield
+    finally:
+        with _loading_lock:
+            _loading[0] -= 1
+            if _loading[0] == 0:
+                _mallopt(M_MMAP_THRESHOLD, STEADY_MMAP_THRESHOLD)
+                _mallopt(M_TRIM_THRESHOLD, STEADY_TRIM_THRESHOLD)
+
+
+def _mallopt(parameter: int, value: int) -> None:
+    if _glibc() and _libc() is not None:
+        _libc().mallopt(ctypes.c_int(parameter), ctypes.c_int(value))
+
+
+def _glibc() -> bool:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 _LIBC: ctypes.CDLL | None = None
