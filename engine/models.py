@@ -12,6 +12,7 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+import re
 import shutil
 import time
 import warnings
@@ -111,6 +112,7 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
     """Dequantize a GGUF into an HF directory once; later calls return the cached copy."""
     target = converted_dir(gguf)
     if (target / "config.json").is_file():
+        _drop_older_conversions(gguf, target)
         return target
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -137,12 +139,37 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
+    (staging / SOURCE_FILE).write_text(str(gguf.resolve()))
     try:
         os.replace(staging, target)  # atomic: a crash never leaves a half-written model
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)  # another process won the race
     del model
+    _drop_older_conversions(gguf, target)
     return target
+
+
+SOURCE_FILE = "gguf-source.txt"
+"""In a conversion: the GGUF path it was made from."""
+
+
+def _drop_older_conversions(gguf: Path, current: Path) -> None:
+    """Remove the conversions of this GGUF's path from before it changed (~0.5 GB each: every
+    reinstall of the built-in model's package rewrites the file, and its conversion kept the
+    old ones), and those older llmchat made of a GGUF of this name without saying its path.
+    Another GGUF's conversions stay."""
+    source = str(gguf.resolve())
+    name = re.compile(re.escape(gguf.stem) + r"-[0-9a-f]{16}")  # not another process's staging copy
+    for other in current.parent.iterdir():
+        if other == current or not name.fullmatch(other.name) or not (other / "config.json").is_file():
+            continue
+        marker = other / SOURCE_FILE
+        try:
+            made_from = marker.read_text() if marker.is_file() else source
+        except OSError:
+            continue
+        if made_from == source:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def load(

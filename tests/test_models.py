@@ -241,3 +241,36 @@ print(json.dumps({"grew": peak() - before, "weights": loaded.info.weight_bytes})
     assert done.returncode == 0, done.stderr[-500:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["grew"] < 1.5 * result["weights"]
+
+
+def test_a_changed_gguf_leaves_no_stale_conversion_behind(tmp_path, monkeypatch):
+    # Every reinstall of the built-in model's package rewrites its GGUF (a new mtime), so each
+    # converted it again (~0.5 GB) and kept the old copies: ten of them on a developer's machine.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    elsewhere = tmp_path / "other" / "model.gguf"  # the same name, another file: its copy stays
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(b"GGUF")
+
+    def conversion(of: Path, marked: bool = True) -> Path:
+        directory = models.converted_dir(of)
+        directory.mkdir(parents=True)
+        (directory / "config.json").write_text("{}")
+        if marked:
+            (directory / models.SOURCE_FILE).write_text(str(of.resolve()))
+        return directory
+
+    before_reinstall = conversion(gguf)
+    made_by_an_older_llmchat = conversion(elsewhere, marked=False).rename(
+        models.converted_dir(gguf).parent / "model-0123456789abcdef"
+    )
+    others = conversion(elsewhere)
+    staging = (models.converted_dir(gguf).parent / "model-fedcba9876543210.tmp123").resolve()
+    staging.mkdir()
+    (staging / "config.json").write_text("{}")  # another process converting right now
+    os.utime(gguf, ns=(10**18, 10**18))  # reinstalled
+    current = conversion(gguf)
+    assert models.convert_gguf(gguf, lambda *a: None) == current  # cached: nothing converted
+    assert current.exists() and others.exists() and staging.exists()
+    assert not before_reinstall.exists() and not made_by_an_older_llmchat.exists()
