@@ -46,16 +46,25 @@ class GraphedStep:
         self._graph = self._logits = None  # the old recording's memory goes first
         device = keys[0].device
         self._token, self._position = token.to(device).clone(), position.to(device).clone()
-        # A warm-up call off the recording: lazy initialisations (cuBLAS's handle and workspace)
-        # must not happen inside it. It writes the same K/V the replay then writes.
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            self.step(fast, self._token, self._position, keys, values)
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the app's other threads may touch CUDA (the memory figures) meanwhile
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            self._logits = self.step(fast, self._token, self._position, keys, values)
-        self._graph = graph
+        self._graph, self._logits = record(
+            lambda: self.step(fast, self._token, self._position, keys, values), device
+        )
         self.recordings += 1
+
+
+def record(
+    step: Callable[[], torch.Tensor], device: torch.device
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """`step()` recorded as a CUDA graph: (the graph, the output its replays write)."""
+    # A warm-up call off the recording: lazy initialisations (cuBLAS's handle and workspace)
+    # must not happen inside it. It writes the same K/V the replay then writes.
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: the app's other threads may touch CUDA (the memory figures) meanwhile
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        output = step()
+    return graph, output
