@@ -140,20 +140,24 @@ def kernel():
         pytest.skip(f"the decode kernel cannot be built here: {problem}")
 
 
-def test_the_kernel_reads_an_int8_cache_as_stored(kernel):
-    layer = int8_cache()
-    q = torch.randn(1, 3, 3, 64)
+@pytest.mark.parametrize("length", [6, 1300])
+@pytest.mark.parametrize("d", [64, 40])
+def test_the_kernel_reads_an_int8_cache_as_stored(kernel, length, d):
+    layer = int8_cache(length=length, d=d)
+    q = torch.randn(1, 3, 3, d)
     position = torch.tensor([layer.length - 1])
     keys, values = layer.dequantized(torch.float32)
     got = attention.decode_int8(q, layer.quantized(), position)
     torch.testing.assert_close(got, reference_attention(q, keys, values), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_the_kernel_reads_a_16_bit_cache_as_stored(kernel, dtype):
-    keys, values = torch.randn(1, 3, 700, 64).to(dtype), torch.randn(1, 3, 700, 64).to(dtype)
-    q = torch.randn(1, 3, 3, 64)
-    got = attention.decode(q, keys, values, torch.tensor([699]))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("length", [6, 700])  # on the calling thread alone; on the threads, two blocks
+@pytest.mark.parametrize("d", [64, 40])  # rows in 16-wide vectors, or the plain loops
+def test_the_kernel_reads_a_float_cache_as_stored(kernel, dtype, length, d):
+    keys, values = torch.randn(1, 3, length, d).to(dtype), torch.randn(1, 3, length, d).to(dtype)
+    q = torch.randn(1, 3, 3, d)
+    got = attention.decode(q, keys, values, torch.tensor([length - 1]))
     torch.testing.assert_close(got, reference_attention(q, keys, values), atol=1e-5, rtol=1e-4)
 
 
