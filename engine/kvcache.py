@@ -115,6 +115,7 @@ class PreallocatedLayer:
         # slots masked, and a masked slot still multiplies its value by 0 (garbage NaN * 0 = NaN).
         self._k = key_states.new_zeros(self._shape(key_states, self.initial_capacity), dtype=dtype)
         self._v = value_states.new_zeros(self._shape(value_states, self.initial_capacity), dtype=dtype)
+        self._position_bytes = 0  # worked out from the buffers on first use (a subclass adds some)
         self.is_initialized = True
 
     @staticmethod
@@ -192,11 +193,11 @@ class PreallocatedLayer:
         """Bytes of K and V (and their scales) for the tokens held (what the formula predicts)."""
         if not self.is_initialized:
             return 0
-        per_position = 0  # from the buffers' shapes: slicing them each token cost ~0.1 ms
-        for name in self._buffers:
-            buffer = getattr(self, name)
-            per_position += buffer.numel() // buffer.shape[2] * buffer.element_size()
-        return self.length * per_position
+        if not self._position_bytes:  # from the buffers' shapes, once: the panel asks every token
+            for name in self._buffers:
+                buffer = getattr(self, name)
+                self._position_bytes += buffer.numel() // buffer.shape[2] * buffer.element_size()
+        return self.length * self._position_bytes
 
     def reserved_bytes(self) -> int:
         """Bytes allocated, including room for tokens not yet generated."""
