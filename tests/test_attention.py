@@ -1,8 +1,14 @@
 """The decode-attention kernel: the same attention as SDPA, over the cache as the step holds it."""
 
+import platform
+import shutil
+import subprocess
+import sysconfig
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.cpp_extension import include_paths
 
 from engine.fast import attention
 
@@ -34,3 +40,25 @@ def test_kernel_is_used_for_the_cache_types_it_reads_on_the_cpu(kernel):
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int8):  # as stored (int8: + scales)
         assert kernel.can_attend(torch.zeros(1, 3, 8, 64, dtype=dtype))
     assert not kernel.can_attend(torch.zeros(1, 3, 8, 64, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v3", "x86-64"])  # AVX2 machines, and plain x86-64
+def test_the_kernel_source_compiles_for_cpus_without_avx512(cpu):
+    """The kernel is built with -march=native: its AVX-512 paths must fall away cleanly elsewhere."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs a C++ compiler targeting x86-64")
+    flags = [f for f in attention.FLAGS if not f.startswith("-march")]
+    includes = [f"-I{path}" for path in (*include_paths(), sysconfig.get_paths()["include"])]
+    command = [
+        compiler,
+        "-std=c++17",
+        "-fsyntax-only",
+        f"-march={cpu}",
+        *flags,
+        *includes,
+        str(attention.SOURCE),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True)
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert result.returncode == 0, "\n".join(errors[:5])

@@ -49,40 +49,6 @@ inline const float* as_float<at::Half>(const at::Half* row, float* buffer, int64
 }
 #endif
 
-
-// A block's scores: scores[g * kBlock + t] = (query g . key t) * scale (times key t's int8 scale).
-template <typename T>
-void block_scores(const float* queries, int64_t G, int64_t D, const T* keys, const float* key_scales, float scale,
-                  int64_t n, float* scores, float* widened) {
-  for (int64_t t = 0; t < n; ++t) {
-    const float* key = as_float(keys + t * D, widened, D);
-    const float row = key_scales ? key_scales[t] * scale : scale;
-    for (int64_t g = 0; g < G; ++g) {
-      const float* query = queries + g * D;
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < D; ++d) dot += query[d] * key[d];
-      scores[g * kBlock + t] = dot * row;
-    }
-  }
-}
-
-// A block's share of the output: out[g] += softmax weight (g, t) * value t (times its int8 scale).
-template <typename T>
-void block_values(const float* scores, int64_t G, int64_t D, const T* values, const float* value_scales, int64_t n,
-                  float* out, float* widened) {
-  for (int64_t t = 0; t < n; ++t) {
-    const float* value = as_float(values + t * D, widened, D);
-    const float row = value_scales ? value_scales[t] : 1.0f;
-    for (int64_t g = 0; g < G; ++g) {
-      const float p = scores[g * kBlock + t] * row;
-      float* o = out + g * D;
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) o[d] += p * value[d];
-    }
-  }
-}
-
 #if defined(__AVX512F__)
 constexpr int64_t kMaxD = 256;
 
@@ -99,8 +65,9 @@ inline __m512 load16(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-// block_scores and block_values for D a multiple of 16: each row is widened once into registers
-// and shared by the G query heads (the loops above spent ~28 ns a row widening and reducing).
+// block_scores and block_values (below) for D a multiple of 16: each row is widened once into
+// registers and shared by the G query heads (the plain loops spend ~28 ns a row widening and
+// reducing).
 template <typename T>
 void block_scores_avx512(const float* queries, int64_t G, int64_t D, const T* keys, const float* key_scales,
                          float scale, int64_t n, float* scores) {
@@ -134,6 +101,46 @@ void block_values_avx512(const float* scores, int64_t G, int64_t D, const T* val
   }
 }
 #endif
+
+// A block's scores: scores[g * kBlock + t] = (query g . key t) * scale (times key t's int8 scale).
+template <typename T>
+void block_scores(const float* queries, int64_t G, int64_t D, const T* keys, const float* key_scales, float scale,
+                  int64_t n, float* scores, float* widened) {
+#if defined(__AVX512F__)
+  if (D % 16 == 0 && D <= kMaxD) return block_scores_avx512(queries, G, D, keys, key_scales, scale, n, scores);
+#endif
+  for (int64_t t = 0; t < n; ++t) {
+    const float* key = as_float(keys + t * D, widened, D);
+    const float row = key_scales ? key_scales[t] * scale : scale;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* query = queries + g * D;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < D; ++d) dot += query[d] * key[d];
+      scores[g * kBlock + t] = dot * row;
+    }
+  }
+}
+
+// A block's share of the output: out[g] += softmax weight (g, t) * value t (times its int8 scale).
+template <typename T>
+void block_values(const float* scores, int64_t G, int64_t D, const T* values, const float* value_scales, int64_t n,
+                  float* out, float* widened) {
+#if defined(__AVX512F__)
+  if (D % 16 == 0 && D <= kMaxD) return block_values_avx512(scores, G, D, values, value_scales, n, out);
+#endif
+  for (int64_t t = 0; t < n; ++t) {
+    const float* value = as_float(values + t * D, widened, D);
+    const float row = value_scales ? value_scales[t] : 1.0f;
+    for (int64_t g = 0; g < G; ++g) {
+      const float p = scores[g * kBlock + t] * row;
+      float* o = out + g * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) o[d] += p * value[d];
+    }
+  }
+}
+
 
 // One new token's attention over the KV cache, for engine/fast/attention.py.
 //
@@ -174,11 +181,6 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   float* mp = stats.data();
   float* sp = mp + H * blocks * G;
 
-#if defined(__AVX512F__)
-  const bool vectors = D % 16 == 0 && D <= kMaxD;
-#else
-  const bool vectors = false;
-#endif
   auto work = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(G * kBlock);
     std::vector<float> widened(D);
@@ -190,11 +192,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       const float* key_scales = ks ? ks + h * scale_head_stride + first : nullptr;
       const float* value_scales = vs ? vs + h * scale_head_stride + first : nullptr;
       const float* queries = qp + h * G * D;
-      if (vectors) {
-        block_scores_avx512(queries, G, D, keys, key_scales, scale, n, scores.data());
-      } else {
-        block_scores(queries, G, D, keys, key_scales, scale, n, scores.data(), widened.data());
-      }
+      block_scores(queries, G, D, keys, key_scales, scale, n, scores.data(), widened.data());
       float* out = op + task * G * D;
       for (int64_t g = 0; g < G; ++g) {
         float* s = scores.data() + g * kBlock;
@@ -207,11 +205,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         mp[task * G + g] = m;
         sp[task * G + g] = sum;
       }
-      if (vectors) {
-        block_values_avx512(scores.data(), G, D, values, value_scales, n, out);
-      } else {
-        block_values(scores.data(), G, D, values, value_scales, n, out, widened.data());
-      }
+      block_values(scores.data(), G, D, values, value_scales, n, out, widened.data());
     }
   };
   if (H * length < kRowsInline) {
