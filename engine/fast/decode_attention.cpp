@@ -18,9 +18,9 @@
 namespace {
 
 constexpr int64_t kBlock = 512;
-// Below this many K/V rows in all, the threads' start and join cost more than they save (a
-// 200-token cache: 15 us a layer on two threads): the calling thread does the work alone.
-constexpr int64_t kRowsInline = 768;
+// Below this many K/V rows in all, starting and joining the threads costs more than they save
+// (about even at 150-200 rows on two threads): the calling thread does the work alone.
+constexpr int64_t kRowsInline = 192;
 
 // A row of the cache as float32: float32 rows are used in place; other types are widened once
 // into `buffer` (L1-resident), so the G query heads that share the row do not convert it G times.
@@ -52,8 +52,7 @@ inline const float* as_float<at::Half>(const at::Half* row, float* buffer, int64
 #if defined(__AVX512F__)
 constexpr int64_t kMaxD = 256;
 
-// Sixteen elements of a cache row as float32.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+// Sixteen elements of a 16-bit or int8 cache row as float32.
 inline __m512 load16(const at::BFloat16* p) {  // a bfloat16 is a float32's upper half
   const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
@@ -65,9 +64,10 @@ inline __m512 load16(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-// block_scores and block_values (below) for D a multiple of 16: each row is widened once into
-// registers and shared by the G query heads (the plain loops spend ~28 ns a row widening and
-// reducing).
+// block_scores and block_values (below) for 16-bit and int8 rows, D a multiple of 16: each row is
+// widened once into registers and shared by the G query heads (the plain loops spent ~28 ns a
+// row widening it through a buffer). A float32 row needs no widening, and the plain loops read
+// it as fast (slightly faster from memory).
 template <typename T>
 void block_scores_avx512(const float* queries, int64_t G, int64_t D, const T* keys, const float* key_scales,
                          float scale, int64_t n, float* scores) {
@@ -107,7 +107,9 @@ template <typename T>
 void block_scores(const float* queries, int64_t G, int64_t D, const T* keys, const float* key_scales, float scale,
                   int64_t n, float* scores, float* widened) {
 #if defined(__AVX512F__)
-  if (D % 16 == 0 && D <= kMaxD) return block_scores_avx512(queries, G, D, keys, key_scales, scale, n, scores);
+  if constexpr (!std::is_same_v<T, float>) {
+    if (D % 16 == 0 && D <= kMaxD) return block_scores_avx512(queries, G, D, keys, key_scales, scale, n, scores);
+  }
 #endif
   for (int64_t t = 0; t < n; ++t) {
     const float* key = as_float(keys + t * D, widened, D);
@@ -127,7 +129,9 @@ template <typename T>
 void block_values(const float* scores, int64_t G, int64_t D, const T* values, const float* value_scales, int64_t n,
                   float* out, float* widened) {
 #if defined(__AVX512F__)
-  if (D % 16 == 0 && D <= kMaxD) return block_values_avx512(scores, G, D, values, value_scales, n, out);
+  if constexpr (!std::is_same_v<T, float>) {
+    if (D % 16 == 0 && D <= kMaxD) return block_values_avx512(scores, G, D, values, value_scales, n, out);
+  }
 #endif
   for (int64_t t = 0; t < n; ++t) {
     const float* value = as_float(values + t * D, widened, D);
@@ -141,18 +145,18 @@ void block_values(const float* scores, int64_t G, int64_t D, const T* values, co
   }
 }
 
-
 // One new token's attention over the KV cache, for engine/fast/attention.py.
 //
 // q [H, G, D] float32: the G query heads that share each of the H cached K/V heads; k, v [H, C, D]
 // (rows contiguous; heads may be strided, e.g. views of a larger buffer) with positions
 // 0..position valid, stored as float32, bfloat16, float16, or int8 with one float32 scale per
 // row (ks, vs [H, C]: token t of head h is k[h, t] * ks[h, t]). Each (head, block of 512 keys)
-// is one task on torch's thread pool: scores, a softmax local to the block and a partial
-// output; the partials are then merged with their max-and-sum weights (flash-decoding). K and V
-// are each read once, as stored: a row is widened to float32 into a buffer of D floats that the
-// G query heads then share, and an int8 row's scale multiplies its dot product (K) or its
-// softmax weight (V), never the row, so no dequantized copy of the cache is ever made.
+// is one task on torch's thread pool (on the calling thread alone for a short cache): scores, a
+// softmax local to the block and a partial output; the partials are then merged with their
+// max-and-sum weights (flash-decoding). K and V are each read once, as stored: a row is widened
+// to float32 once (into vector registers, or a buffer of D floats) and the G query heads then
+// share it, and an int8 row's scale multiplies its dot product (K) or its softmax weight (V),
+// never the row, so no dequantized copy of the cache is ever made.
 //
 // Built with -ffast-math (engine/fast/attention.py), so nothing here may rely on infinities.
 template <typename T>
