@@ -1,7 +1,6 @@
 // Per-operator headers, not <ATen/ATen.h>: the build is on a first start's critical path, and
 // every ATen function's declaration made it ~2 s slower (8.1 s -> 6.0 s here).
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
