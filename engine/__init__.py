@@ -6,7 +6,7 @@ The rest is grouped by concern:
 
 | package | job |
 |---|---|
-| `fast/` | decode speed: the fused forward, the compiled step, the attention kernel |
+| `fast/` | decode speed: the fused forward, the compiled step, the C++ kernels |
 | `quant/` | precisions and the int8 formats (w8a8, w8) |
 | `saved/` | saved conversations: the store, a chat that saves itself, KV cache files |
 | `instruments/` | teaching instruments that read real values from the running model |

@@ -362,9 +362,9 @@ def bench_kv_cache(
     precision per repeat), all on the eager fast path (the compiled step is built for the fp32
     cache only). The context is prefilled once, into an fp32 cache, and converted to each
     precision: a step's time does not depend on the values it reads."""
-    from engine.fast import attention
+    from engine.fast import kernels
 
-    kernel = attention.load()
+    kernel = kernels.load()
     session = _greedy(loaded, tokens)
     ids = prompt_ids(loaded.tokenizer, context)
     with torch.inference_mode():

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from dataclasses import dataclass, fields
 
 import torch
+
+from engine.fast import kernels
 
 
 @dataclass(frozen=True)
@@ -135,28 +138,46 @@ class Draw:
 class Sampler:
     """Turns one step's logits into a token, given the current settings."""
 
-    def __init__(self, settings: SamplingSettings, device: str | torch.device, show_top_k: int = 10):
+    def __init__(
+        self,
+        settings: SamplingSettings,
+        device: str | torch.device,
+        show_top_k: int = 10,
+        fused: bool = True,
+    ):
         self.settings = settings
         self.show_top_k = show_top_k
-        self.generator = torch.Generator(device=device)
+        self.fused = fused
+        """Summarize a step in one call of the kernel (engine/fast/sample_summary.cpp) where it is
+        loaded; False, or until it is, torch's ops compute the same."""
+        self.random = random.Random()
+        """The draws' uniform numbers: on the host, so a draw costs no tensor op (and no device
+        sync) for them; seeded, they repeat."""
         self.reseed()
 
     def reseed(self) -> None:
-        seed = self.settings.seed
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (1,)).item())
-        self.generator.manual_seed(seed)
+        self.random.seed(self.settings.seed)  # None seeds afresh from the OS
+
+    def uniform(self) -> float:
+        """u ~ U[0, 1) from this sampler's seeded stream."""
+        return self.random.random()
+
+    def filtered(self, logits: torch.Tensor, seen: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The float32 logits after every filter (removed tokens -inf), and the factor the final
+        distribution still scales them by: 1/temperature, or 1 where top-p or min-p, which
+        depend on the temperature, had it applied first."""
+        s = self.settings
+        logits = apply_repetition_penalty(logits.float(), seen, s.repetition_penalty)
+        logits = apply_top_k(logits, s.top_k)  # by order alone: the same before the temperature
+        if s.top_p >= 1.0 and s.min_p <= 0.0:
+            return logits, 1.0 if s.temperature in (0.0, 1.0) else 1.0 / s.temperature
+        logits = apply_temperature(logits, s.temperature)
+        return apply_min_p(apply_top_p(logits, s.top_p), s.min_p), 1.0
 
     def distribution(self, logits: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
         """Log-probabilities of the final distribution (after every filter)."""
-        s = self.settings
-        logits = logits.float()
-        logits = apply_repetition_penalty(logits, seen, s.repetition_penalty)
-        logits = apply_temperature(logits, s.temperature)
-        logits = apply_top_k(logits, s.top_k)
-        logits = apply_top_p(logits, s.top_p)
-        logits = apply_min_p(logits, s.min_p)
-        return torch.log_softmax(logits, dim=-1)
+        logits, scale = self.filtered(logits, seen)
+        return torch.log_softmax(logits if scale == 1.0 else logits * scale, dim=-1)
 
     def _draw(self, probs: torch.Tensor) -> torch.Tensor:
         """Inverse-CDF sampling: the first token whose cumulative probability exceeds u ~ U[0, 1).
@@ -166,21 +187,35 @@ class Sampler:
         width to the CDF, so `right=True` can never land on it.
         """
         cdf = torch.cumsum(probs, dim=0)
-        u = torch.rand(1, generator=self.generator, device=probs.device, dtype=cdf.dtype) * cdf[-1]
-        return torch.searchsorted(cdf, u, right=True).clamp(max=probs.numel() - 1)[0]
+        target = (cdf[-1] * self.uniform()).view(1)
+        return torch.searchsorted(cdf, target, right=True).clamp(max=probs.numel() - 1)[0]
 
     def draw(self, probs: torch.Tensor) -> int:
-        """One id drawn from `probs` (need not sum to 1) with this sampler's generator."""
+        """One id drawn from `probs` (need not sum to 1) with this sampler's random stream."""
         return int(self._draw(probs))
 
     def sample(self, logits: torch.Tensor, seen: torch.Tensor) -> Draw:
-        logprobs = self.distribution(logits, seen)
         greedy = self.settings.temperature == 0.0
+        if self._summarized_in_one_call(logits):
+            filtered, scale = self.filtered(logits, seen)
+            return self._summary(filtered, scale, -1, None if greedy else self.uniform())
+        logprobs = self.distribution(logits, seen)
         chosen = torch.argmax(logprobs) if greedy else self._draw(logprobs.exp())
         return self.describe(logprobs, chosen)
 
+    def _summarized_in_one_call(self, logits: torch.Tensor) -> bool:
+        return self.fused and logits.device.type == "cpu" and kernels.is_loaded()
+
+    def _summary(self, logits: torch.Tensor, scale: float, chosen: int, u: float | None) -> Draw:
+        """The Draw by the kernel: of `chosen`, else drawn with `u` in [0, 1), else the top."""
+        k = min(self.show_top_k, logits.numel())
+        packed = torch.ops.llmchat.sample_summary(logits.contiguous(), scale, chosen, u, k)
+        return _unpacked(packed.tolist(), k)
+
     def describe(self, logprobs: torch.Tensor, chosen: torch.Tensor | int) -> Draw:
         """The Draw of token `chosen` from the distribution `logprobs` (from `distribution`)."""
+        if self._summarized_in_one_call(logprobs):
+            return self._summary(logprobs.float(), 1.0, int(chosen), None)
         chosen = torch.as_tensor(chosen, device=logprobs.device)
         probs = logprobs.exp()
         greedy = self.settings.temperature == 0.0
@@ -194,8 +229,8 @@ class Sampler:
             if greedy
             else torch.count_nonzero(logprobs > chosen_logprob).view(1) + 1
         )
-        # One host copy per step: the chosen id, its logprob, entropy, rank and the top-k
-        # (ids and ranks are exact in float32 below 2**24, far above any vocabulary size).
+        # One host copy per step, packed as the kernel packs it (ids and ranks are exact in
+        # float32 below 2**24, far above any vocabulary size).
         dtype = logprobs.dtype
         packed = torch.cat(
             [
@@ -207,13 +242,16 @@ class Sampler:
                 top.indices.to(dtype),
             ]
         )
-        values = packed.tolist()
-        k = top.values.numel()
-        return Draw(
-            id=int(values[0]),
-            logprob=values[1],
-            entropy=values[2],
-            rank=int(values[3]),
-            top_probs=values[4 : 4 + k],
-            top_ids=[int(v) for v in values[4 + k :]],
-        )
+        return _unpacked(packed.tolist(), top.values.numel())
+
+
+def _unpacked(values: list[float], k: int) -> Draw:
+    """A Draw from [id, logprob, entropy, rank, k top probabilities, k top ids]."""
+    return Draw(
+        id=int(values[0]),
+        logprob=values[1],
+        entropy=values[2],
+        rank=int(values[3]),
+        top_probs=values[4 : 4 + k],
+        top_ids=[int(v) for v in values[4 + k :]],
+    )

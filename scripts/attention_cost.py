@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from engine.fast import attention
+from engine.fast import kernels
 
 KV_HEADS, GROUP, HEAD_DIM, LAYERS = 3, 3, 64, 30
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--positions", default="1,50,200,1000,4000")
     parser.add_argument("--repeats", type=int, default=2000)
     args = parser.parse_args()
-    problem = attention.load()
+    problem = kernels.load()
     if problem is not None:
         raise SystemExit(f"the decode-attention kernel did not build: {problem}")
     lengths = [int(n) for n in args.positions.split(",")]

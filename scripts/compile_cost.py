@@ -40,11 +40,11 @@ def _steps(precision: str, variants: tuple[str, ...]):
     import torch
 
     from engine import models
-    from engine.fast import attention, fused, steps
+    from engine.fast import fused, kernels, steps
 
     loaded = models.load(MODEL, precision, "cpu")
     fast = fused.for_model(loaded.model, compiled=True)
-    attention.load()
+    kernels.load()
     cache_dtype = getattr(torch, loaded.info.cache_dtype)
 
     made = {}

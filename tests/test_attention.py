@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.cpp_extension import include_paths
 
-from engine.fast import attention
+from engine.fast import attention, kernels
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    problem = attention.load()
+    problem = kernels.load()
     assert problem is None, problem  # CI has a compiler and ninja: the kernel must build
     return attention
 
@@ -43,12 +43,12 @@ def test_kernel_is_used_for_the_cache_types_it_reads_on_the_cpu(kernel):
 
 
 @pytest.mark.parametrize("cpu", ["x86-64-v3", "x86-64"])  # AVX2 machines, and plain x86-64
-def test_the_kernel_source_compiles_for_cpus_without_avx512(cpu):
-    """The kernel is built with -march=native: its AVX-512 paths must fall away cleanly elsewhere."""
+def test_the_kernel_sources_compile_for_cpus_without_avx512(cpu):
+    """The kernels are built with -march=native: their AVX-512 paths must fall away cleanly elsewhere."""
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None or platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("needs a C++ compiler targeting x86-64")
-    flags = [f for f in attention.FLAGS if not f.startswith("-march")]
+    flags = [f for f in kernels.FLAGS if not f.startswith("-march")]
     includes = [f"-I{path}" for path in (*include_paths(), sysconfig.get_paths()["include"])]
     command = [
         compiler,
@@ -57,7 +57,7 @@ def test_the_kernel_source_compiles_for_cpus_without_avx512(cpu):
         f"-march={cpu}",
         *flags,
         *includes,
-        str(attention.SOURCE),
+        *[str(source) for source in kernels.SOURCES],
     ]
     result = subprocess.run(command, capture_output=True, text=True)
     errors = [line for line in result.stderr.splitlines() if "error" in line]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.events import DecodeStep, ModelReady, to_json
-from engine.fast import attention, compiled, steps, which
+from engine.fast import compiled, kernels, steps, which
 from engine.fast.which import COMPILE_OFF, decode_step
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -142,7 +142,7 @@ def test_the_worker_says_building_then_failed_when_the_compile_breaks(tiny_model
     building = threading.Event()  # the background build waits until the test has seen "building"
     monkeypatch.setattr(compiled, "_fill_cache_in_a_subprocess", lambda *args: (building.wait(60), False)[1])
     monkeypatch.setattr(steps, "cached_marker", lambda *args: None)  # never compiled before
-    monkeypatch.setattr(attention, "load", lambda: "no compiler")
+    monkeypatch.setattr(kernels, "load", lambda: "no compiler")
     events: queue.Queue = queue.Queue()
     worker = InferenceWorker(events.put, compile=True)
     try:

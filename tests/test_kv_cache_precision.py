@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from engine.events import CachePrecisionChanged, Failed, ModelReady, PhaseChanged, TurnFinished
-from engine.fast import attention
+from engine.fast import attention, kernels
 from engine.instruments import kv_budget
 from engine.instruments.precision_compare import compare_kv_cache
 from engine.kvcache import CACHE_PRECISIONS, KVCache, QuantizedLayer, dequantize, quantize
@@ -135,7 +135,7 @@ def test_the_chunked_int8_path_equals_attention_over_the_dequantized_cache():
 
 @pytest.fixture(scope="module")
 def kernel():
-    problem = attention.load()
+    problem = kernels.load()
     if problem is not None:
         pytest.skip(f"the decode kernel cannot be built here: {problem}")
 

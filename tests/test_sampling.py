@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from engine.fast import kernels
 from engine.sampling import (
     Sampler,
     SamplingSettings,
@@ -204,11 +205,14 @@ def test_top_k_filter_shows_in_the_draw():
     assert draw.id in draw.top_ids[:3]
 
 
-def test_samples_follow_the_reported_distribution():
+@pytest.mark.parametrize("fused", [False, True], ids=["torch ops", "kernel"])
+def test_samples_follow_the_reported_distribution(fused, request):
     """Empirical frequencies of many draws match the probabilities the draw reports."""
+    if fused:
+        request.getfixturevalue("kernels_loaded")
     logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -3.0])
     settings = SamplingSettings(temperature=0.8, top_p=0.9, seed=42)
-    sampler = Sampler(settings, "cpu", show_top_k=6)
+    sampler = Sampler(settings, "cpu", show_top_k=6, fused=fused)
     draws = [sampler.sample(logits, NO_IDS) for _ in range(4000)]
     reported = dict(zip(draws[0].top_ids, draws[0].top_probs))
     counts = {i: 0 for i in range(6)}
@@ -230,3 +234,69 @@ def test_settings_names_lists_every_field():
         "seed",
         "max_new_tokens",
     ]
+
+
+# -- the summary kernel: the same Draw in one call ---------------------------------------------
+@pytest.fixture(scope="module")
+def kernels_loaded():
+    problem = kernels.load()
+    assert problem is None, problem  # CI has a compiler and ninja: the kernels must build
+    assert kernels.is_loaded()
+
+
+def _same_draw(got, expected):
+    shown = sum(p > 0 for p in expected.top_probs)  # a removed token's place in the top k means nothing
+    assert (got.id, got.top_ids[:shown]) == (expected.id, expected.top_ids[:shown])
+    # Deep in the tail, torch ranks by logprobs rounded after the softmax's shift, where neighbours
+    # can become equal; the kernel compares the logits themselves.
+    assert got.rank == expected.rank if expected.rank <= 10 else abs(got.rank - expected.rank) <= 2
+    assert got.logprob == pytest.approx(expected.logprob, rel=1e-5, abs=1e-6)
+    assert got.entropy == pytest.approx(expected.entropy, rel=1e-5, abs=1e-6)
+    assert got.top_probs == pytest.approx(expected.top_probs, rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("vocab", [50, 49_152])  # a toy, and the built-in model's vocabulary
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SamplingSettings(temperature=0),
+        SamplingSettings(temperature=0.7, seed=3),
+        SamplingSettings(temperature=1.0, seed=0),
+        SamplingSettings(temperature=0.7, top_k=3, seed=0),
+        SamplingSettings(temperature=1.3, top_p=0.8, seed=0),
+        SamplingSettings(temperature=1.0, min_p=0.1, repetition_penalty=1.5, seed=0),
+    ],
+)
+def test_the_kernel_draws_and_reports_what_torch_ops_do(kernels_loaded, settings, vocab):
+    by_kernel = Sampler(settings, "cpu", show_top_k=10)
+    by_torch = Sampler(settings, "cpu", show_top_k=10, fused=False)
+    seen = torch.tensor([1, 2, 3])
+    for step in range(20):
+        logits = _logits(vocab, seed=step)
+        _same_draw(by_kernel.sample(logits, seen), by_torch.sample(logits, seen))
+
+
+def test_the_kernel_takes_the_first_of_equal_tops_as_argmax_does(kernels_loaded):
+    logits = torch.full((49_152,), -5.0)
+    logits[[700, 31, 40_000]] = 3.0  # three equal most probable tokens
+    draw = Sampler(SamplingSettings(temperature=0), "cpu").sample(logits, NO_IDS)
+    assert draw.id == int(torch.argmax(logits)) == 31
+    assert draw.top_ids[:3] == [31, 700, 40_000] and draw.rank == 1
+
+
+def test_the_kernel_describes_a_given_token_even_a_removed_one(kernels_loaded):
+    settings = SamplingSettings(temperature=1.0, top_k=5)
+    logprobs = Sampler(settings, "cpu", fused=False).distribution(_logits(300), NO_IDS)
+    removed = int(torch.argmin(logprobs))
+    for chosen in (int(torch.topk(logprobs, 3).indices[-1]), removed):
+        got = Sampler(settings, "cpu").describe(logprobs, chosen)
+        _same_draw(got, Sampler(settings, "cpu", fused=False).describe(logprobs, chosen))
+    assert got.logprob == NEG and got.top_probs[5:] == [0.0] * 5  # only 5 kept: the rest shown as 0
+
+
+def test_the_kernel_refuses_logits_it_cannot_read(kernels_loaded):
+    every_token_removed = torch.full((10,), NEG)
+    with pytest.raises(RuntimeError, match="every token was removed"):
+        torch.ops.llmchat.sample_summary(every_token_removed, 1.0, -1, None, 3)
+    with pytest.raises(RuntimeError, match="one contiguous float32 row"):
+        torch.ops.llmchat.sample_summary(torch.zeros(10, dtype=torch.float64), 1.0, -1, None, 3)

@@ -49,7 +49,7 @@ import torch
 
 from engine.errors import one_line
 from engine.events import ModelInfo
-from engine.fast import attention, graphed, steps
+from engine.fast import attention, graphed, kernels, steps
 from engine.fast.fused import FastLlama
 from engine.kvcache import KVCache
 from engine.quant.int8 import Int8Linear
@@ -125,10 +125,10 @@ class CompiledDecode:
         """The regional step, then the whole one (engine/fast/steps.py): the first ready in
         seconds, the second, faster per token, taking over when it is built."""
         started = time.perf_counter()
-        # The decode-attention kernel (~6 s of the C++ compiler on a fresh machine) builds here
-        # meanwhile, beside the child's compile, which traces the step without it
-        # (attention.stand_in). Built once per machine; cached, it only loads.
-        threading.Thread(target=attention.load, name="llmchat-kernel-build", daemon=True).start()
+        # The C++ kernels (decode attention, the sampler's summary: seconds of the C++ compiler
+        # on a fresh machine) build here meanwhile, beside the child's compile, which traces the
+        # step without them (attention.stand_in). Built once per machine; cached, they only load.
+        threading.Thread(target=kernels.load, name="llmchat-kernel-build", daemon=True).start()
         step, error, timed_out = self._compile("regional")
         with self._lock:
             if self._stopped:  # compiled for a model no longer in use: dropped
@@ -169,8 +169,8 @@ class CompiledDecode:
                 return None, None, True
         if self._stopped:
             return None, None, False
-        self.attention_error = attention.load()  # before tracing, so the step calls the kernel
-        self._note(attention.take_notes())
+        self.attention_error = kernels.load()  # before tracing, so the step calls the kernel
+        self._note(kernels.take_notes())
         fast = self._fast()
         if fast is None or self._stopped:
             return None, None, False

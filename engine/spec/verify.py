@@ -50,8 +50,7 @@ def _accept(sampler: Sampler, p: torch.Tensor, q: torch.Tensor | None, d: int) -
     p_d = float(p[d])
     if p_d >= q_d:
         return True
-    u = torch.rand(1, generator=sampler.generator, device=sampler.generator.device).item()
-    return u * q_d < p_d
+    return sampler.uniform() * q_d < p_d
 
 
 def residual(p: torch.Tensor, q: torch.Tensor | None, d: int) -> torch.Tensor:

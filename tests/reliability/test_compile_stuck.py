@@ -16,7 +16,7 @@ import torch
 
 from engine import bench, models
 from engine.events import ModelReady, TokenSampled
-from engine.fast import attention, compiled
+from engine.fast import compiled, kernels
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 from engine.worker import InferenceWorker
@@ -27,11 +27,11 @@ HANG_S = 300
 
 BUILD = """
 import json, sys
-from engine.fast import attention
+from engine.fast import kernels
 if len(sys.argv) > 1:
-    attention.LOCK_WAIT_S = float(sys.argv[1])
-problem = attention.load()
-print(json.dumps({"problem": problem, "notes": attention.take_notes()}), flush=True)
+    kernels.LOCK_WAIT_S = float(sys.argv[1])
+problem = kernels.load()
+print(json.dumps({"problem": problem, "notes": kernels.take_notes()}), flush=True)
 """
 
 
@@ -44,7 +44,7 @@ def private_cache(tmp_path, monkeypatch):
 
 
 def _build(*args: str) -> subprocess.Popen:
-    """A process that builds the attention kernel, in its own process group (as a terminal's job)."""
+    """A process that builds the kernels, in its own process group (as a terminal's job)."""
     return subprocess.Popen(
         [sys.executable, "-c", BUILD, *args],
         cwd=ROOT,
@@ -110,12 +110,12 @@ def test_a_build_waiting_on_a_live_build_gives_up_with_a_reason(private_cache):
 def test_a_stale_lock_is_named_in_the_compile_notice_and_eager_serves(
     tiny_model_dir, private_cache, monkeypatch
 ):
-    directory = attention._build_directory()  # under the private cache
+    directory = kernels._build_directory()  # under the private cache
     directory.mkdir(parents=True)
     (directory / "lock").touch()  # as a build killed mid-way leaves it
     # As on a first start: the app builds the kernel (an earlier test may have loaded it here).
-    monkeypatch.setattr(attention, "_loaded", threading.Event())
-    monkeypatch.setattr(attention, "_error", [])
+    monkeypatch.setattr(kernels, "_loaded", threading.Event())
+    monkeypatch.setattr(kernels, "_error", [])
     # The child process compiles for real (and meets the lock); here the eager step stands in for
     # the compiled one, which the child's artifacts would only make faster to load.
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
@@ -226,7 +226,7 @@ def test_bench_does_not_wait_out_a_failed_compile(tiny_model_dir, monkeypatch):
 
     monkeypatch.setattr(torch, "compile", broken)
     monkeypatch.setattr(compiled, "_fill_cache_in_a_subprocess", lambda *args: False)
-    monkeypatch.setattr(attention, "load", lambda: "no compiler")
+    monkeypatch.setattr(kernels, "load", lambda: "no compiler")
     loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
     result: list[dict] = []
     thread = threading.Thread(target=lambda: result.append(bench.compile_decode(loaded)), daemon=True)

@@ -1,0 +1,168 @@
+"""llmchat's C++ kernels, built once per machine in the background and loaded as torch ops.
+
+- `decode_attention.cpp`: one new token's attention over the KV cache (engine/fast/attention.py).
+- `sample_summary.cpp`: a step's draw and what the panels show of it, in one pass over the
+  logits (engine/sampling.py).
+
+They are compiled with the C++ compiler torch.compile needs anyway, once per machine, into
+llmchat's cache directory, by the background job that compiles the decode step
+(engine/fast/compiled.py). Until they are loaded, or where they cannot be built, torch's own
+ops do the same sums. The ops are declared here, not in the C++, so that job's child process
+can trace a step calling them while the kernels are still building (attention.stand_in).
+
+torch's builder guards the directory with a `lock` file that only the build that made it
+removes: a build killed mid-way (a closed terminal) left it, and every later build waited on it
+forever. So a build first takes a lock of our own (`flock`, which the OS drops when its holder
+dies); whoever holds that lock knows any `lock` file is stale and removes it. A build that
+waits longer than LOCK_WAIT_S on a live one gives up with the reason, and torch's ops serve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+import platformdirs
+import torch
+
+from engine.errors import one_line
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: no lock of ours there
+    fcntl = None
+
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+"""-ffast-math lets the compiler vectorize exp and the reductions (BENCHMARKS.md)."""
+
+SOURCES = [Path(__file__).with_name(name) for name in ("decode_attention.cpp", "sample_summary.cpp")]
+
+LOCK_FILE = "llmchat-build.lock"
+"""Our lock in the build directory: held (flock) by the process building, with its pid inside."""
+LOCK_WAIT_S = 180.0
+"""How long a build waits for another process's build of the kernels (~20 s) before giving up."""
+
+SCHEMAS = {
+    "decode_attention": "(Tensor q, Tensor k, Tensor v, Tensor position) -> Tensor",
+    "decode_attention_int8": (
+        "(Tensor q, Tensor k, Tensor ks, Tensor v, Tensor vs, Tensor position) -> Tensor"
+    ),
+    "sample_summary": "(Tensor logits, float scale, int chosen, float? u, int k) -> Tensor",
+}
+"""The kernels' ops; the built library registers their CPU implementations."""
+
+# Declared here rather than in the C++ (2 ms): a step can then be traced before the kernels are built.
+LIBRARY = torch.library.Library("llmchat", "DEF")
+for _name, _schema in SCHEMAS.items():
+    LIBRARY.define(_name + _schema)
+
+_lock = threading.Lock()
+_error: list[str] = []
+_loaded = threading.Event()
+_notes: list[str] = []
+
+
+class BuildBusy(Exception):
+    """Another live process kept building the kernels for longer than we wait."""
+
+
+def _build_directory() -> Path:
+    """Per machine and torch version: the build is for this CPU's instructions (-march=native)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
+    except (OSError, IndexError):
+        flags = ""
+    key = hashlib.sha256(f"{flags}{torch.__version__}{FLAGS}".encode())
+    for source in SOURCES:  # a changed kernel builds anew, beside (not over) the old one
+        key.update(source.read_bytes())
+    return Path(platformdirs.user_cache_dir("llmchat")) / "kernels" / key.hexdigest()[:12]
+
+
+def _put_ninja_on_path() -> None:
+    """torch's extension builder runs `ninja` from PATH; the pip package's binary lies in the
+    virtual environment, which need not be on PATH (`.venv/bin/llmchat`)."""
+    if shutil.which("ninja") is None:
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def take_notes() -> list[str]:
+    """What the builds so far met worth telling (a stale lock removed), each once."""
+    with _lock:
+        notes, _notes[:] = list(_notes), []
+        return notes
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path, wait_s: float) -> Iterator[None]:
+    """Hold our lock on the build directory (raises BuildBusy after `wait_s`); with it held, a
+    `lock` file of torch's is one a killed build left, and is removed."""
+    if fcntl is None:
+        yield
+        return
+    with open(directory / LOCK_FILE, "a+") as lock:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    lock.seek(0)
+                    holder = lock.read().strip() or "?"
+                    raise BuildBusy(
+                        f"the kernels' build waited {wait_s:.0f} s for another build "
+                        f"(pid {holder}) and gave up"
+                    ) from None
+                time.sleep(0.1)
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        baton = directory / "lock"
+        if baton.exists():
+            baton.unlink(missing_ok=True)
+            _notes.append("a killed kernel build had left a stale lock; removed it")
+        yield  # the lock goes with the file's closing, or with this process
+
+
+def load() -> str | None:
+    """Build the kernels (or load the cached build) as torch.ops.llmchat.*; None once they are
+    there, else why they are not (the callers keep torch's ops)."""
+    with _lock:
+        if _loaded.is_set() or _error:
+            return _error[0] if _error else None
+        try:
+            from torch.utils.cpp_extension import load as load_extension
+
+            _put_ninja_on_path()
+            directory = _build_directory()
+            directory.mkdir(parents=True, exist_ok=True)
+            with _build_lock(directory, LOCK_WAIT_S), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                load_extension(
+                    name="llmchat_kernels",
+                    sources=[str(source) for source in SOURCES],
+                    extra_cflags=FLAGS,
+                    build_directory=str(directory),
+                    is_python_module=False,
+                )
+        except BuildBusy as e:  # not remembered: the next load tries again
+            return str(e)
+        except Exception as e:  # no compiler or ninja: torch's ops serve
+            _error.append(one_line(e, 200, named=True))
+            return _error[0]
+        _loaded.set()
+        return None
+
+
+def is_loaded() -> bool:
+    """The kernels are built and loaded (by the background compile job)."""
+    return _loaded.is_set()
