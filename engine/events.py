@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal, NamedTuple, Union
 
 Phase = Literal["idle", "prefill", "decode"]
 StopReason = Literal["eos", "length", "cancelled", "context", "error"]
@@ -83,9 +83,9 @@ class ModelInfo:
         return not self.default_cache_dtype or self.default_cache_dtype == self.cache_dtype
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One entry of a step's top-k: the token and its probability."""
+class Candidate(NamedTuple):
+    """One entry of a step's top-k: the token and its probability. A named tuple, not a frozen
+    dataclass: a decode step builds ten, and a tuple is built several times faster."""
 
     id: int | None
     """None when a remote server sent the piece's text but not its id."""
