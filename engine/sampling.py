@@ -2,7 +2,10 @@
 
 Every filter takes and returns a 1-D float32 logits tensor; removed entries become -inf.
 The sampler returns the chosen id together with the distribution it was drawn from, so
-the top-k the panels show and the chosen token's logprob come from one tensor.
+the top-k the panels show and the chosen token's logprob come from one tensor. On a CPU, once
+llmchat's kernels are loaded (engine/fast/kernels.py), one call of `sample_summary.cpp` does
+the softmax, the draw and that summary; elsewhere torch's ops compute the same
+(tests/test_sampling.py holds the two equal).
 """
 
 from __future__ import annotations
