@@ -102,7 +102,7 @@ def compile_once(step: Callable, fast: FastLlama, cache_dtype: torch.dtype) -> N
         step(fast, torch.tensor([0]), torch.tensor([0]), *scratch_buffers(fast, cache_dtype))
 
 
-_CODE = ("fused.py", "steps.py", "attention.py", "decode_attention.cpp", "../quant/w8.py")
+_CODE = ("fused.py", "steps.py", "attention.py", "kernels.py", "decode_attention.cpp", "../quant/w8.py")
 """The sources a compiled step is made of: a change to any makes earlier artifacts stale."""
 
 
