@@ -141,13 +141,7 @@ class Draw:
 class Sampler:
     """Turns one step's logits into a token, given the current settings."""
 
-    def __init__(
-        self,
-        settings: SamplingSettings,
-        device: str | torch.device,
-        show_top_k: int = 10,
-        fused: bool = True,
-    ):
+    def __init__(self, settings: SamplingSettings, show_top_k: int = 10, fused: bool = True):
         self.settings = settings
         self.show_top_k = show_top_k
         self.fused = fused

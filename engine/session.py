@@ -359,7 +359,7 @@ class ChatSession(Turns):
             from engine.spec import loop
 
             return (yield from loop.decode(self, logits, prompt_ids, started, stop_at_eos, first, detok))
-        sampler = Sampler(self.sampling, self.device, self.show_top_k)
+        sampler = Sampler(self.sampling, self.show_top_k)
         context_ids = list(prompt_ids)  # what the repetition penalty looks at
         detok = detok if detok is not None else StreamingDetokenizer(self.tokenizer)
         out = _AnswerStream(self, detok, started)

@@ -15,7 +15,7 @@ def test_the_last_stage_is_the_samplers_distribution():
     torch.manual_seed(0)
     logits, seen = torch.randn(200) * 3, torch.tensor([1, 5, 7, 5])
     stages = sampler_stages(logits, seen, ALL_ON, show=200)
-    expected = Sampler(ALL_ON, "cpu").distribution(logits, seen).exp()
+    expected = Sampler(ALL_ON).distribution(logits, seen).exp()
     final = {c.id: c.prob for c in stages.final.top}
     assert len(final) == int((expected > 0).sum()) == stages.final.kept
     for token, prob in final.items():

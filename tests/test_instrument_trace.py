@@ -12,7 +12,7 @@ from engine.session import ChatSession
 
 def test_entropy_and_rank_come_from_the_drawn_distribution():
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
-    sampler = Sampler(SamplingSettings(temperature=1.0, seed=7), "cpu", show_top_k=5)
+    sampler = Sampler(SamplingSettings(temperature=1.0, seed=7), show_top_k=5)
     draw = sampler.sample(logits, torch.empty(0, dtype=torch.long))
     probs = torch.softmax(logits, dim=-1)
     assert draw.entropy == pytest.approx(float(-(probs * probs.log()).sum()), rel=1e-5)
@@ -23,7 +23,7 @@ def test_entropy_and_rank_come_from_the_drawn_distribution():
 
 def test_entropy_ignores_tokens_the_filters_removed():
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
-    draw = Sampler(SamplingSettings(temperature=0.0, top_k=2), "cpu").sample(
+    draw = Sampler(SamplingSettings(temperature=0.0, top_k=2)).sample(
         logits, torch.empty(0, dtype=torch.long)
     )
     kept = torch.softmax(torch.tensor([3.0, 2.0]), dim=-1)
@@ -41,7 +41,7 @@ def test_the_sampler_copies_to_the_host_once_per_token(monkeypatch):
             return _original(self, *args)
 
         monkeypatch.setattr(torch.Tensor, name, counting)
-    sampler = Sampler(SamplingSettings(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, seed=1), "cpu")
+    sampler = Sampler(SamplingSettings(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, seed=1))
     calls.clear()
     sampler.sample(torch.randn(300), torch.empty(0, dtype=torch.long))
     assert calls == ["tolist"]

@@ -138,7 +138,7 @@ NO_IDS = torch.empty(0, dtype=torch.long)
 
 def test_temperature_zero_is_argmax():
     logits = _logits()
-    sampler = Sampler(SamplingSettings(temperature=0), "cpu")
+    sampler = Sampler(SamplingSettings(temperature=0))
     draws = [sampler.sample(logits, NO_IDS) for _ in range(5)]
     assert {d.id for d in draws} == {int(torch.argmax(logits))}
     assert draws[0].top_ids[0] == draws[0].id
@@ -146,13 +146,13 @@ def test_temperature_zero_is_argmax():
 
 def test_temperature_zero_ignores_the_seed():
     logits = _logits()
-    a = Sampler(SamplingSettings(temperature=0, seed=1), "cpu").sample(logits, NO_IDS)
-    b = Sampler(SamplingSettings(temperature=0, seed=2), "cpu").sample(logits, NO_IDS)
+    a = Sampler(SamplingSettings(temperature=0, seed=1)).sample(logits, NO_IDS)
+    b = Sampler(SamplingSettings(temperature=0, seed=2)).sample(logits, NO_IDS)
     assert a == b
 
 
 def _sequence(settings: SamplingSettings, n: int = 30) -> list[int]:
-    sampler = Sampler(settings, "cpu")
+    sampler = Sampler(settings)
     return [sampler.sample(_logits(seed=step), NO_IDS).id for step in range(n)]
 
 
@@ -165,7 +165,7 @@ def test_seeded_sampling_is_reproducible():
 
 
 def test_reseed_restarts_the_same_sequence():
-    sampler = Sampler(SamplingSettings(temperature=1.0, seed=5), "cpu")
+    sampler = Sampler(SamplingSettings(temperature=1.0, seed=5))
     logits = _logits()
     first = [sampler.sample(logits, NO_IDS).id for _ in range(10)]
     sampler.reseed()
@@ -183,7 +183,7 @@ def test_reseed_restarts_the_same_sequence():
     ],
 )
 def test_draw_reports_a_consistent_distribution(settings):
-    sampler = Sampler(settings, "cpu", show_top_k=10)
+    sampler = Sampler(settings, show_top_k=10)
     seen = torch.tensor([1, 2, 3])
     for step in range(20):
         draw = sampler.sample(_logits(seed=step), seen)
@@ -198,7 +198,7 @@ def test_draw_reports_a_consistent_distribution(settings):
 
 
 def test_top_k_filter_shows_in_the_draw():
-    draw = Sampler(SamplingSettings(temperature=1.0, top_k=3, seed=0), "cpu").sample(_logits(), NO_IDS)
+    draw = Sampler(SamplingSettings(temperature=1.0, top_k=3, seed=0)).sample(_logits(), NO_IDS)
     assert draw.top_ids[:3] == torch.topk(_logits(), 3).indices.tolist()
     assert sum(draw.top_probs[:3]) == pytest.approx(1.0, abs=1e-5)
     assert draw.top_probs[3:] == [0.0] * 7
@@ -212,7 +212,7 @@ def test_samples_follow_the_reported_distribution(fused, request):
         request.getfixturevalue("kernels_loaded")
     logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -3.0])
     settings = SamplingSettings(temperature=0.8, top_p=0.9, seed=42)
-    sampler = Sampler(settings, "cpu", show_top_k=6, fused=fused)
+    sampler = Sampler(settings, show_top_k=6, fused=fused)
     draws = [sampler.sample(logits, NO_IDS) for _ in range(4000)]
     reported = dict(zip(draws[0].top_ids, draws[0].top_probs))
     counts = {i: 0 for i in range(6)}
@@ -268,8 +268,8 @@ def _same_draw(got, expected):
     ],
 )
 def test_the_kernel_draws_and_reports_what_torch_ops_do(kernels_loaded, settings, vocab):
-    by_kernel = Sampler(settings, "cpu", show_top_k=10)
-    by_torch = Sampler(settings, "cpu", show_top_k=10, fused=False)
+    by_kernel = Sampler(settings, show_top_k=10)
+    by_torch = Sampler(settings, show_top_k=10, fused=False)
     seen = torch.tensor([1, 2, 3])
     for step in range(20):
         logits = _logits(vocab, seed=step)
@@ -279,18 +279,18 @@ def test_the_kernel_draws_and_reports_what_torch_ops_do(kernels_loaded, settings
 def test_the_kernel_takes_the_first_of_equal_tops_as_argmax_does(kernels_loaded):
     logits = torch.full((49_152,), -5.0)
     logits[[700, 31, 40_000]] = 3.0  # three equal most probable tokens
-    draw = Sampler(SamplingSettings(temperature=0), "cpu").sample(logits, NO_IDS)
+    draw = Sampler(SamplingSettings(temperature=0)).sample(logits, NO_IDS)
     assert draw.id == int(torch.argmax(logits)) == 31
     assert draw.top_ids[:3] == [31, 700, 40_000] and draw.rank == 1
 
 
 def test_the_kernel_describes_a_given_token_even_a_removed_one(kernels_loaded):
     settings = SamplingSettings(temperature=1.0, top_k=5)
-    logprobs = Sampler(settings, "cpu", fused=False).distribution(_logits(300), NO_IDS)
+    logprobs = Sampler(settings, fused=False).distribution(_logits(300), NO_IDS)
     removed = int(torch.argmin(logprobs))
     for chosen in (int(torch.topk(logprobs, 3).indices[-1]), removed):
-        got = Sampler(settings, "cpu").describe(logprobs, chosen)
-        _same_draw(got, Sampler(settings, "cpu", fused=False).describe(logprobs, chosen))
+        got = Sampler(settings).describe(logprobs, chosen)
+        _same_draw(got, Sampler(settings, fused=False).describe(logprobs, chosen))
     assert got.logprob == NEG and got.top_probs[5:] == [0.0] * 5  # only 5 kept: the rest shown as 0
 
 

@@ -138,7 +138,7 @@ def test_accept_reject_keeps_the_target_distribution(tiny_loaded, other_tiny, dr
     """Over many draws, the first emitted token is distributed as the target's p0 (a draft that is
     sometimes right), and the token after an accepted draft as the target's p1."""
     settings = SamplingSettings(temperature=1.0, top_k=12, seed=1234)
-    sampler = Sampler(settings, "cpu")
+    sampler = Sampler(settings)
     ids = tiny_loaded.tokenizer("the cat sat on")["input_ids"]
     no_ids = torch.empty(0, dtype=torch.long)
     p0 = sampler.distribution(tiny_rows(tiny_loaded, ids)[-1], no_ids).exp()

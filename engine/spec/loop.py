@@ -83,7 +83,7 @@ def decode(
 
     spec = session.speculation
     spec.stats = SpecStats()
-    sampler = Sampler(session.sampling, session.device, session.show_top_k)
+    sampler = Sampler(session.sampling, session.show_top_k)
     context = list(prompt_ids)
     detok = detok if detok is not None else StreamingDetokenizer(session.tokenizer)
     out = _AnswerStream(session, detok, started)
