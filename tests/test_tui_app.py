@@ -536,6 +536,12 @@ def test_key_hints_reach_4_5_to_1_contrast_in_every_llmchat_theme(tmp_path, them
         async with app.run_test(size=WIDE) as pilot:
             await ready(pilot)
             assert app.check_action("stop", ()) is None  # Esc Stop is shown, unavailable
+
+            def footer_drawn() -> bool:  # on a loaded machine, it can come a frame after the model
+                drawn = {t for t, _ in text_contrasts(app, app.query_one(Footer).region)}
+                return {"esc", "Stop", "^n", "New"} <= drawn
+
+            await wait_for(pilot, footer_drawn, what="the footer's keys")
             found = text_contrasts(app, app.query_one(Footer).region)
             found += text_contrasts(app, app.query_one(PromptInput).region)
             assert {"esc", "Stop", "^n", "New", "Enter send · Ctrl+J newline"} <= {t for t, _ in found}
