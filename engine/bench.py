@@ -364,7 +364,7 @@ def bench_kv_cache(
     precision: a step's time does not depend on the values it reads."""
     from engine.fast import kernels
 
-    kernel = kernels.load()
+    kernel = kernels.load("attention")
     session = _greedy(loaded, tokens)
     ids = prompt_ids(loaded.tokenizer, context)
     with torch.inference_mode():

@@ -201,7 +201,7 @@ class Sampler:
         return self.describe(logprobs, chosen)
 
     def _summarized_in_one_call(self, logits: torch.Tensor) -> bool:
-        return self.fused and logits.device.type == "cpu" and kernels.is_loaded()
+        return self.fused and logits.device.type == "cpu" and kernels.is_loaded("sampling")
 
     def _summary(self, logits: torch.Tensor, scale: float, chosen: int, u: float | None) -> Draw:
         """The Draw by the kernel: of `chosen`, else drawn with `u` in [0, 1), else the top."""

@@ -44,7 +44,7 @@ def _steps(precision: str, variants: tuple[str, ...]):
 
     loaded = models.load(MODEL, precision, "cpu")
     fast = fused.for_model(loaded.model, compiled=True)
-    kernels.load()
+    kernels.load("attention")
     cache_dtype = getattr(torch, loaded.info.cache_dtype)
 
     made = {}

@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--temperatures", default="0,0.7")
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    problem = kernels.load()
+    problem = kernels.load("sampling")
     if problem is not None:
         raise SystemExit(f"the kernels did not build: {problem}")
     session_module.Sampler = TimedSampler

@@ -123,13 +123,13 @@ def test_the_child_compiles_while_the_kernel_builds_and_the_app_loads_what_it_le
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setattr(compiled, "CHILD_TIMEOUT_S", 120)
-    directory = kernels._build_directory()
+    directory = kernels._build_directory("attention")
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / kernels.LOCK_FILE, "a+") as build:
         fcntl.flock(build, fcntl.LOCK_EX)  # a build of the kernel in progress
         timed_out = compiled._fill_cache_in_a_subprocess(str(tiny_model_dir), "fp32", "regional")
     assert not timed_out, "the child waited for the kernel's build"
-    assert kernels.load() is None
+    assert kernels.load("attention") is None
     fast = fused.for_model(models.load(str(tiny_model_dir), "fp32", "cpu").model, compiled=True)
     counters = torch._dynamo.utils.counters["inductor"]
     hits, misses = counters["fxgraph_cache_hit"], counters["fxgraph_cache_miss"]

@@ -142,7 +142,7 @@ def test_the_worker_says_building_then_failed_when_the_compile_breaks(tiny_model
     building = threading.Event()  # the background build waits until the test has seen "building"
     monkeypatch.setattr(compiled, "_fill_cache_in_a_subprocess", lambda *args: (building.wait(60), False)[1])
     monkeypatch.setattr(steps, "cached_marker", lambda *args: None)  # never compiled before
-    monkeypatch.setattr(kernels, "load", lambda: "no compiler")
+    monkeypatch.setattr(kernels, "load", lambda name: "no compiler")
     events: queue.Queue = queue.Queue()
     worker = InferenceWorker(events.put, compile=True)
     try:

@@ -239,9 +239,9 @@ def test_settings_names_lists_every_field():
 # -- the summary kernel: the same Draw in one call ---------------------------------------------
 @pytest.fixture(scope="module")
 def kernels_loaded():
-    problem = kernels.load()
+    problem = kernels.load("sampling")
     assert problem is None, problem  # CI has a compiler and ninja: the kernels must build
-    assert kernels.is_loaded()
+    assert kernels.is_loaded("sampling")
 
 
 def _same_draw(got, expected):

@@ -54,7 +54,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8)
 def can_attend(keys: torch.Tensor) -> bool:
     """Whether the kernel can attend over `keys` now (loaded, or stood in for; a cache on the
     CPU of a type it reads)."""
-    there = kernels.is_loaded() or _standing_in.is_set()
+    there = kernels.is_loaded("attention") or _standing_in.is_set()
     return there and keys.device.type == "cpu" and keys.dtype in KERNEL_DTYPES
 
 

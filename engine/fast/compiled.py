@@ -128,7 +128,7 @@ class CompiledDecode:
         # The C++ kernels (decode attention, the sampler's summary: seconds of the C++ compiler
         # on a fresh machine) build here meanwhile, beside the child's compile, which traces the
         # step without them (attention.stand_in). Built once per machine; cached, they only load.
-        threading.Thread(target=kernels.load, name="llmchat-kernel-build", daemon=True).start()
+        threading.Thread(target=kernels.load_all, name="llmchat-kernel-build", daemon=True).start()
         step, error, timed_out = self._compile("regional")
         with self._lock:
             if self._stopped:  # compiled for a model no longer in use: dropped
@@ -169,7 +169,7 @@ class CompiledDecode:
                 return None, None, True
         if self._stopped:
             return None, None, False
-        self.attention_error = kernels.load()  # before tracing, so the step calls the kernel
+        self.attention_error = kernels.load("attention")  # before tracing, so the step calls the kernel
         self._note(kernels.take_notes())
         fast = self._fast()
         if fast is None or self._stopped:

@@ -42,12 +42,17 @@ except ImportError:  # not on Windows: no lock of ours there
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 """-ffast-math lets the compiler vectorize exp and the reductions (BENCHMARKS.md)."""
 
-SOURCES = [Path(__file__).with_name(name) for name in ("decode_attention.cpp", "sample_summary.cpp")]
+KERNELS = {"attention": ("decode_attention.cpp",), "sampling": ("sample_summary.cpp",)}
+"""Each kernel's sources, built into a library of its own, in this order by `load_all`. The
+decode step waits for attention's before it traces (compiled.py); nothing waits for sampling's.
+Built as one library, both held up a first start's compiled step (ready after 15 s, not 8-10)."""
+
+SOURCES = [Path(__file__).with_name(source) for sources in KERNELS.values() for source in sources]
 
 LOCK_FILE = "llmchat-build.lock"
 """Our lock in the build directory: held (flock) by the process building, with its pid inside."""
 LOCK_WAIT_S = 180.0
-"""How long a build waits for another process's build of the kernels (~20 s) before giving up."""
+"""How long a build waits for another process's build of a kernel (~20 s) before giving up."""
 
 SCHEMAS = {
     "decode_attention": "(Tensor q, Tensor k, Tensor v, Tensor position) -> Tensor",
@@ -63,9 +68,10 @@ LIBRARY = torch.library.Library("llmchat", "DEF")
 for _name, _schema in SCHEMAS.items():
     LIBRARY.define(_name + _schema)
 
-_lock = threading.Lock()
-_error: list[str] = []
-_loaded = threading.Event()
+_locks = {name: threading.Lock() for name in KERNELS}
+_error: dict[str, str] = {}
+_loaded = {name: threading.Event() for name in KERNELS}
+_notes_lock = threading.Lock()
 _notes: list[str] = []
 
 
@@ -73,15 +79,15 @@ class BuildBusy(Exception):
     """Another live process kept building the kernels for longer than we wait."""
 
 
-def _build_directory() -> Path:
-    """Per machine and torch version: the build is for this CPU's instructions (-march=native)."""
+def _build_directory(name: str) -> Path:
+    """Per kernel, machine and torch version: the build is for this CPU's instructions (-march=native)."""
     try:
         flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
     except (OSError, IndexError):
         flags = ""
-    key = hashlib.sha256(f"{flags}{torch.__version__}{FLAGS}".encode())
-    for source in SOURCES:  # a changed kernel builds anew, beside (not over) the old one
-        key.update(source.read_bytes())
+    key = hashlib.sha256(f"{name}{flags}{torch.__version__}{FLAGS}".encode())
+    for source in KERNELS[name]:  # a changed kernel builds anew, beside (not over) the old one
+        key.update(Path(__file__).with_name(source).read_bytes())
     return Path(platformdirs.user_cache_dir("llmchat")) / "kernels" / key.hexdigest()[:12]
 
 
@@ -96,7 +102,7 @@ def _put_ninja_on_path() -> None:
 
 def take_notes() -> list[str]:
     """What the builds so far met worth telling (a stale lock removed), each once."""
-    with _lock:
+    with _notes_lock:
         notes, _notes[:] = list(_notes), []
         return notes
 
@@ -119,7 +125,7 @@ def _build_lock(directory: Path, wait_s: float) -> Iterator[None]:
                     lock.seek(0)
                     holder = lock.read().strip() or "?"
                     raise BuildBusy(
-                        f"the kernels' build waited {wait_s:.0f} s for another build "
+                        f"the kernel's build waited {wait_s:.0f} s for another build "
                         f"(pid {holder}) and gave up"
                     ) from None
                 time.sleep(0.1)
@@ -129,27 +135,28 @@ def _build_lock(directory: Path, wait_s: float) -> Iterator[None]:
         baton = directory / "lock"
         if baton.exists():
             baton.unlink(missing_ok=True)
-            _notes.append("a killed kernel build had left a stale lock; removed it")
+            with _notes_lock:
+                _notes.append("a killed kernel build had left a stale lock; removed it")
         yield  # the lock goes with the file's closing, or with this process
 
 
-def load() -> str | None:
-    """Build the kernels (or load the cached build) as torch.ops.llmchat.*; None once they are
-    there, else why they are not (the callers keep torch's ops)."""
-    with _lock:
-        if _loaded.is_set() or _error:
-            return _error[0] if _error else None
+def load(name: str) -> str | None:
+    """Build the kernel `name` (or load the cached build) as its torch.ops.llmchat ops; None once
+    they are there, else why they are not (the callers keep torch's ops)."""
+    with _locks[name]:
+        if _loaded[name].is_set() or name in _error:
+            return _error.get(name)
         try:
             from torch.utils.cpp_extension import load as load_extension
 
             _put_ninja_on_path()
-            directory = _build_directory()
+            directory = _build_directory(name)
             directory.mkdir(parents=True, exist_ok=True)
             with _build_lock(directory, LOCK_WAIT_S), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 load_extension(
-                    name="llmchat_kernels",
-                    sources=[str(source) for source in SOURCES],
+                    name=f"llmchat_{name}",
+                    sources=[str(Path(__file__).with_name(source)) for source in KERNELS[name]],
                     extra_cflags=FLAGS,
                     build_directory=str(directory),
                     is_python_module=False,
@@ -157,12 +164,18 @@ def load() -> str | None:
         except BuildBusy as e:  # not remembered: the next load tries again
             return str(e)
         except Exception as e:  # no compiler or ninja: torch's ops serve
-            _error.append(one_line(e, 200, named=True))
-            return _error[0]
-        _loaded.set()
+            _error[name] = one_line(e, 200, named=True)
+            return _error[name]
+        _loaded[name].set()
         return None
 
 
-def is_loaded() -> bool:
-    """The kernels are built and loaded (by the background compile job)."""
-    return _loaded.is_set()
+def load_all() -> None:
+    """Every kernel, in order (the background job that compiles the decode step runs this)."""
+    for name in KERNELS:
+        load(name)
+
+
+def is_loaded(name: str) -> bool:
+    """The kernel `name` is built and loaded (by the background compile job)."""
+    return _loaded[name].is_set()

@@ -26,7 +26,9 @@ BUILDING = "compiling in the background (about 10 s the first time, 2 s once cac
 def _attention(session: ChatSession) -> str:
     """The fused step calls the decode-attention kernel once it is loaded, for a cache type it reads."""
     readable = getattr(torch, session.info.cache_dtype) in attention.KERNEL_DTYPES
-    return "kernel" if kernels.is_loaded() and readable and session.device.type == "cpu" else "SDPA"
+    return (
+        "kernel" if kernels.is_loaded("attention") and readable and session.device.type == "cpu" else "SDPA"
+    )
 
 
 def decode_step(session: ChatSession, off: str = COMPILE_OFF) -> DecodeStep:

@@ -30,7 +30,7 @@ import json, sys
 from engine.fast import kernels
 if len(sys.argv) > 1:
     kernels.LOCK_WAIT_S = float(sys.argv[1])
-problem = kernels.load()
+problem = kernels.load("attention")
 print(json.dumps({"problem": problem, "notes": kernels.take_notes()}), flush=True)
 """
 
@@ -110,12 +110,12 @@ def test_a_build_waiting_on_a_live_build_gives_up_with_a_reason(private_cache):
 def test_a_stale_lock_is_named_in_the_compile_notice_and_eager_serves(
     tiny_model_dir, private_cache, monkeypatch
 ):
-    directory = kernels._build_directory()  # under the private cache
+    directory = kernels._build_directory("attention")  # under the private cache
     directory.mkdir(parents=True)
     (directory / "lock").touch()  # as a build killed mid-way leaves it
     # As on a first start: the app builds the kernel (an earlier test may have loaded it here).
-    monkeypatch.setattr(kernels, "_loaded", threading.Event())
-    monkeypatch.setattr(kernels, "_error", [])
+    monkeypatch.setattr(kernels, "_loaded", {name: threading.Event() for name in kernels.KERNELS})
+    monkeypatch.setattr(kernels, "_error", {})
     # The child process compiles for real (and meets the lock); here the eager step stands in for
     # the compiled one, which the child's artifacts would only make faster to load.
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
@@ -226,7 +226,7 @@ def test_bench_does_not_wait_out_a_failed_compile(tiny_model_dir, monkeypatch):
 
     monkeypatch.setattr(torch, "compile", broken)
     monkeypatch.setattr(compiled, "_fill_cache_in_a_subprocess", lambda *args: False)
-    monkeypatch.setattr(kernels, "load", lambda: "no compiler")
+    monkeypatch.setattr(kernels, "load", lambda name: "no compiler")
     loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
     result: list[dict] = []
     thread = threading.Thread(target=lambda: result.append(bench.compile_decode(loaded)), daemon=True)
