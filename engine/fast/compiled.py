@@ -125,10 +125,10 @@ class CompiledDecode:
         """The regional step, then the whole one (engine/fast/steps.py): the first ready in
         seconds, the second, faster per token, taking over when it is built."""
         started = time.perf_counter()
-        # The C++ kernels (decode attention, the sampler's summary: seconds of the C++ compiler
-        # on a fresh machine) build here meanwhile, beside the child's compile, which traces the
-        # step without them (attention.stand_in). Built once per machine; cached, they only load.
-        threading.Thread(target=kernels.load_all, name="llmchat-kernel-build", daemon=True).start()
+        # The decode-attention kernel (~6 s of the C++ compiler on a fresh machine) builds here
+        # meanwhile, beside the child's compile, which traces the step without it
+        # (attention.stand_in). Built once per machine; cached, it only loads.
+        _in_background(kernels.load, "attention")
         step, error, timed_out = self._compile("regional")
         with self._lock:
             if self._stopped:  # compiled for a model no longer in use: dropped
@@ -143,6 +143,9 @@ class CompiledDecode:
             listeners, self._listeners = self._listeners, []
         for listener in listeners:
             listener(self)
+        # The sampler's kernel after the first step: nothing waits for it, and built beside the
+        # child's compile it made a first start's step ready later.
+        _in_background(kernels.load, "sampling")
         if step is not None:
             whole, error, timed_out = self._compile("whole")
             with self._lock:
@@ -390,6 +393,10 @@ def exit_if_compiling(code: int = 0) -> None:
 
 
 _built: "weakref.WeakKeyDictionary[FastLlama, CompiledDecode]" = weakref.WeakKeyDictionary()
+
+
+def _in_background(build: Callable[[str], object], kernel: str) -> None:
+    threading.Thread(target=build, args=(kernel,), name=f"llmchat-{kernel}-kernel-build", daemon=True).start()
 
 
 def compiled_decode(fast: FastLlama, info: ModelInfo) -> CompiledDecode | None:

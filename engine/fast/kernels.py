@@ -43,9 +43,8 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 """-ffast-math lets the compiler vectorize exp and the reductions (BENCHMARKS.md)."""
 
 KERNELS = {"attention": ("decode_attention.cpp",), "sampling": ("sample_summary.cpp",)}
-"""Each kernel's sources, built into a library of its own, in this order by `load_all`. The
-decode step waits for attention's before it traces (compiled.py); nothing waits for sampling's.
-Built as one library, both held up a first start's compiled step (ready after 15 s, not 8-10)."""
+"""Each kernel's sources, built into a library of its own: the decode step waits for attention's
+before it traces, and sampling's is built after that step is ready (engine/fast/compiled.py)."""
 
 SOURCES = [Path(__file__).with_name(source) for sources in KERNELS.values() for source in sources]
 
@@ -168,12 +167,6 @@ def load(name: str) -> str | None:
             return _error[name]
         _loaded[name].set()
         return None
-
-
-def load_all() -> None:
-    """Every kernel, in order (the background job that compiles the decode step runs this)."""
-    for name in KERNELS:
-        load(name)
 
 
 def is_loaded(name: str) -> bool:

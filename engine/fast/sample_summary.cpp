@@ -3,7 +3,6 @@
 // distribution's entropy, and its top k. In torch ops the same took ten calls, each paying
 // its dispatch, and right after a step each of those costs 15-35 us more (BENCHMARKS.md).
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -133,7 +132,7 @@ at::Tensor sample_summary(const at::Tensor& logits, double scale_arg, int64_t ch
     for (int64_t i = 0; i < V; ++i) above += (kept(x[i]) && (removed || x[i] > picked)) ? 1 : 0;
   }
 
-  auto out = at::empty({4 + 2 * k}, logits.options());
+  auto out = logits.new_empty({4 + 2 * k});
   float* o = out.data_ptr<float>();
   o[0] = static_cast<float>(chosen);
   o[1] = removed ? minus_infinity() : scale * (picked - peak) - log_total;
