@@ -128,7 +128,7 @@ class CompiledDecode:
         # The decode-attention kernel (~6 s of the C++ compiler on a fresh machine) builds here
         # meanwhile, beside the child's compile, which traces the step without it
         # (attention.stand_in). Built once per machine; cached, it only loads.
-        _in_background(kernels.load, "attention")
+        _build_in_background("attention")
         step, error, timed_out = self._compile("regional")
         with self._lock:
             if self._stopped:  # compiled for a model no longer in use: dropped
@@ -145,7 +145,7 @@ class CompiledDecode:
             listener(self)
         # The sampler's kernel after the first step: nothing waits for it, and built beside the
         # child's compile it made a first start's step ready later.
-        _in_background(kernels.load, "sampling")
+        _build_in_background("sampling")
         if step is not None:
             whole, error, timed_out = self._compile("whole")
             with self._lock:
@@ -395,8 +395,9 @@ def exit_if_compiling(code: int = 0) -> None:
 _built: "weakref.WeakKeyDictionary[FastLlama, CompiledDecode]" = weakref.WeakKeyDictionary()
 
 
-def _in_background(build: Callable[[str], object], kernel: str) -> None:
-    threading.Thread(target=build, args=(kernel,), name=f"llmchat-{kernel}-kernel-build", daemon=True).start()
+def _build_in_background(kernel: str) -> None:
+    """engine/fast/kernels.py's `kernel`, on a thread of its own (its errors say why in `load`)."""
+    threading.Thread(target=kernels.load, args=(kernel,), name=f"llmchat-{kernel}-build", daemon=True).start()
 
 
 def compiled_decode(fast: FastLlama, info: ModelInfo) -> CompiledDecode | None:
