@@ -42,11 +42,12 @@ except ImportError:  # not on Windows: no lock of ours there
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 """-ffast-math lets the compiler vectorize exp and the reductions (BENCHMARKS.md)."""
 
-KERNELS = {"attention": ("decode_attention.cpp",), "sampling": ("sample_summary.cpp",)}
+_HERE = Path(__file__).parent
+KERNELS = {"attention": (_HERE / "decode_attention.cpp",), "sampling": (_HERE / "sample_summary.cpp",)}
 """Each kernel's sources, built into a library of its own: the decode step waits for attention's
 before it traces, and sampling's is built after that step is ready (engine/fast/compiled.py)."""
 
-SOURCES = [Path(__file__).with_name(source) for sources in KERNELS.values() for source in sources]
+SOURCES = [source for sources in KERNELS.values() for source in sources]
 
 LOCK_FILE = "llmchat-build.lock"
 """Our lock in the build directory: held (flock) by the process building, with its pid inside."""
@@ -86,7 +87,7 @@ def _build_directory(name: str) -> Path:
         flags = ""
     key = hashlib.sha256(f"{name}{flags}{torch.__version__}{FLAGS}".encode())
     for source in KERNELS[name]:  # a changed kernel builds anew, beside (not over) the old one
-        key.update(Path(__file__).with_name(source).read_bytes())
+        key.update(source.read_bytes())
     return Path(platformdirs.user_cache_dir("llmchat")) / "kernels" / key.hexdigest()[:12]
 
 
@@ -155,7 +156,7 @@ def load(name: str) -> str | None:
                 warnings.simplefilter("ignore")
                 load_extension(
                     name=f"llmchat_{name}",
-                    sources=[str(Path(__file__).with_name(source)) for source in KERNELS[name]],
+                    sources=[str(source) for source in KERNELS[name]],
                     extra_cflags=FLAGS,
                     build_directory=str(directory),
                     is_python_module=False,
