@@ -9,7 +9,7 @@ import sys
 import threading
 
 import pytest
-from textual.widgets import Footer, Input, Select
+from textual.widgets import Footer, Input, Markdown, Select
 
 from tests.tui_fakes import FakeFactory, fake_app
 from tests.tui_screen import screen_text, wait_for, widget_text
@@ -371,9 +371,16 @@ def test_token_updates_are_batched_not_one_per_token(tmp_path, monkeypatch):
             assert sum(batches) == 601
             assert len(batches) < 100, batches
             # The answer's last repaint may land a frame after the turn ends on a loaded machine.
-            await wait_for(
-                pilot, lambda: "w599" in widget_text(app.query_one(ChatLog)), what="the whole answer shown"
-            )
+            chat = app.query_one(ChatLog)
+            try:
+                await wait_for(pilot, lambda: "w599" in widget_text(chat), what="the whole answer shown")
+            except AssertionError as failure:  # seen once in a full run: did text, layout or scroll lag?
+                box = app.query_one(Answer)
+                source = box.query_one(Markdown).source
+                raise AssertionError(
+                    f"{failure}\nmarkdown source ends {source[-20:]!r} ({len(source)} chars),"
+                    f" answer region {box.region}, scroll {chat.scroll_y}/{chat.max_scroll_y}"
+                ) from None
 
     run(scenario)
 
