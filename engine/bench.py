@@ -15,7 +15,7 @@ import resource
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -101,6 +101,9 @@ class PrecisionResult:
     long-context prediction are made of these."""
     prefill: list[dict] = field(default_factory=list)
     decode: dict = field(default_factory=dict)
+    decode_step: dict = field(default_factory=dict)
+    """The same decode's step alone: fed a token at a time, nothing sampled, no events. What
+    llama.cpp's `llama-bench` times; `decode` over it is what sampling and the panels cost."""
     decode_eager: dict = field(default_factory=dict)
     """Our loop without the compiled step (the same as `decode` where nothing was compiled)."""
     compiled: dict = field(default_factory=dict)
@@ -135,6 +138,7 @@ class PrecisionResult:
             "read_bytes_per_token": self.read_bytes_per_token,
             "prefill": self.prefill,
             "decode": self.decode,
+            "decode_step": self.decode_step,
             "decode_eager": self.decode_eager,
             "compiled": self.compiled,
             "generate": self.generate,
@@ -211,6 +215,22 @@ class _Timestamps:
         pass
 
 
+def measure_step(
+    loaded: LoadedModel, ids: list[int], new_tokens: int, compile: bool = False
+) -> tuple[float, list[float]]:
+    """`measure_ours`' decode without its loop: after the prompt, the step fed one token
+    `new_tokens` times, nothing sampled, no events. (prefill seconds, per-step seconds)."""
+    session = _greedy(loaded, new_tokens, compile)
+    with torch.inference_mode():
+        started = time.perf_counter()
+        session._forward(ids)
+        times = [time.perf_counter()]
+        for _ in range(new_tokens):
+            session._forward(ids[-1:])  # the step's cost does not depend on which token
+            times.append(time.perf_counter())
+    return times[0] - started, [b - a for a, b in zip(times, times[1:])][1:]
+
+
 def measure_generate(loaded: LoadedModel, ids: list[int], new_tokens: int) -> tuple[float, list[float]]:
     """transformers' `model.generate`, greedy, exactly `new_tokens`: (TTFT, ITLs)."""
     inputs = torch.tensor([ids], device=next(loaded.model.parameters()).device)
@@ -265,28 +285,36 @@ def compile_decode(loaded: LoadedModel) -> dict:
     }
 
 
-def bench_decode(loaded: LoadedModel, tokens: int, repeats: int, compile: bool) -> tuple[dict, dict, dict]:
-    """Ours (compiled step where ready), ours eager and generate's decode on the same 32-token
-    prompt, interleaved run by run."""
+class DecodeRuns(NamedTuple):
+    """`bench_decode`'s summaries, each a dict of tok/s, TTFT and ITL percentiles."""
+
+    ours: dict
+    step: dict
+    eager: dict
+    generate: dict
+
+
+def bench_decode(loaded: LoadedModel, tokens: int, repeats: int, compile: bool) -> DecodeRuns:
+    """Ours (compiled step where ready), the same step alone, ours eager and generate's decode
+    on the same 32-token prompt, interleaved run by run."""
     ids = prompt_ids(loaded.tokenizer, 32)
     for use_compiled in {compile, False}:  # warm-up: first calls allocate and pick kernels
         measure_ours(loaded, ids, 4, use_compiled)
     measure_generate(loaded, ids, 4)
-    ours_itl: list[list[float]] = []
-    eager_itl: list[list[float]] = []
-    theirs_itl: list[list[float]] = []
-    ours_ttft, eager_ttft, theirs_ttft = [], [], []
+    runs: dict[str, tuple[list[list[float]], list[float]]] = {name: ([], []) for name in DecodeRuns._fields}
+
+    def record(name: str, ttft: float, itl: list[float]) -> None:
+        runs[name][0].append(itl)
+        runs[name][1].append(ttft)
+
     for _ in range(repeats):
         finished, itl = measure_ours(loaded, ids, tokens, compile)
-        ours_itl.append(itl)
-        ours_ttft.append(finished.stats.ttft_s)
+        record("ours", finished.stats.ttft_s, itl)
+        record("step", *measure_step(loaded, ids, tokens, compile))
         if compile:
             finished, itl = measure_ours(loaded, ids, tokens, False)
-        eager_itl.append(itl)
-        eager_ttft.append(finished.stats.ttft_s)
-        ttft, itl = measure_generate(loaded, ids, tokens)
-        theirs_itl.append(itl)
-        theirs_ttft.append(ttft)
+        record("eager", finished.stats.ttft_s, itl)
+        record("generate", *measure_generate(loaded, ids, tokens))
 
     def summary(itls: list[list[float]], ttfts: list[float]) -> dict:
         # Per-run decode rate, then the median run: robust to one noisy run.
@@ -299,7 +327,7 @@ def bench_decode(loaded: LoadedModel, tokens: int, repeats: int, compile: bool) 
             "tokens": tokens,
         }
 
-    return summary(ours_itl, ours_ttft), summary(eager_itl, eager_ttft), summary(theirs_itl, theirs_ttft)
+    return DecodeRuns(**{name: summary(*runs[name]) for name in DecodeRuns._fields})
 
 
 def bench_multi_turn(loaded: LoadedModel, turns: int, answer_tokens: int = 32) -> dict:
@@ -356,34 +384,44 @@ def bench_long_context(
 
 
 def bench_kv_cache(
-    loaded: LoadedModel, precisions: tuple[str, ...], context: int, read_bytes: int, tokens: int, repeats: int
+    loaded: LoadedModel,
+    precisions: tuple[str, ...],
+    context: int,
+    read_bytes: int,
+    tokens: int,
+    repeats: int,
+    compile: bool = False,
 ) -> dict:
     """Decode at `context` tokens with each KV cache precision, interleaved (a round of every
-    precision per repeat), all on the eager fast path (the compiled step is built for the fp32
-    cache only). The context is prefilled once, into an fp32 cache, and converted to each
-    precision: a step's time does not depend on the values it reads."""
+    precision per repeat), on the compiled step built for each float cache where `compile`, else
+    (and for int8) the eager fast path. The context is prefilled once, into an fp32 cache, and
+    converted to each precision: a step's time does not depend on the values it reads."""
     from engine.fast import kernels
 
     kernel = kernels.load("attention")
-    session = _greedy(loaded, tokens)
+    session = _greedy(loaded, tokens, compile)
     ids = prompt_ids(loaded.tokenizer, context)
     with torch.inference_mode():
         for start in range(0, len(ids) - 1, 512):
             session._forward(ids[start : min(start + 512, len(ids) - 1)])
     filled = session.cache
     caches = {p: filled.converted(p) for p in precisions}
+    for precision in precisions if compile else ():  # each float cache's step built before any is timed
+        session.set_cache_precision(precision)
+        if session.compiled is not None:
+            session.compiled.wait_settled(900)
     itls: dict[str, list[float]] = {p: [] for p in precisions}
     attention_s: dict[str, list[float]] = {p: [] for p in precisions}
+    steps: dict[str, str] = {}
     for _ in range(repeats):
         for precision in precisions:
-            session.info = with_cache_precision(loaded.info, precision)
+            session.set_cache_precision(precision)
             session.cache = caches[precision]
             runner = session.run(ids, stop_at_eos=False)  # reuses all but the last id, then decodes
             itls[precision] += _latencies(runner)[1:]
+            steps[precision] = "compiled step" if session.decoded_by[1] == "compiled" else "eager fast path"
             attention_s[precision] += _attention_alone(session, tokens)
-    path = "eager fast path; attention: " + (
-        "the C++ kernel (reads each precision as stored)" if kernel is None else f"tensor ops ({kernel})"
-    )
+    attention = f"tensor ops ({kernel})" if kernel else "the C++ kernel (reads each precision as stored)"
     result = {}
     for precision in precisions:
         per_token = with_cache_precision(loaded.info, precision).kv_bytes_per_token
@@ -398,7 +436,8 @@ def bench_kv_cache(
             "itl_ms_min": round(min(itls[precision]) * 1000, 3),
             "attention_ms_min": round(min(attention_s[precision], default=0.0) * 1000, 3),
             **_ms(itls[precision]),
-            "path": path,
+            "step": steps[precision],
+            "attention": attention,
         }
     return result
 
@@ -576,9 +615,9 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
         use_compiled = bool(result.compiled.get("compiled"))
         report(f"[{precision}] decode {config.decode_tokens} tokens: ours vs model.generate, interleaved")
         meter = ContentionMeter()
-        result.decode, result.decode_eager, result.generate = bench_decode(
-            loaded, config.decode_tokens, config.repeats, use_compiled
-        )
+        decoded = bench_decode(loaded, config.decode_tokens, config.repeats, use_compiled)
+        result.decode, result.decode_step = decoded.ours, decoded.step
+        result.decode_eager, result.generate = decoded.eager, decoded.generate
         measured = meter.stop()
         result.contention = contention_json(measured)
         report(f"[{precision}] decode measured at {measured.describe() or 'an unknown CPU share'}")
@@ -613,6 +652,7 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
                 result.read_bytes_per_token,
                 config.decode_tokens,
                 config.repeats,
+                use_compiled,
             )
             if not config.random_weights:  # agreement between random models says nothing
                 report(f"[{precision}] top-1 agreement and KL of each KV cache precision against fp32's")

@@ -4,7 +4,7 @@ import mmap
 
 import pytest
 
-from engine import bench
+from engine import bench, models
 from engine.quant import int8
 from tui.cli.bench_table import print_tables
 
@@ -29,6 +29,7 @@ def test_bench_reports_ratios_and_quality_for_each_precision(tiny_model_dir, cap
     assert result["bandwidth_gb_s"] > 0 and any("bandwidth" in line for line in lines)
     for r in (fp32, w8a8):
         assert r["decode"]["tok_s"] > 0 and r["generate"]["tok_s"] > 0
+        assert r["decode_step"]["tok_s"] > 0 and r["decode_step"]["tokens"] == 6  # the step alone
         assert r["decode_vs_generate"] == pytest.approx(
             r["decode"]["tok_s"] / r["generate"]["tok_s"], rel=0.01, abs=5e-4
         )  # the ratios are rounded to 3 decimals
@@ -58,8 +59,16 @@ def test_bench_reports_ratios_and_quality_for_each_precision(tiny_model_dir, cap
     scope = "this precision" if peak_is_own else "the run so far"
     assert [r["peak_memory_scope"] for r in (fp32, w8a8)] == [scope, scope]
     print_tables(result)
+    out = capsys.readouterr().out
+    assert "step alone: nothing sampled, no events (what llama-bench times)" in out
     footnote = "peak RSS of the run so far: this system cannot reset the peak"
-    assert (footnote in capsys.readouterr().out) == (not peak_is_own)
+    assert (footnote in out) == (not peak_is_own)
+
+
+def test_the_step_alone_feeds_one_token_per_step_after_the_prompt(tiny_model_dir):
+    loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
+    prefill_s, steps = bench.measure_step(loaded, [5, 6, 7, 8], 5)
+    assert prefill_s > 0 and len(steps) == 4 and all(s > 0 for s in steps)  # the first step is warm-up
 
 
 def test_a_reset_peak_is_reported_only_where_it_took():
@@ -74,3 +83,12 @@ def test_a_reset_peak_is_reported_only_where_it_took():
         assert bench.peak_memory_bytes("cpu") < with_big - 64 * 2**20
     else:  # the system kept its peak (CI's sandbox does): the bench must not claim a fresh one
         assert bench.peak_memory_bytes("cpu") >= with_big
+
+
+def test_each_kv_cache_precision_is_timed_on_a_compiled_step_of_its_own(tiny_model_dir):
+    loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
+    result = bench.bench_kv_cache(loaded, ("fp32", "bf16", "int8"), 40, 1000, 4, 1, compile=True)
+    steps = {precision: row["step"] for precision, row in result.items()}
+    assert steps == {"fp32": "compiled step", "bf16": "compiled step", "int8": "compiled step"}
+    assert result["bf16"]["bytes_per_token"] * 2 == result["fp32"]["bytes_per_token"]
+    assert all(row["itl_ms_long"] > 0 for row in result.values())

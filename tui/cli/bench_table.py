@@ -24,6 +24,7 @@ def print_tables(result: dict) -> None:
     for column in (
         "prec",
         "ours",
+        "step alone",
         "eager",
         "generate",
         "ratio",
@@ -40,6 +41,7 @@ def print_tables(result: dict) -> None:
         decode.add_row(
             r["precision"],
             f"{r['decode']['tok_s']:.1f}",
+            f"{r['decode_step']['tok_s']:.1f}",
             f"{r['decode_eager']['tok_s']:.1f}" if r["compiled"].get("compiled") else "-",
             f"{r['generate']['tok_s']:.1f}",
             f"{r['decode_vs_generate']:.2f}x",
@@ -52,6 +54,7 @@ def print_tables(result: dict) -> None:
             _mb(r["peak_memory_bytes"]) + ("*" if r["peak_memory_scope"] != "this precision" else ""),
         )
     console.print(decode)
+    console.print("  step alone: nothing sampled, no events (what llama-bench times)")
     if any(r["peak_memory_scope"] != "this precision" for r in result["results"]):
         console.print("  * peak RSS of the run so far: this system cannot reset the peak between precisions")
     for r in result["results"]:
@@ -176,11 +179,13 @@ def print_kv_cache_table(console, result: dict) -> None:
     first = next(r["kv_cache"] for r in result["results"] if r.get("kv_cache"))
     some = next(iter(first.values()))
     table = Table(
-        title=f"KV cache precision at {some['context']:,} tokens of context, same run ({some['path']})"
+        title=f"KV cache precision at {some['context']:,} tokens of context, same run "
+        f"(attention: {some['attention']})"
     )
     for column in (
         "precision",
         "KV cache",
+        "step",
         "B/token",
         "KV read/step",
         "all read/step",
@@ -201,6 +206,7 @@ def print_kv_cache_table(console, result: dict) -> None:
             table.add_row(
                 r["precision"],
                 name,
+                row["step"],
                 f"{row['bytes_per_token']:,}",
                 f"{row['kv_bytes_read_per_step'] / 1e6:.1f} MB",
                 f"{row['bytes_read_per_step'] / 1e6:.1f} MB",
