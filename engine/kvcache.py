@@ -168,11 +168,12 @@ class PreallocatedLayer:
         self.length += new
         return self.keys, self.values
 
-    def buffers_with_room(self, extra: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole K and V buffers, grown to hold `extra` more positions (for a compiled step
-        that writes in place); `advance` then counts what it wrote."""
+    def buffers_with_room(self, extra: int) -> tuple[torch.Tensor, ...]:
+        """The whole buffers (K and V; an int8 layer's K and V scales after them), grown to hold
+        `extra` more positions (for a compiled step that writes in place); `advance` then counts
+        what it wrote."""
         self._reserve(self.length + extra)
-        return self._k, self._v
+        return tuple(getattr(self, name) for name in self._buffers)
 
     def advance(self, written: int) -> None:
         self.length += written

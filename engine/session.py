@@ -41,6 +41,7 @@ from engine.events import (
 )
 from engine.fast import fused
 from engine.fast.compiled import compiled_decode
+from engine.fast.compiled import supports as supports_compiled
 from engine.instruments.stepping import PendingStep, StepGate
 from engine.instruments.trace import AnswerTrace, forced_step
 from engine.kvcache import KVCache, cache_precision_of, cache_precision_problem, with_cache_precision
@@ -189,24 +190,38 @@ class ChatSession(Turns):
         self.kv_cache = precision
         self.info = with_cache_precision(self.loaded.info, precision)
         self.cache = KVCache.for_model(self.info)
+        if self.fast is not None and self.compile_wanted:
+            self._compile_for_cache()
         return f"KV cache now {precision}: {self.info.kv_bytes_per_token:,} B/token; {self.decode_path()}"
+
+    def _compile_for_cache(self) -> None:
+        """The compiled step for this cache's dtype (one built whole is kept: switching back is
+        instant). One still building for the cache left behind is stopped: it would only compete
+        for the cores."""
+        previous, self.compiled = self.compiled, compiled_decode(self.fast, self.info)
+        if previous is not None and previous is not self.compiled:
+            previous.stop()  # nothing to stop once built
 
     def decode_path(self) -> str:
         """Which step decodes at this cache precision, and why not the compiled one where it is not."""
         if self.fast is None:
             return "the Hugging Face forward decodes (no fast path for this model)"
-        if self.compiled is not None and not self.info.cache_is_default:
-            built_for = cache_precision_of(self.loaded.info.cache_dtype)
-            return (
-                f"the compiled decode step is built for the {built_for} cache, so the eager fast path "
-                "decodes (its attention reads the cache as stored)"
-            )
+        cache = cache_precision_of(self.info.cache_dtype)
+        if self.compile_wanted and self.compiled is None:
+            why = supports_compiled(self.fast, getattr(torch, self.info.cache_dtype))
+            return f"the eager fast path decodes ({why})"
+        if self.compiled is not None and not self.compiled_serves:
+            return f"the eager fast path decodes until the compiled step for the {cache} cache is ready"
         return "the fast path decodes"
 
     @property
     def compiled_serves(self) -> bool:
-        """The compiled step is ready and built for this cache (the precision's default dtype)."""
-        return self.compiled is not None and self.compiled.ready.is_set() and self.info.cache_is_default
+        """The compiled step is ready and built for this cache's dtype."""
+        return (
+            self.compiled is not None
+            and self.compiled.ready.is_set()
+            and self.compiled.cache_dtype == getattr(torch, self.info.cache_dtype)
+        )
 
     def _stop_ids(self) -> set[int]:
         ids = set()

@@ -366,8 +366,9 @@ class InferenceWorker:
             return
         self.kv_cache = precision
         yield CachePrecisionChanged(session.info)
-        yield decode_step(session)  # the compiled step serves only the cache it was built for
+        yield decode_step(session)  # a compiled step serves only the cache it was built for
         yield Notice(notice)
+        yield from self._follow_compile(session)
 
     def _call(self, command: Call) -> None:
         if not command.future.set_running_or_notify_cancel():
@@ -452,19 +453,23 @@ class InferenceWorker:
             note = cpu_note(loaded.info.precision)
             if note:
                 yield Notice(note)
-        session = self.session
-        yield decode_step(session)
+        yield decode_step(self.session)
+        yield from self._follow_compile(self.session)
+
+    def _follow_compile(self, session: ChatSession) -> Iterator[Event]:
+        """Say that the decode step compiles, where it does, and what decodes once it is built."""
         compiled = session.compiled
-        if compiled is not None:
-            if not compiled.done:
-                yield Notice(
-                    "compiling the decode step in the background (about 10 s the first time, longer "
-                    "while an answer runs; 2 s once cached; then a faster whole-model step); the eager "
-                    "fast path answers meanwhile"
-                )
-            # Reported from the compiling thread: the UI's inbox takes events from any thread.
-            compiled.when_done(lambda c: self._compile_done(session, c))
-            compiled.when_upgraded(lambda c: self._compile_done(session, c))
+        if compiled is None:
+            return
+        if not compiled.done:
+            yield Notice(
+                "compiling the decode step in the background (about 10 s the first time, longer "
+                "while an answer runs; 2 s once cached; then a faster whole-model step); the eager "
+                "fast path answers meanwhile"
+            )
+        # Reported from the compiling thread: the UI's inbox takes events from any thread.
+        compiled.when_done(lambda c: self._compile_done(session, c))
+        compiled.when_upgraded(lambda c: self._compile_done(session, c))
 
     def _compile_done(self, session: ChatSession, build) -> None:
         """From the compiling thread: say what decodes now, once ready and again when the whole

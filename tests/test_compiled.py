@@ -58,6 +58,31 @@ def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(
     assert "whole model in one graph" in fast.compiled.describe()
 
 
+@pytest.mark.parametrize("cache", ["bf16", "int8"])
+def test_a_chosen_kv_cache_precision_gets_a_compiled_step_of_its_own(tiny_model_dir, cache):
+    loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
+    settings = SamplingSettings(temperature=0.0, max_new_tokens=24)
+    session = ChatSession(loaded, settings, compile=True)
+    assert session.compiled.wait_settled(600)
+    built_for_fp32 = session.compiled
+    session.set_cache_precision(cache)
+    assert session.compiled is not built_for_fp32 and session.compiled.cache_dtype == getattr(
+        torch, session.info.cache_dtype
+    )
+    assert "until the compiled step for the" in session.decode_path() or session.compiled_serves
+    assert session.compiled.wait_settled(600) and session.compiled_serves, session.compiled.describe()
+    tokens = _greedy(session)
+    assert session.decoded_by[1] == "compiled"
+    eager = ChatSession(loaded, settings, compile=False, kv_cache=cache)
+    assert tokens == _greedy(eager)
+    for mine, theirs in zip(session.cache.layers, eager.cache.layers):  # stored as eager stores it
+        assert mine.keys.dtype == theirs.keys.dtype and mine.get_seq_length() == theirs.get_seq_length()
+        for a, b in zip(mine.dequantized(torch.float32), theirs.dequantized(torch.float32)):
+            assert torch.allclose(a, b, rtol=0.02, atol=0.02)  # rounding apart, as compiled fp32 is
+    session.set_cache_precision("fp32")  # back: the step built for it serves at once
+    assert session.compiled is built_for_fp32 and session.compiled_serves
+
+
 def test_one_compiled_block_serves_every_layer_and_each_model_has_its_own(tiny_model_dir):
     # Regional: the block is compiled once for all layers (plus the head), then the whole step.
     # Compiled code runs without guards, so two live models must never share it: fp32 and fp16
@@ -127,7 +152,9 @@ def test_the_child_compiles_while_the_kernel_builds_and_the_app_loads_what_it_le
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / kernels.LOCK_FILE, "a+") as build:
         fcntl.flock(build, fcntl.LOCK_EX)  # a build of the kernel in progress
-        timed_out = compiled._fill_cache_in_a_subprocess(str(tiny_model_dir), "fp32", "regional")
+        timed_out = compiled._fill_cache_in_a_subprocess(
+            str(tiny_model_dir), "fp32", "regional", torch.float32
+        )
     assert not timed_out, "the child waited for the kernel's build"
     assert kernels.load("attention") is None
     fast = fused.for_model(models.load(str(tiny_model_dir), "fp32", "cpu").model, compiled=True)

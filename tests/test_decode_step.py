@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from engine import session as session_module
 from engine.events import DecodeStep, ModelReady, to_json
 from engine.fast import compiled, kernels, steps, which
 from engine.fast.which import COMPILE_OFF, decode_step
@@ -48,6 +49,9 @@ class FakeBuild:
 
     how = compiled.CompiledDecode.how  # the real words, from these fields
 
+    def stop(self) -> None:
+        self.state = "stopped"
+
 
 @pytest.mark.parametrize(
     ("build", "step", "state", "words"),
@@ -75,13 +79,18 @@ def test_each_compile_state_names_the_step_that_runs(tiny_loaded, build, step, s
         assert 12 <= shown.elapsed_s < 60  # counted from the build's start
 
 
-def test_a_ready_compiled_step_does_not_serve_a_cache_of_another_precision(tiny_loaded):
+def test_a_cache_switch_says_the_eager_step_serves_until_its_compiled_step_is_built(tiny_loaded, monkeypatch):
+    building = FakeBuild("building", started_ago=1)
+    building.cache_dtype = torch.int8
+    monkeypatch.setattr(session_module, "compiled_decode", lambda fast, info: building)
     session = ChatSession(tiny_loaded, SamplingSettings(), compile=False)
-    session.compile_wanted, session.compiled = True, FakeBuild("ready", compile_s=40)
-    session.set_cache_precision("int8")
+    old = session.compiled = FakeBuild("building", started_ago=5)
+    session.compile_wanted = True
+    notice = session.set_cache_precision("int8")
+    assert old.state == "stopped"  # its cores go to the step the chat now needs
+    assert "eager fast path decodes until the compiled step for the int8 cache is ready" in notice
     shown = decode_step(session)
-    assert (shown.step, shown.compile) == ("eager", "ready")
-    assert "built for the fp32 KV cache; this chat's is int8" in shown.why
+    assert (shown.step, shown.compile) == ("eager", "building") and not session.compiled_serves
 
 
 def test_the_compiled_step_with_sdpa_says_why_not_the_kernel(tiny_loaded):

@@ -24,7 +24,9 @@ dropped), so switches never leave several compiles running at once.
 The step takes each layer's whole cache buffer (capacity marked dynamic, so the cache growing
 does not recompile) and writes the new K/V at the position; attention reads the positions up
 to it, through the decode-attention kernel (engine/fast/attention.py) that the same background job
-builds meanwhile, or SDPA with the slots past it masked.
+builds meanwhile, or SDPA with the slots past it masked. A step is built for one cache dtype:
+a chat that switches its KV cache precision gets a step of its own (the one left behind is kept
+once built). For an int8 cache the step quantizes the new K/V rows and writes their scales too.
 
 On a GPU nothing is compiled: the same whole step, eager, is recorded as a CUDA graph by its
 first call and replayed per token (engine/fast/graphed.py), ready at once.
@@ -58,8 +60,9 @@ if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):  # set but empty, Inductor wri
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(platformdirs.user_cache_dir("llmchat"), "inductor")
 
 
-def supports(fast: FastLlama) -> str | None:
-    """None if the decode step of this fast path can be compiled here, else why not."""
+def supports(fast: FastLlama, cache_dtype: torch.dtype | None = None) -> str | None:
+    """None if the decode step of this fast path (over a cache of `cache_dtype`, if given) can be
+    compiled here, else why not."""
     device = fast.embed.device.type
     if device not in ("cpu", "cuda"):
         return f"no compiled decode step for {device} (CPU: torch.compile; CUDA: a CUDA graph)"
@@ -68,6 +71,8 @@ def supports(fast: FastLlama) -> str | None:
     if len({steps.layer_signature(layer) for layer in fast.layers}) > 1:
         # one block's graph runs every layer, unguarded: they must match in shape and dtype
         return "its layers differ in shape or dtype, and one compiled block serves every layer"
+    if cache_dtype == torch.int8 and device == "cuda":  # its attention is the CPU kernel's
+        return "an int8 KV cache decodes on the eager fast path on a GPU"
     return None
 
 
@@ -168,7 +173,7 @@ class CompiledDecode:
         del fast  # held weakly: a switch may drop the model while the child compiles
         if self.source is not None and not self._stopped and not (marker and marker.exists()):
             # best effort: on failure we compile here
-            if _fill_cache_in_a_subprocess(*self.source, kind, self._child_started):
+            if _fill_cache_in_a_subprocess(*self.source, kind, self.cache_dtype, self._child_started):
                 return None, None, True
         if self._stopped:
             return None, None, False
@@ -226,7 +231,7 @@ class CompiledDecode:
                 return
             self._stopped = True
             if not self.ready.is_set():  # a ready step stays; only its upgrade stops
-                self.error = "stopped: the model or precision changed"
+                self.error = "stopped: the model, precision or KV cache changed"
             self._listeners, self._upgrade_listeners = [], []
             child = self._child
             self._finished.set()
@@ -268,11 +273,8 @@ class CompiledDecode:
     def step(self, fast: FastLlama, token_id: int, cache: KVCache) -> torch.Tensor:
         """Feed one token after the cache's positions; the logits [vocab]. Needs `ready`."""
         layers = cache.layers
-        buffers = [layer.buffers_with_room(1) for layer in layers]
-        position = torch.tensor([len(cache)])
-        logits = self._step(
-            fast, torch.tensor([token_id]), position, [k for k, _ in buffers], [v for _, v in buffers]
-        )
+        buffers = steps.cache_buffers(layers)
+        logits = self._step(fast, torch.tensor([token_id]), torch.tensor([len(cache)]), *buffers)
         for layer in layers:
             layer.advance(1)
         return logits
@@ -310,12 +312,17 @@ CHILD_TIMEOUT_S = 900
 """The compile child is killed past this (a first whole-step compile takes ~30 s; more on busy cores)."""
 
 
-def _child_command(spec: str, precision: str, kind: str) -> list[str]:
-    return [sys.executable, "-m", "engine.fast.compiled", spec, precision, kind]
+def _child_command(spec: str, precision: str, kind: str, cache_dtype: torch.dtype) -> list[str]:
+    cache = str(cache_dtype).removeprefix("torch.")
+    return [sys.executable, "-m", "engine.fast.compiled", spec, precision, kind, cache]
 
 
 def _fill_cache_in_a_subprocess(
-    spec: str, precision: str, kind: str, started: Callable[[subprocess.Popen], None] | None = None
+    spec: str,
+    precision: str,
+    kind: str,
+    cache_dtype: torch.dtype,
+    started: Callable[[subprocess.Popen], None] | None = None,
 ) -> bool:
     """Compile in another process at the lowest priority: a first compile there never competes
     with the chat for the GIL (in-process it slows an answer several-fold while it runs), and
@@ -327,7 +334,9 @@ def _fill_cache_in_a_subprocess(
         # waits for its lock; with another thread inside logging (the kernel build's imports)
         # the start hung for good. The child is made lowest-priority once it exists.
         child = subprocess.Popen(
-            _child_command(spec, precision, kind), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            _child_command(spec, precision, kind, cache_dtype),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
     except OSError:
         return False
@@ -392,7 +401,8 @@ def exit_if_compiling(code: int = 0) -> None:
         os._exit(code)
 
 
-_built: "weakref.WeakKeyDictionary[FastLlama, CompiledDecode]" = weakref.WeakKeyDictionary()
+_built: "weakref.WeakKeyDictionary[FastLlama, dict]" = weakref.WeakKeyDictionary()
+"""Each live fast path's compiled steps by the KV cache dtype each was built for."""
 
 
 def _build_in_background(kernel: str) -> None:
@@ -401,22 +411,26 @@ def _build_in_background(kernel: str) -> None:
 
 
 def compiled_decode(fast: FastLlama, info: ModelInfo) -> CompiledDecode | None:
-    """The compiled step for the fast path of the model `info` describes, started once; None
-    where it is not supported."""
-    if supports(fast) is not None:
+    """The compiled step for the fast path of the model `info` describes, over its KV cache
+    (`info.cache_dtype`: the precision's own or the one a chat chose), started once; None where
+    it is not supported."""
+    cache_dtype = getattr(torch, info.cache_dtype)
+    if supports(fast, cache_dtype) is not None:
         return None
-    compiled = _built.get(fast)
+    if not _built:  # no live model has compiled code: forget that of models that are gone
+        torch._dynamo.reset()
+    built = _built.setdefault(fast, {})
+    compiled = built.get(cache_dtype)
     if compiled is None or compiled._stopped:
-        if not _built:  # no live model has compiled code: forget that of models that are gone
-            torch._dynamo.reset()
         source = (info.spec, info.precision)
         on_gpu = fast.embed.device.type == "cuda"
-        compiled = _built[fast] = CompiledDecode(fast, getattr(torch, info.cache_dtype), source, on_gpu)
+        compiled = built[cache_dtype] = CompiledDecode(fast, cache_dtype, source, on_gpu)
     return compiled
 
 
-def main(spec: str, precision: str, kind: str) -> None:
-    """`python -m engine.fast.compiled SPEC PRECISION KIND`: compile a decode step once, for the cache."""
+def main(spec: str, precision: str, kind: str, cache_dtype: str) -> None:
+    """`python -m engine.fast.compiled SPEC PRECISION KIND CACHE_DTYPE`: compile a decode step
+    once, for the on-disk cache."""
     from engine import models
     from engine.fast import fused
 
@@ -428,15 +442,15 @@ def main(spec: str, precision: str, kind: str) -> None:
     loaded = models.load(spec, precision, "cpu", fast_only=True)  # no transformers: ~2 s sooner
     fast = fused.for_model(loaded.model, compiled=True)
     torch.set_num_threads(threads)
-    if supports(fast) is None:
+    if supports(fast, getattr(torch, cache_dtype)) is None:
         # The app builds the attention kernel meanwhile (and says what went wrong, if anything);
         # this step is traced calling it, as the app's will be once it has loaded it.
         attention.stand_in()
-        steps.compile_once(steps.build(kind), fast, getattr(torch, loaded.info.cache_dtype))
+        steps.compile_once(steps.build(kind), fast, getattr(torch, cache_dtype))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])
     # Everything is on disk by now; the interpreter's own shutdown (Inductor's compile workers
     # and thread pools) would add ~1.5 s to a first start's wait for the step.
     sys.stdout.flush()

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.fast import attention, gemm, pages
-from engine.kvcache import KVCache, QuantizedKV
+from engine.kvcache import KVCache, QuantizedKV, quantize
 from engine.quant.int8 import Int8Linear
 from engine.quant.precision import cpu_matmul_native
 from engine.quant.w8 import W8Linear
@@ -312,16 +312,26 @@ class FastLlama:
         position: torch.Tensor,
         k_buffer: torch.Tensor,
         v_buffer: torch.Tensor,
+        k_scales: torch.Tensor | None = None,
+        v_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One layer of a decode step, written for torch.compile (engine/fast/compiled.py), which
         compiles it once and runs it for every layer: h is [1, hidden], position a [1] tensor,
-        k/v_buffer the layer's whole cache buffer [1, kv_heads, capacity, d]. The new K/V go in
-        at `position`; attention masks the slots past it."""
+        k/v_buffer the layer's whole cache buffer [1, kv_heads, capacity, d] (int8 with its
+        k/v_scales [1, kv_heads, capacity] for an int8 cache). The new K/V go in at `position`;
+        attention reads the slots up to it."""
         mask = (torch.arange(k_buffer.shape[2], device=h.device) <= position)[None, :]
 
         def attend(q, k, v):
+            if k_scales is not None:  # each new row quantized as engine/kvcache.py stores it
+                (k, k_scale), (v, v_scale) = quantize(k), quantize(v)
+                k_scales.index_copy_(2, position, k_scale)
+                v_scales.index_copy_(2, position, v_scale)
             k_buffer.index_copy_(2, position, k.to(k_buffer.dtype))
             v_buffer.index_copy_(2, position, v.to(v_buffer.dtype))
+            if k_scales is not None:
+                stored = QuantizedKV(k_buffer, k_scales, v_buffer, v_scales)
+                return self._attention(q, stored, None, mask, position)
             return self._attention(q.to(k_buffer.dtype), k_buffer, v_buffer, mask, position)
 
         return self._block(layer, h, cos, sin, self._matvec, attend)

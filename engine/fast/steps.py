@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from engine.fast.fused import FastLlama
-from engine.kvcache import PreallocatedLayer
+from engine.kvcache import SCALE_DTYPE, PreallocatedLayer
 
 KINDS = ("regional", "whole")
 """In the order the background build makes them: quick to compile first, fastest second."""
@@ -41,12 +41,14 @@ def build(kind: str) -> Callable:
     return own_compiled(whole_step)
 
 
-def whole_step(fast: FastLlama, token: torch.Tensor, position: torch.Tensor, keys, values) -> torch.Tensor:
-    """A decode step in one piece; embedding and RoPE are a row lookup and a few dozen numbers."""
+def whole_step(fast: FastLlama, token: torch.Tensor, position: torch.Tensor, *buffers) -> torch.Tensor:
+    """A decode step in one piece; embedding and RoPE are a row lookup and a few dozen numbers.
+    `buffers`: every layer's K buffer, every layer's V buffer (and, for an int8 cache, every
+    layer's K scales and V scales), as `cache_buffers` gives them."""
     h = fast.embed[token].to(fast.act_dtype)
     cos, sin = fast._rope(position)
-    for layer, k_buffer, v_buffer in zip(fast.layers, keys, values):
-        h = fast.block_on_buffers(layer, h, cos, sin, position, k_buffer, v_buffer)
+    for layer, *layer_buffers in zip(fast.layers, *buffers):
+        h = fast.block_on_buffers(layer, h, cos, sin, position, *layer_buffers)
     return fast.head(h)
 
 
@@ -57,11 +59,11 @@ class _RegionalStep:
         self.block = own_compiled(FastLlama.block_on_buffers)
         self.head = own_compiled(FastLlama.head)
 
-    def __call__(self, fast: FastLlama, token: torch.Tensor, position: torch.Tensor, keys, values):
+    def __call__(self, fast: FastLlama, token: torch.Tensor, position: torch.Tensor, *buffers):
         h = fast.embed[token].to(fast.act_dtype)
         cos, sin = fast._rope(position)
-        for layer, k_buffer, v_buffer in zip(fast.layers, keys, values):
-            h = self.block(fast, layer, h, cos, sin, position, k_buffer, v_buffer)
+        for layer, *layer_buffers in zip(fast.layers, *buffers):
+            h = self.block(fast, layer, h, cos, sin, position, *layer_buffers)
         return self.head(fast, h)
 
 
@@ -83,17 +85,24 @@ def own_compiled(fn: Callable) -> Callable:
     return torch.compile(own, dynamic=False, fullgraph=True, options=options)
 
 
+def cache_buffers(layers: list[PreallocatedLayer]) -> list[list[torch.Tensor]]:
+    """A step's buffers from the cache's layers, each grown to hold one more position: every
+    layer's K buffer, then every layer's V (then, for an int8 cache, K scales and V scales)."""
+    return [list(kind) for kind in zip(*(layer.buffers_with_room(1) for layer in layers))]
+
+
 def scratch_buffers(
     fast: FastLlama, cache_dtype: torch.dtype, capacity: int = PreallocatedLayer.initial_capacity
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Zeroed K and V buffers for every layer, their capacity marked dynamic: a step compiled on
-    them serves a cache of any capacity, with one compilation."""
+) -> list[list[torch.Tensor]]:
+    """Zeroed buffers as `cache_buffers` gives them, their capacity marked dynamic: a step
+    compiled on them serves a cache of any capacity, with one compilation."""
     shape = (1, fast.kv_heads, capacity, fast.head_dim)
-    keys = [torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers]
-    values = [torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers]
-    for buffer in keys + values:
+    kinds = [[torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers] for _ in range(2)]
+    if cache_dtype == torch.int8:  # and one float32 scale per position and head
+        kinds += [[torch.zeros(shape[:3], dtype=SCALE_DTYPE) for _ in fast.layers] for _ in range(2)]
+    for buffer in (buffer for kind in kinds for buffer in kind):
         torch._dynamo.mark_dynamic(buffer, 2)
-    return keys, values
+    return kinds
 
 
 def compile_once(step: Callable, fast: FastLlama, cache_dtype: torch.dtype) -> None:

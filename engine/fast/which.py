@@ -14,7 +14,6 @@ import torch
 
 from engine.events import DecodeStep
 from engine.fast import attention, compiled, fused, kernels
-from engine.kvcache import cache_precision_of
 
 if TYPE_CHECKING:
     from engine.session import ChatSession
@@ -43,13 +42,9 @@ def decode_step(session: ChatSession, off: str = COMPILE_OFF) -> DecodeStep:
         return DecodeStep("eager", _attention(session), "off", off)
     build = session.compiled
     if build is None:
-        return DecodeStep("eager", _attention(session), "unsupported", compiled.supports(session.fast) or "")
+        why = compiled.supports(session.fast, getattr(torch, session.info.cache_dtype)) or ""
+        return DecodeStep("eager", _attention(session), "unsupported", why)
     state = build.state
-    if state == "ready" and not session.compiled_serves:  # built for the precision's default cache
-        default = cache_precision_of(session.info.default_cache_dtype or session.info.cache_dtype)
-        current = cache_precision_of(session.info.cache_dtype)
-        why = f"the compiled step is built for the {default} KV cache; this chat's is {current}"
-        return DecodeStep("eager", _attention(session), "ready", why, build.compile_s)
     if state == "ready":
         kernel = "SDPA" if build.attention_error else _attention(session)
         why = build.how()
@@ -62,6 +57,6 @@ def decode_step(session: ChatSession, off: str = COMPILE_OFF) -> DecodeStep:
     why = {
         "failed": f"compile failed: {build.error}",
         "given up": f"compile given up: {build.error}",
-        "stopped": "compile stopped: the model or precision changed",
+        "stopped": "compile stopped: the model, precision or KV cache changed",
     }[state]
     return DecodeStep("eager", _attention(session), state, why, build.compile_s)
