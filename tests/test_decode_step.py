@@ -169,3 +169,27 @@ def test_the_worker_says_building_then_failed_when_the_compile_breaks(tiny_model
     finally:
         getattr(worker.session.compiled, "stop", lambda: None)()
         worker.shutdown()
+
+
+def test_after_a_cache_switch_the_worker_says_building_then_compiled(tiny_model_dir):
+    events: queue.Queue = queue.Queue()
+    worker = InferenceWorker(events.put, compile=True)
+
+    def steps_until(compiled_for: str) -> list[DecodeStep]:
+        seen: list[DecodeStep] = []
+        deadline = time.monotonic() + 600
+        while not (seen and seen[-1].step == "compiled" and worker.session.info.cache_dtype == compiled_for):
+            assert time.monotonic() < deadline, seen
+            event = events.get(timeout=600)
+            if isinstance(event, DecodeStep):
+                seen.append(event)
+        return seen
+
+    try:
+        worker.load(str(tiny_model_dir), "fp32", "cpu")
+        steps_until("float32")
+        worker.set_cache_precision("bf16")
+        seen = steps_until("bfloat16")
+        assert seen[0].compile in ("building", "ready"), seen  # said at once, then again once it serves
+    finally:
+        worker.shutdown()
