@@ -74,3 +74,14 @@ def test_the_cuda_graph_step_picks_the_eager_tokens_past_a_cache_growth(tiny_mod
     assert len(graphed.cache) > PreallocatedLayer.initial_capacity
     assert graphed.compiled.kind == "graph" and "CUDA graph" in graphed.compiled.describe()
     assert graphed.compiled._step.recordings >= 2, "the cache grew: the step must be recorded again"
+
+
+def test_a_kv_cache_switch_on_the_gpu_records_a_step_of_its_own_and_int8_says_why(tiny_model_dir):
+    loaded = models.load(str(tiny_model_dir), "bf16", "cuda")
+    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=8), compile=True)
+    session.set_cache_precision("fp32")
+    assert session.compiled is not None and session.compiled.kind == "graph" and session.compiled_serves
+    assert _answer(session, "Hello there")[0] and session.decoded_by[1] == "compiled"
+    session.set_cache_precision("int8")  # its attention is the CPU kernel's: eager, and the chat says why
+    assert session.compiled is None and "eager fast path" in session.decode_path()
+    assert _answer(session, "And again")[0] and session.decoded_by[1] == "fused"
