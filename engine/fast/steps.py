@@ -1,7 +1,8 @@
 """The compiled decode steps, and compiling one against scratch buffers.
 
-Each is `(fast, token, position, keys, values) -> logits [vocab]` over the cache buffers of
-every layer (engine/fast/compiled.py builds them in the background):
+Each is `(fast, token, position, keys, values[, key_scales, value_scales]) -> logits [vocab]`
+over the cache buffers of every layer (`cache_buffers`; the scales for an int8 cache), and
+engine/fast/compiled.py builds them in the background:
 - "regional": one decoder block compiled once and run for every layer (the layers differ only
   in their weights, which come in as arguments), and the head. Compiles in ~5 s, ~1.5 s cached.
 - "whole": the blocks unrolled into one graph. ~30 s to compile, ~5 s cached, and one call per
