@@ -139,9 +139,11 @@ def test_a_stale_lock_is_named_in_the_compile_notice_and_eager_serves(
 def test_a_compile_child_past_its_time_limit_is_killed_and_reaped(monkeypatch):
     monkeypatch.setattr(compiled, "CHILD_TIMEOUT_S", 1)
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
-    monkeypatch.setattr(compiled, "_child_command", lambda spec, precision, kind: sleeper)
+    monkeypatch.setattr(compiled, "_child_command", lambda *args: sleeper)
     children: list[subprocess.Popen] = []
-    timed_out = compiled._fill_cache_in_a_subprocess("model", "fp32", "regional", children.append)
+    timed_out = compiled._fill_cache_in_a_subprocess(
+        "model", "fp32", "regional", torch.float32, children.append
+    )
     assert len(children) == 1
     assert children[0].returncode is not None  # waited for: no zombie left
     assert not Path(f"/proc/{children[0].pid}").exists()
@@ -159,7 +161,7 @@ def test_the_compile_child_starts_while_another_thread_is_inside_logging(monkeyp
         "-c",
         "import os, sys, time; time.sleep(0.5); sys.exit(os.nice(0))",
     ]
-    monkeypatch.setattr(compiled, "_child_command", lambda spec, precision, kind: quick)
+    monkeypatch.setattr(compiled, "_child_command", lambda *args: quick)
     inside, leave = threading.Event(), threading.Event()
 
     def hold_logging() -> None:
@@ -172,7 +174,9 @@ def test_the_compile_child_starts_while_another_thread_is_inside_logging(monkeyp
     started = time.monotonic()
     children: list[subprocess.Popen] = []
     try:
-        timed_out = compiled._fill_cache_in_a_subprocess("model", "fp32", "regional", children.append)
+        timed_out = compiled._fill_cache_in_a_subprocess(
+            "model", "fp32", "regional", torch.float32, children.append
+        )
     finally:
         leave.set()
     assert time.monotonic() - started < 30, "the child's start waited for another thread's lock"
