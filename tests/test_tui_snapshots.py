@@ -10,7 +10,7 @@ from __future__ import annotations
 from textual.widgets import Input
 
 from tests.tui_fakes import FakeFactory, fake_app
-from tests.tui_screen import wait_for
+from tests.tui_screen import wait_for, widget_text
 from tui.screens.settings import SettingsScreen
 
 
@@ -19,7 +19,11 @@ async def mid_answer(pilot) -> None:
     await wait_for(pilot, lambda: pilot.app.turns.ready)
     await pilot.press(*"What is the capital of France?", "enter")
     await wait_for(pilot, lambda: factory.engine.holding.is_set())
-    await wait_for(pilot, lambda: "France" in pilot.app.query_one("Answer").text)
+    # On the screen, not only in the answer's text: a loaded machine may paint a frame later.
+    await wait_for(pilot, lambda: "France" in widget_text(pilot.app.query_one("Answer")))
+    # The panels repaint twice a second: paint them now, so the picture shows all five tokens
+    # held, whether or not the half second passed.
+    pilot.app.router.repaint_stats()
     await pilot.pause(0.2)
 
 

@@ -20,7 +20,6 @@ from textual.content import Content
 from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Markdown, Static
-from textual.widgets.markdown import MarkdownStream
 
 from engine.events import SavedMessage
 from tui.fmt import visible_controls
@@ -195,7 +194,6 @@ class Answer(ChatMessage):
     ) -> None:
         super().__init__(saved, index)
         self._note = note
-        self._stream: MarkdownStream | None = None
         self.text = text
         self.prompt = prompt
         """The user message this answers, when it was asked here (an edit or a typed prompt)."""
@@ -214,18 +212,22 @@ class Answer(ChatMessage):
         meta.display = bool(note)
 
     async def write(self, text: str) -> None:
+        """Append to the answer, rendered before this returns. The app's inbox gathers what
+        arrives meanwhile into the next write, so nothing renders in the background to be
+        stopped at the end of the turn (as Textual's MarkdownStream had to be)."""
         if not text:
             return
-        if self._stream is None:  # made at the first text, so stop() never meets a task that has not run
-            self._stream = Markdown.get_stream(self.query_one(Markdown))
         self.text += text
-        await self._stream.write(visible_controls(text))
+        markdown = self.query_one(Markdown)
+        await markdown.append(visible_controls(text))
+        if markdown.children:
+            # A paragraph updated in place keeps the height measured for its old text when that
+            # update met it before it had finished mounting (Textual's `Static.update` then skips
+            # clearing it): a 601-token answer whose first write was one token showed one line.
+            markdown.children[-1].refresh(layout=True)
 
     async def finish(self, note: str) -> None:
-        """Stop the stream (it writes any fragment still pending) and show the stats."""
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        """The turn is over: show its stats."""
         self.set_note(note)
 
 
