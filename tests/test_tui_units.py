@@ -276,3 +276,16 @@ def test_the_grid_masks_the_upper_triangle_and_names_a_sink_only_when_it_is_one(
     assert window_line(sunk, window) == "all 12 positions shown"
     cut = _matrix(12, 0.6, context=3000)
     assert "stops at position 11 of 3000" in window_line(cut, window) and "exact" in window_line(cut, window)
+
+
+def test_a_turn_on_a_slower_step_says_which_beside_its_speed():
+    from engine.events import TurnStats
+    from tui.router import turn_summary
+
+    def stats(step_path):
+        return TurnStats(20, 0, 20, 8, 0.12, 0.05, 0.06, 150.0, 18.2, "eos", step_path=step_path)
+
+    assert "18.2 tok/s (eager step) · done" in turn_summary(stats("fused"))
+    assert "18.2 tok/s (HF forward) · done" in turn_summary(stats("reference"))
+    assert "18.2 tok/s · done" in turn_summary(stats("compiled"))  # the usual step: nothing to say
+    assert "18.2 tok/s · done" in turn_summary(stats(None))  # a server's answer

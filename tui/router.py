@@ -49,15 +49,21 @@ STOPS = {
 }
 
 
+SLOWER_STEPS = {"fused": "eager step", "reference": "HF forward"}
+"""A turn decoded on a slower step than the compiled one says which beside its speed (the
+eager step serves while the compiled one builds, or for a model it cannot compile)."""
+
+
 def turn_summary(stats: TurnStats, error: str = "") -> str:
     """The line under a finished answer (with a server's own TTFT beside ours, where it reports it)."""
     server = stats.server
     own = f" (server prefill {server.prompt_ms:.0f} ms)" if server and server.prompt_ms is not None else ""
     stop = f"{STOPS['error']}: {error}" if error else STOPS.get(stats.stop, stats.stop)
     busy = f" · ⚠ {stats.contention.describe()}" if stats.contention and stats.contention.busy else ""
+    step = f" ({SLOWER_STEPS[stats.step_path]})" if stats.step_path in SLOWER_STEPS else ""
     return (
         f"{count(stats.generated_tokens, 'token')} · TTFT {ms(stats.ttft_s)}{own}"
-        f" · {stats.decode_tok_s:.1f} tok/s{busy} · {stop}"
+        f" · {stats.decode_tok_s:.1f} tok/s{step}{busy} · {stop}"
     )
 
 
