@@ -57,7 +57,8 @@ def test_the_real_app_answers_in_tmux(tmp_path):
         # A first run converts the GGUF (~35 s); later ones load it in seconds.
         wait_for_screen(session, "SmolLM2", "params", timeout=180)
         tmux("send-keys", "-t", session, "What is the capital of France?", "Enter")
-        shown = wait_for_screen(session, "Paris", "tok/s ·", "last turn", timeout=120)
+        # Tests run with the compile off (LLMCHAT_COMPILE=0): the speed says it came from the eager step.
+        shown = wait_for_screen(session, "Paris", "tok/s (eager step) ·", "last turn", timeout=120)
         for panel_text in (
             "Phase",
             "TTFT",
