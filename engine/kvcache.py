@@ -169,11 +169,11 @@ class PreallocatedLayer:
         return self.keys, self.values
 
     def buffers_with_room(self, extra: int) -> tuple[torch.Tensor, ...]:
-        """The whole buffers (K and V; an int8 layer's K and V scales after them), grown to hold
-        `extra` more positions (for a compiled step that writes in place); `advance` then counts
-        what it wrote."""
+        """The whole K and V buffers (an int8 layer's scales after them), grown to hold `extra`
+        more positions (for a compiled step that writes in place); `advance` then counts what it
+        wrote. Called per layer at every compiled token: written out, not looked up by name."""
         self._reserve(self.length + extra)
-        return tuple(getattr(self, name) for name in self._buffers)
+        return self._k, self._v
 
     def advance(self, written: int) -> None:
         self.length += written
@@ -262,6 +262,10 @@ class QuantizedLayer(PreallocatedLayer):
 
     def quantized(self) -> QuantizedKV:
         return QuantizedKV(self.keys, self.key_scales, self.values, self.value_scales)
+
+    def buffers_with_room(self, extra: int) -> tuple[torch.Tensor, ...]:
+        self._reserve(self.length + extra)
+        return self._k, self._v, self._ks, self._vs
 
     def dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return dequantize(self.keys, self.key_scales, dtype), dequantize(

@@ -254,7 +254,7 @@ class ChatApp(App[None]):
             case CachePrecisionChanged(info):
                 self.part(KVCachePanel).set_model(info)  # empty now: the next turn prefills again
             case TurnFinished(stats, _, error):
-                await self.part(ChatLog).finish(turn_summary(stats, error))
+                self.part(ChatLog).finish(turn_summary(stats, error))
                 self.part(PhasePanel).finish(stats, self.instruments.speedup)
                 self.part(KVCachePanel).finish(stats)
                 self.router.repaint_stats()
@@ -290,7 +290,7 @@ class ChatApp(App[None]):
     async def _failed(self, text: str) -> None:
         self._error(text)
         if self.turns.busy:  # the running turn failed
-            await self.part(ChatLog).finish(f"✖ {text}")
+            self.part(ChatLog).finish(f"✖ {text}")
             self._turn_over()
         elif self.turns.loading:  # the load failed; an earlier model, if any, stays in use
             status = self.part(StatusBar)

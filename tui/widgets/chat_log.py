@@ -226,10 +226,6 @@ class Answer(ChatMessage):
             # clearing it): a 601-token answer whose first write was one token showed one line.
             markdown.children[-1].refresh(layout=True)
 
-    async def finish(self, note: str) -> None:
-        """The turn is over: show its stats."""
-        self.set_note(note)
-
 
 class ChatLog(VerticalScroll):
     """Follows the newest text (anchored) until the user scrolls up."""
@@ -283,10 +279,10 @@ class ChatLog(VerticalScroll):
         if self.current is not None:
             await self.current.write(text)
 
-    async def finish(self, note: str) -> None:
+    def finish(self, note: str) -> None:
         """End the answer in progress, or, when the turn ended before it began, the next waiting one."""
         if self.current is not None:
-            await self.current.finish(note)
+            self.current.set_note(note)
             self.current = None
         elif self._waiting:
             self._waiting.popleft().set_note(note)
@@ -303,9 +299,7 @@ class ChatLog(VerticalScroll):
             await answers.last().remove()
 
     async def clear(self) -> None:
-        if self.current is not None:
-            await self.current.finish("")
-            self.current = None
+        self.current = None
         self._waiting.clear()
         self._unanswered = None
         await self.remove_children()
