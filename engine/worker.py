@@ -464,8 +464,8 @@ class InferenceWorker:
         if not compiled.done:
             yield Notice(
                 "compiling the decode step in the background (about 10 s the first time, longer "
-                "while an answer runs; 2 s once cached; then a faster whole-model step); the eager "
-                "fast path answers meanwhile"
+                "while an answer runs, then a faster whole-model step; about 1 s once saved); the "
+                "eager fast path answers meanwhile"
             )
         # Reported from the compiling thread: the UI's inbox takes events from any thread.
         compiled.when_done(lambda c: self._compile_done(session, c))

@@ -3,12 +3,16 @@
     .venv/bin/python scripts/compile_cost.py [--precision fp32] [--windows 5] [--json]
 
 The app compiles one decoder block run for every layer first, then the whole step, both
-without Dynamo's guards (engine/fast/steps.py). This measures, on the built-in model:
-- the compile time of each, in a fresh process: cold (an empty Inductor cache, as on a fresh
-  machine: what the app's background child pays) and cached (what the app then pays in-process);
+without Dynamo's guards, ahead of time in a child process that saves them; the app loads what
+it saved (engine/fast/steps.py). This measures, on the built-in model:
+- each step's compile in a fresh process: cold (an empty Inductor cache, as on a fresh machine:
+  what the app's background child pays) and cached (Inductor's cache full, Dynamo tracing
+  again: what the app paid in-process on every start before the steps were saved);
+- loading the saved step in a fresh process, to its first token (what the app pays now);
 - the app's own timeline, each in a fresh process: when the regional step is ready and when the
-  whole one took over, from the session's start (background child, cache fill, the compile
-  in-process), cold and cached;
+  whole one took over, from the session's start (background child, save, load), cold and
+  cached, and the speed of an answer asked the moment the session starts, on a cached start:
+  it decodes while the steps are made ready in the app's process;
 - decode tok/s of the regional step, the whole step with guards (the app before this round)
   and without (the app once the whole step took over), in alternating windows of one process,
   so all three meet the same machine; best window each, and the ratios of the best.
@@ -29,58 +33,95 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("regional", "whole", "whole-no-guards")
 MODEL = "smollm2-135m"
+QUESTION = "Tell me about the history of Paris."
 
 
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _steps(precision: str, variants: tuple[str, ...]):
-    """Load the model once; a compiled step and its own cache buffers for each variant."""
+def _model(precision: str):
+    """The built-in model's fast path, the attention kernel loaded, and its cache dtype."""
     import torch
 
     from engine import models
-    from engine.fast import fused, kernels, steps
+    from engine.fast import fused, kernels
 
     loaded = models.load(MODEL, precision, "cpu")
     fast = fused.for_model(loaded.model, compiled=True)
     kernels.load("attention")
-    cache_dtype = getattr(torch, loaded.info.cache_dtype)
+    return fast, getattr(torch, loaded.info.cache_dtype)
 
+
+def _steps(precision: str, variants: tuple[str, ...]):
+    """Load the model once; a compiled step and its own cache buffers for each variant."""
+    import torch
+
+    from engine.fast import steps
+
+    fast, cache_dtype = _model(precision)
     made = {}
     for variant in variants:
-        if variant == "whole":  # with Dynamo's guards, as before this round
+        if variant == "whole":  # with Dynamo's guards, compiled by its first call, as before round two
             step = torch.compile(steps.whole_step, dynamic=False, fullgraph=True)
         else:
-            step = steps.build("regional" if variant == "regional" else "whole")
+            kind = "regional" if variant == "regional" else "whole"
+            step = steps.assemble(kind, steps.compile_here(kind, fast, cache_dtype))
         made[variant] = (step, *steps.scratch_buffers(fast, cache_dtype, capacity=4096))
     return fast, made
 
 
-def compile_time(precision: str, variant: str) -> dict:
-    """In this process: load, then the first call of the step (the compile), timed."""
+def compile_time(precision: str, kind: str) -> dict:
+    """In this process: load the model, compile the step of `kind` (timed), save it."""
+    from engine.fast import steps
+
+    fast, cache_dtype = _model(precision)
+    started = time.perf_counter()
+    parts = steps.compile_here(kind, fast, cache_dtype)
+    compile_s = time.perf_counter() - started
+    steps.save(parts, steps.saved_path(fast, cache_dtype, kind))
+    return {"kind": kind, "compile_s": round(compile_s, 2)}
+
+
+def load_time(precision: str, kind: str) -> dict:
+    """In this process: load the model, then the saved step of `kind` and its first call, timed."""
     import torch
 
-    fast, made = _steps(precision, (variant,))
-    step, keys, values = made[variant]
+    from engine.fast import steps
+
+    fast, cache_dtype = _model(precision)
+    buffers = steps.scratch_buffers(fast, cache_dtype)
     started = time.perf_counter()
+    step = steps.assemble(kind, steps.load(steps.saved_path(fast, cache_dtype, kind)))
     with torch.inference_mode():
-        step(fast, torch.tensor([0]), torch.tensor([0]), keys, values)
-    return {"variant": variant, "compile_s": round(time.perf_counter() - started, 2)}
+        step(fast, torch.tensor([0]), torch.tensor([0]), *buffers)
+    return {"kind": kind, "load_s": round(time.perf_counter() - started, 2)}
 
 
 def app_ready(precision: str) -> dict:
-    """In this process, as the app does it: a session, then its background build's timeline."""
+    """In this process, as the app does it: a session, then its background build's timeline;
+    and the speed of an answer asked at once, while the steps are made ready."""
     from engine import models
+    from engine.events import TokenSampled
+    from engine.sampling import SamplingSettings
     from engine.session import ChatSession
 
     loaded = models.load(MODEL, precision, "cpu")
-    started = time.perf_counter()
-    build = ChatSession(loaded, compile=True).compiled
+    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=64), compile=True)
+    build = session.compiled
+    asked = time.perf_counter()
+    tokens = sum(isinstance(event, TokenSampled) for event in session.send(QUESTION))
+    answer_s = time.perf_counter() - asked
     build.ready.wait(900)
-    ready = time.perf_counter() - started
+    ready = build.compile_s
     build.wait_settled(900)
-    return {"regional": round(ready, 1), "whole": round(time.perf_counter() - started, 1), "kind": build.kind}
+    return {
+        "regional": round(ready, 1),
+        "whole": round(build.whole_s, 1),
+        "kind": build.kind,
+        "answer_tok_s": round(tokens / answer_s, 1),
+        "answer_tokens": tokens,
+    }
 
 
 def decode_speeds(precision: str, windows: int, tokens: int = 48) -> dict:
@@ -124,12 +165,14 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # a child's compile
+    parser.add_argument("--kind", choices=("regional", "whole"), help=argparse.SUPPRESS)
+    parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)  # a child's compile
+    parser.add_argument("--load", action="store_true", help=argparse.SUPPRESS)  # a child's load
     parser.add_argument("--speeds", action="store_true", help=argparse.SUPPRESS)  # a child's decode
     parser.add_argument("--app", action="store_true", help=argparse.SUPPRESS)  # a child's session
     args = parser.parse_args()
-    if args.one:
-        print(json.dumps(compile_time(args.precision, args.one)))
+    if args.compile or args.load:
+        print(json.dumps((compile_time if args.compile else load_time)(args.precision, args.kind)))
         return
     if args.app:
         print(json.dumps(app_ready(args.precision)))
@@ -139,12 +182,18 @@ def main() -> None:
         return
     result: dict = {"precision": args.precision, "cpus": os.cpu_count(), "compile_s": {}}
     with tempfile.TemporaryDirectory(prefix="llmchat-inductor-") as scratch:
-        for variant in ("regional", "whole"):
-            cache = os.path.join(scratch, variant)  # each its own: no kernel shared between them
-            say(f"[{variant}] compiling with an empty Inductor cache, then again from it")
-            cold = _in_a_fresh_process(["--one", variant, "--precision", args.precision], cache)
-            cached = _in_a_fresh_process(["--one", variant, "--precision", args.precision], cache)
-            result["compile_s"][variant] = {"cold": cold["compile_s"], "cached": cached["compile_s"]}
+        for kind in ("regional", "whole"):
+            cache = os.path.join(scratch, kind)  # each its own: no kernel shared between them
+            say(f"[{kind}] compiling with an empty Inductor cache, then again from it, then loading it")
+            one = ["--precision", args.precision, "--kind", kind]
+            cold = _in_a_fresh_process(["--compile", *one], cache)
+            cached = _in_a_fresh_process(["--compile", *one], cache)
+            saved = _in_a_fresh_process(["--load", *one], cache)
+            result["compile_s"][kind] = {
+                "cold": cold["compile_s"],
+                "cached": cached["compile_s"],
+                "load": saved["load_s"],
+            }
         say("the app's timeline: a session's background build, with an empty cache, then again")
         app = os.path.join(scratch, "app")
         session = ["--app", "--precision", args.precision]
@@ -160,11 +209,14 @@ def main() -> None:
         return
     print(f"{MODEL} {args.precision}, {result['cpus']} CPUs")
     for variant, times in result["compile_s"].items():
-        print(f"  compile {variant:>8}: {times['cold']:6.1f} s cold, {times['cached']:5.1f} s cached")
+        print(
+            f"  compile {variant:>8}: {times['cold']:6.1f} s cold, {times['cached']:5.1f} s from "
+            f"Inductor's cache; the saved step loaded in {times['load']:4.2f} s"
+        )
     for run, ready in result["app_ready_s"].items():
         print(
-            f"  app, {run:>6}: regional step ready after {ready['regional']:5.1f} s, "
-            f"whole after {ready['whole']:5.1f} s"
+            f"  app, {run:>6}: regional step ready after {ready['regional']:5.1f} s, whole after "
+            f"{ready['whole']:5.1f} s; an answer asked at once: {ready['answer_tok_s']:5.1f} tok/s"
         )
     for variant, speed in decode.items():
         print(f"  decode {variant:>16}: {speed:6.1f} tok/s")

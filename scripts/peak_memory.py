@@ -3,7 +3,7 @@
     .venv/bin/python scripts/peak_memory.py [-p fp32 -p bf16 -p w8 ...] [--ask] [--json]
 
 Each precision runs as the app does on a CPU: load the built-in model, build the fast path,
-compile the decode step (from Inductor's cache where an earlier run left it: run twice for the
+compile the decode step (loaded where an earlier run saved it: run twice for the
 cached figures), answer one question. `VmHWM` (the process's peak resident set) is read after
 each stage; issue 15's target is a peak of at most twice the weights. `--ask` runs each as
 `llmchat ask` does instead: loaded for the fast path only (without transformers where it can be),

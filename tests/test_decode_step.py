@@ -103,13 +103,13 @@ def test_the_compiled_step_with_sdpa_says_why_not_the_kernel(tiny_loaded):
 
 
 def test_a_build_past_its_time_limit_is_given_up_not_compiled_here(tiny_loaded, monkeypatch):
-    monkeypatch.setattr(compiled, "_fill_cache_in_a_subprocess", lambda *args: True)
-    monkeypatch.setattr(steps, "cached_marker", lambda *args: None)  # never compiled before
+    monkeypatch.setattr(compiled, "_compile_in_a_subprocess", lambda *args: True)
+    monkeypatch.setattr(steps, "saved_path", lambda *args: None)  # never compiled before
 
     def compiling_here(*args):
         raise AssertionError("compiled in the app's process after the background build was given up")
 
-    monkeypatch.setattr(steps, "compile_once", compiling_here)
+    monkeypatch.setattr(steps, "compile_here", compiling_here)
     fast = Weakly()  # held weakly; never reached: the compile here is not started
     build = compiled.CompiledDecode(fast, torch.float32, source=("tiny", "fp32"))
     told = threading.Event()
@@ -141,16 +141,13 @@ def test_the_words_for_the_building_state_are_the_panels():
 
 
 def test_the_worker_says_building_then_failed_when_the_compile_breaks(tiny_model_dir, monkeypatch):
-    def broken(fn, **kwargs):
-        def step(*args):
-            raise RuntimeError("no C++ compiler found")
+    def broken(*args):
+        raise RuntimeError("no C++ compiler found")
 
-        return step
-
-    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(steps, "compile_here", broken)
     building = threading.Event()  # the background build waits until the test has seen "building"
-    monkeypatch.setattr(compiled, "_fill_cache_in_a_subprocess", lambda *args: (building.wait(60), False)[1])
-    monkeypatch.setattr(steps, "cached_marker", lambda *args: None)  # never compiled before
+    monkeypatch.setattr(compiled, "_compile_in_a_subprocess", lambda *args: (building.wait(60), False)[1])
+    monkeypatch.setattr(steps, "saved_path", lambda *args: None)  # never compiled before
     monkeypatch.setattr(kernels, "load", lambda name: "no compiler")
     events: queue.Queue = queue.Queue()
     worker = InferenceWorker(events.put, compile=True)

@@ -7,16 +7,17 @@ its rows at close to the bandwidth and fuses the ~25 small operations per layer 
 (norms, RoPE, casts, the cache write). How much faster, per precision: BENCHMARKS.md.
 
 Two steps (engine/fast/steps.py), built one after the other: the regional one (one decoder
-block compiled and run for every layer: ~5 s the first time, ~1.5 s once Inductor's on-disk
-cache, kept in llmchat's cache directory, holds it) serves first; the whole one (all layers in
-one graph: ~30 s, ~5 s cached; one call per token instead of 31, 4-20% faster) takes over when
-built. Each is compiled without Dynamo's guards (why that is safe: engine/fast/steps.py).
+block compiled and run for every layer: ~5 s) serves first; the whole one (all layers in one
+graph: ~30 s; one call per token instead of 31, 4-20% faster) takes over when built. Each is
+compiled without Dynamo's guards (why that is safe: engine/fast/steps.py).
 
 It never blocks: a daemon thread has a separate, lowest-priority process
-(`python -m engine.fast.compiled SPEC PRECISION KIND`) compile each step into that cache, then
-compiles here from it against scratch buffers (at once, without the child, where an earlier
-start left this very step there), and the session switches at the next token. Compiling in
-this process from scratch would hold the GIL and the cores while an answer streams.
+(`python -m engine.fast.compiled SPEC PRECISION KIND CACHE_DTYPE`) compile each step ahead of
+time and save it in llmchat's cache directory, then loads it here (a fraction of a second; at
+once, without the child, where an earlier start saved this very step), and the session
+switches at the next token. Compiling in this process would hold the GIL and the cores while
+an answer streams: even from Inductor's on-disk cache, Dynamo's trace of the whole step held
+it ~5 s, and an answer asked meanwhile crawled at 5-8 tok/s.
 The eager fast path stays the reference; a test checks both pick the same tokens. A model or
 precision switch `stop()`s the compile for the old one (its process killed, its result here
 dropped), so switches never leave several compiles running at once.
@@ -89,7 +90,7 @@ class CompiledDecode:
         # Weakly: the registry below is keyed by the fast path, which must be free to go.
         self._fast = weakref.ref(fast)
         self.source = source
-        """(model spec, precision) a separate process can load to fill the compile cache first."""
+        """(model spec, precision) a separate process can load to compile and save the step first."""
         self.cache_dtype = cache_dtype
         self.ready = threading.Event()
         self.started = time.monotonic()
@@ -165,39 +166,51 @@ class CompiledDecode:
         self._settled.set()
 
     def _compile(self, kind: str) -> tuple[Callable | None, str | None, bool]:
-        """A compiled step of `kind`, filling the on-disk cache in a separate process first unless
-        an earlier compile of this very step left it there: (step, None, False), or (None, why,
-        whether the child ran past its time), or (None, None, False) once stopped."""
+        """A compiled step of `kind`, loaded as a separate process saved it (there first, unless
+        an earlier start saved this very step), or compiled here where that failed: (step,
+        None, False), or (None, why, whether the child ran past its time), or (None, None,
+        False) once stopped."""
         fast = self._fast()
-        marker = steps.cached_marker(fast, self.cache_dtype, kind) if fast is not None else None
+        saved = steps.saved_path(fast, self.cache_dtype, kind) if fast is not None else None
         del fast  # held weakly: a switch may drop the model while the child compiles
-        if self.source is not None and not self._stopped and not (marker and marker.exists()):
+        if self.source is not None and not self._stopped and not (saved and saved.exists()):
             # best effort: on failure we compile here
-            if _fill_cache_in_a_subprocess(*self.source, kind, self.cache_dtype, self._child_started):
+            if _compile_in_a_subprocess(*self.source, kind, self.cache_dtype, self._child_started):
                 return None, None, True
         if self._stopped:
             return None, None, False
-        self.attention_error = kernels.load("attention")  # before tracing, so the step calls the kernel
+        self.attention_error = kernels.load("attention")  # first: the step calls it
         self._note(kernels.take_notes())
+        if self.attention_error is not None:  # the saved step calls the kernel: this one must not
+            saved = None
         fast = self._fast()
         if fast is None or self._stopped:
             return None, None, False
-        step = steps.build(kind)
-        # Tracing here holds the GIL for seconds: a chat streaming meanwhile waits for it at
-        # each op, for up to the switch interval (5 ms: 250 ms tokens, a 3 s first token).
+        # Loading (tenths of a second of Python) or compiling here (seconds) holds the GIL: a chat
+        # streaming meanwhile waits for it at each op, for up to the switch interval (5 ms: 250 ms tokens).
         interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
-            steps.compile_once(step, fast, self.cache_dtype)
+            parts = self._load(saved) if saved is not None and saved.exists() else None
+            if parts is None:
+                parts = steps.compile_here(kind, fast, self.cache_dtype)
+                if saved is not None:
+                    with contextlib.suppress(OSError):  # without it the next start compiles again
+                        steps.save(parts, saved)
         except Exception as e:  # no C++ compiler, an unsupported op: eager keeps serving
             return None, one_line(e, 200, named=True), False
         finally:
             sys.setswitchinterval(interval)
-        if marker is not None:
-            with contextlib.suppress(OSError):  # without it the next start takes the child's way
-                marker.parent.mkdir(parents=True, exist_ok=True)
-                marker.touch()
-        return step, None, False
+        return steps.assemble(kind, parts), None, False
+
+    def _load(self, saved: Path) -> dict | None:
+        """The parts of a saved step, or None (and a note why) where the file cannot be loaded."""
+        try:
+            return steps.load(saved)
+        except Exception as e:  # a truncated or foreign file: compiled again here, and replaced
+            why = one_line(e, 120, named=True)
+            self._note([f"the saved decode step could not be loaded ({why}); compiled again"])
+            return None
 
     @property
     def state(self) -> str:
@@ -220,7 +233,7 @@ class CompiledDecode:
         if stopped:
             _kill(child)
             return
-        # While it compiles: Inductor's imports, ~0.35 s of the compile here from its artifacts.
+        # While it compiles: Inductor's imports, ~0.35 s of the load here of what it saves.
         import torch._inductor.compile_fx  # noqa: F401
 
     def stop(self) -> None:
@@ -317,7 +330,7 @@ def _child_command(spec: str, precision: str, kind: str, cache_dtype: torch.dtyp
     return [sys.executable, "-m", "engine.fast.compiled", spec, precision, kind, cache]
 
 
-def _fill_cache_in_a_subprocess(
+def _compile_in_a_subprocess(
     spec: str,
     precision: str,
     kind: str,
@@ -326,7 +339,7 @@ def _fill_cache_in_a_subprocess(
 ) -> bool:
     """Compile in another process at the lowest priority: a first compile there never competes
     with the chat for the GIL (in-process it slows an answer several-fold while it runs), and
-    leaves artifacts that make the compile here take seconds. Killed if llmchat exits first or
+    it saves the step for the app to load (`steps.saved_path`). Killed if llmchat exits first or
     it runs past CHILD_TIMEOUT_S; `started(child)` may kill it sooner. Returns whether it was
     killed for running past CHILD_TIMEOUT_S."""
     try:
@@ -430,7 +443,7 @@ def compiled_decode(fast: FastLlama, info: ModelInfo) -> CompiledDecode | None:
 
 def main(spec: str, precision: str, kind: str, cache_dtype: str) -> None:
     """`python -m engine.fast.compiled SPEC PRECISION KIND CACHE_DTYPE`: compile a decode step
-    once, for the on-disk cache."""
+    and save it where the app loads it from (`steps.saved_path`)."""
     from engine import models
     from engine.fast import fused
 
@@ -446,7 +459,10 @@ def main(spec: str, precision: str, kind: str, cache_dtype: str) -> None:
         # The app builds the attention kernel meanwhile (and says what went wrong, if anything);
         # this step is traced calling it, as the app's will be once it has loaded it.
         attention.stand_in()
-        steps.compile_once(steps.build(kind), fast, getattr(torch, cache_dtype))
+        dtype = getattr(torch, cache_dtype)
+        saved = steps.saved_path(fast, dtype, kind)
+        if saved is not None:  # nowhere to save it: the app compiles it itself
+            steps.save(steps.compile_here(kind, fast, dtype), saved)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,29 @@
-"""The compiled decode steps, and compiling one against scratch buffers.
+"""The compiled decode steps: compiling one against scratch buffers, saving it, loading it.
 
 Each is `(fast, token, position, keys, values[, key_scales, value_scales]) -> logits [vocab]`
 over the cache buffers of every layer (`cache_buffers`; the scales for an int8 cache), and
 engine/fast/compiled.py builds them in the background:
 - "regional": one decoder block compiled once and run for every layer (the layers differ only
-  in their weights, which come in as arguments), and the head. Compiles in ~5 s, ~1.5 s cached.
-- "whole": the blocks unrolled into one graph. ~30 s to compile, ~5 s cached, and one call per
-  token instead of 31: 4-20% faster per token, the more the fewer bytes a token reads (w8).
-scripts/compile_cost.py measures both; BENCHMARKS.md has the numbers.
+  in their weights, which come in as arguments), and the head. Compiles in ~5 s.
+- "whole": the blocks unrolled into one graph. ~30 s to compile, and one call per token
+  instead of 31: 4-20% faster per token, the more the fewer bytes a token reads (w8).
+Each is compiled ahead of time (Dynamo's `aot_compile`) by a child process, which saves it;
+the app loads it (`load`) in a fraction of a second, without tracing it again, and so does
+every later start. scripts/compile_cost.py measures both; BENCHMARKS.md has the numbers.
 
 Both run without Dynamo's guards (nor Inductor's size asserts), which would check ~190
 (regional, per call) or ~1,800 (whole) conditions before each call, ~0.6 ms a token. That is
-safe here because each step is compiled on its own copy of the code (Dynamo keeps compiled code
-per code object, so no other model's step shares it) and is only ever called with one fast
-path's layers and cache buffers of one dtype, whose capacity is compiled as dynamic: nothing a
-guard would catch changes between calls.
+safe here because each step is only ever called with one fast path's layers and cache buffers
+of one dtype, whose capacity is compiled as dynamic, and is saved under a key of everything its
+code depends on (`saved_path`): nothing a guard would catch changes between calls.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import pickle
 import sys
 import types
 from pathlib import Path
@@ -33,13 +36,6 @@ from engine.kvcache import SCALE_DTYPE, PreallocatedLayer
 
 KINDS = ("regional", "whole")
 """In the order the background build makes them: quick to compile first, fastest second."""
-
-
-def build(kind: str) -> Callable:
-    """A new, not yet compiled step of `kind` (compiled by its first call: `compile_once`)."""
-    if kind == "regional":
-        return _RegionalStep()
-    return own_compiled(whole_step)
 
 
 def whole_step(fast: FastLlama, token: torch.Tensor, position: torch.Tensor, *buffers) -> torch.Tensor:
@@ -56,9 +52,8 @@ def whole_step(fast: FastLlama, token: torch.Tensor, position: torch.Tensor, *bu
 class _RegionalStep:
     """`whole_step` with the block and the head compiled on their own, the block run per layer."""
 
-    def __init__(self):
-        self.block = own_compiled(FastLlama.block_on_buffers)
-        self.head = own_compiled(FastLlama.head)
+    def __init__(self, block: Callable, head: Callable):
+        self.block, self.head = block, head
 
     def __call__(self, fast: FastLlama, token: torch.Tensor, position: torch.Tensor, *buffers):
         h = fast.embed[token].to(fast.act_dtype)
@@ -66,6 +61,65 @@ class _RegionalStep:
         for layer, *layer_buffers in zip(fast.layers, *buffers):
             h = self.block(fast, layer, h, cos, sin, position, *layer_buffers)
         return self.head(fast, h)
+
+
+_SOURCES = {"step": whole_step, "block": FastLlama.block_on_buffers, "head": FastLlama.head}
+"""The function each compiled part of a step is made from: the whole step's one, the regional
+step's two."""
+
+
+def compile_here(kind: str, fast: FastLlama, cache_dtype: torch.dtype) -> dict[str, Callable]:
+    """The compiled parts of a step of `kind` ("step"; "block" and "head"), compiled in this
+    process by Dynamo's ahead-of-time compile on scratch buffers: `assemble` makes the step of
+    them, `save` keeps them for a later `load`."""
+    token, position = torch.tensor([0]), torch.tensor([0])
+    buffers = scratch_buffers(fast, cache_dtype)
+    if kind == "whole":
+        examples = {"step": (fast, token, position, *buffers)}
+    else:
+        h = fast.embed[token].to(fast.act_dtype)
+        cos, sin = fast._rope(position)
+        examples = {
+            "block": (fast, fast.layers[0], h, cos, sin, position, *(per_layer[0] for per_layer in buffers)),
+            "head": (fast, h),
+        }
+    with torch.inference_mode():  # as the session's calls are
+        parts = {
+            name: own_compiled(_SOURCES[name]).aot_compile((args, {})) for name, args in examples.items()
+        }
+    for part in parts.values():
+        part.disable_guard_check()
+    return parts
+
+
+def assemble(kind: str, parts: dict[str, Callable]) -> Callable:
+    """The step of `kind` made of its compiled parts (`compile_here`, `load`)."""
+    return parts["step"] if kind == "whole" else _RegionalStep(parts["block"], parts["head"])
+
+
+def save(parts: dict, path: Path) -> None:
+    """Write a step's compiled parts to `path` at once (a crash leaves no half-written file)."""
+    serialized = {name: type(part).serialize(part).serialized_data for name, part in parts.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial.write_bytes(pickle.dumps(serialized))
+    os.replace(partial, path)
+
+
+def load(path: Path) -> dict[str, Callable]:
+    """A step's compiled parts as `save` wrote them: Dynamo's output bytecode and Inductor's
+    code, nothing traced again. Under a second, most of it waiting on subprocesses without the
+    GIL, where Dynamo's trace of the whole step from Inductor's cache held it ~5 s (BENCHMARKS.md)."""
+    serialized = pickle.loads(path.read_bytes())
+    parts = {}
+    # Inductor test-builds ATen's vector headers for each ISA and dlopens them in fresh Pythons
+    # (~1.4 s, once per process); as in the compile (`own_compiled`), the base check is skipped.
+    with torch._inductor.config.patch({"cpp.vec_isa_ok": True}):
+        for name, data in serialized.items():
+            f_globals = _SOURCES[name].__globals__
+            parts[name] = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
+            parts[name].disable_guard_check()
+    return parts
 
 
 def own_compiled(fn: Callable) -> Callable:
@@ -106,12 +160,6 @@ def scratch_buffers(
     return kinds
 
 
-def compile_once(step: Callable, fast: FastLlama, cache_dtype: torch.dtype) -> None:
-    """One call of the step on scratch buffers: compiles it, or loads it from the cache."""
-    with torch.inference_mode():  # as the session's calls are
-        step(fast, torch.tensor([0]), torch.tensor([0]), *scratch_buffers(fast, cache_dtype))
-
-
 _CODE = ("fused.py", "steps.py", "attention.py", "kernels.py", "decode_attention.cpp", "../quant/w8.py")
 """The sources a compiled step is made of: a change to any makes earlier artifacts stale."""
 
@@ -129,20 +177,21 @@ def layer_signature(layer) -> tuple:
     return tuple(_signature(w) for w in (layer.wqkv, layer.wo, layer.wgu, layer.wdown, layer.ln1, layer.ln2))
 
 
-def cached_marker(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | None:
-    """A file that exists once this step (this kind, these shapes and dtypes, this torch, this
-    code) has been compiled into Inductor's on-disk cache: a later start then compiles it from
-    there in seconds, in-process, without the child process's start and model load (~8 s).
-    None without a cache directory."""
+def saved_path(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | None:
+    """Where the compiled step of `kind` for this fast path and cache dtype is saved (`save`),
+    keyed by everything its code depends on and runs unchecked (no guards): shapes, dtypes and
+    strides, the model's constants, this torch and Python, the CPU's vector ISA, the thread
+    count Inductor writes into its loops, and llmchat's code. None without a cache directory."""
     root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not root:
         return None
     shapes = [layer_signature(fast.layers[0]), _signature(fast.lm_head), _signature(fast.embed)]
-    model = (kind, len(fast.layers), fast.heads, fast.kv_heads, fast.eps, fast.transposed)
+    model = (kind, len(fast.layers), fast.heads, fast.kv_heads, fast.head_dim, fast.eps, fast.rope_scale)
+    isa, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
     here = Path(__file__).parent
     key = hashlib.sha256(
-        repr((torch.__version__, sys.version, model)).encode()
+        repr((torch.__version__, sys.version, isa, threads, model, fast.transposed)).encode()
         + repr((shapes, str(fast.act_dtype), str(cache_dtype), fast.inv_freq.tolist())).encode()
         + b"".join((here / name).read_bytes() for name in _CODE)
     ).hexdigest()[:32]
-    return Path(root) / "llmchat-steps" / key
+    return Path(root) / "llmchat-steps" / f"{key}.step"

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from engine.session import ChatSession
 
 COMPILE_OFF = "compile off: --no-compile / LLMCHAT_COMPILE=0"
-BUILDING = "compiling in the background (about 10 s the first time, 2 s once cached)"
+BUILDING = "compiling in the background (about 10 s the first time, 1 s once saved)"
 
 
 def _attention(session: ChatSession) -> str:

@@ -16,7 +16,7 @@ import torch
 
 from engine import bench, models
 from engine.events import ModelReady, TokenSampled
-from engine.fast import compiled, kernels
+from engine.fast import compiled, kernels, steps
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 from engine.worker import InferenceWorker
@@ -116,9 +116,7 @@ def test_a_stale_lock_is_named_in_the_compile_notice_and_eager_serves(
     # As on a first start: the app builds the kernel (an earlier test may have loaded it here).
     monkeypatch.setattr(kernels, "_loaded", {name: threading.Event() for name in kernels.KERNELS})
     monkeypatch.setattr(kernels, "_error", {})
-    # The child process compiles for real (and meets the lock); here the eager step stands in for
-    # the compiled one, which the child's artifacts would only make faster to load.
-    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    # The child process compiles and saves the step for real; the app meets the lock, then loads it.
     settings = SamplingSettings(temperature=0.0, max_new_tokens=4)
     session = ChatSession(models.load(str(tiny_model_dir), "fp32", "cpu"), settings, compile=True)
     try:
@@ -141,9 +139,7 @@ def test_a_compile_child_past_its_time_limit_is_killed_and_reaped(monkeypatch):
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     monkeypatch.setattr(compiled, "_child_command", lambda *args: sleeper)
     children: list[subprocess.Popen] = []
-    timed_out = compiled._fill_cache_in_a_subprocess(
-        "model", "fp32", "regional", torch.float32, children.append
-    )
+    timed_out = compiled._compile_in_a_subprocess("model", "fp32", "regional", torch.float32, children.append)
     assert len(children) == 1
     assert children[0].returncode is not None  # waited for: no zombie left
     assert not Path(f"/proc/{children[0].pid}").exists()
@@ -174,7 +170,7 @@ def test_the_compile_child_starts_while_another_thread_is_inside_logging(monkeyp
     started = time.monotonic()
     children: list[subprocess.Popen] = []
     try:
-        timed_out = compiled._fill_cache_in_a_subprocess(
+        timed_out = compiled._compile_in_a_subprocess(
             "model", "fp32", "regional", torch.float32, children.append
         )
     finally:
@@ -222,14 +218,12 @@ def test_switching_precision_stops_the_previous_compile(tiny_model_dir, private_
 
 
 def test_bench_does_not_wait_out_a_failed_compile(tiny_model_dir, monkeypatch):
-    def broken(fn, **kwargs):
-        def step(*args):
-            raise RuntimeError("no C++ compiler found")
+    def broken(*args):
+        raise RuntimeError("no C++ compiler found")
 
-        return step
-
-    monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.setattr(compiled, "_fill_cache_in_a_subprocess", lambda *args: False)
+    monkeypatch.setattr(steps, "compile_here", broken)
+    monkeypatch.setattr(steps, "saved_path", lambda *args: None)  # nothing saved by an earlier test
+    monkeypatch.setattr(compiled, "_compile_in_a_subprocess", lambda *args: False)
     monkeypatch.setattr(kernels, "load", lambda name: "no compiler")
     loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
     result: list[dict] = []
