@@ -419,8 +419,17 @@ _built: "weakref.WeakKeyDictionary[FastLlama, dict]" = weakref.WeakKeyDictionary
 
 
 def _build_in_background(kernel: str) -> None:
-    """engine/fast/kernels.py's `kernel`, on a thread of its own (its errors say why in `load`)."""
-    threading.Thread(target=kernels.load, args=(kernel,), name=f"llmchat-{kernel}-build", daemon=True).start()
+    """engine/fast/kernels.py's `kernel`, on a thread of its own at the lowest priority (its
+    errors say why in `load`): on a fresh machine its C++ compiler ran beside an answer asked
+    at once, and the answer crawled. On Linux a thread has its own niceness, and the compiler
+    it starts inherits it."""
+
+    def build() -> None:
+        with contextlib.suppress(OSError, AttributeError):  # no setpriority: it builds at ours
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        kernels.load(kernel)
+
+    threading.Thread(target=build, name=f"llmchat-{kernel}-build", daemon=True).start()
 
 
 def compiled_decode(fast: FastLlama, info: ModelInfo) -> CompiledDecode | None:
