@@ -253,9 +253,9 @@ def test_layers_that_differ_are_not_compiled_as_one_block(tiny_model_dir):
     assert session.compiled is None and len(_greedy(session)) == 4
 
 
-def test_the_kernels_build_in_the_background_at_the_lowest_priority(monkeypatch):
+def test_the_kernels_build_in_the_background_at_a_low_priority(monkeypatch):
     # On a fresh machine the kernels' C++ compiler ran at the app's priority beside an answer
-    # asked at once: 6-7 tok/s. Built at nice 19 (a thread's own on Linux, inherited by the
+    # asked at once: 6-7 tok/s. Built at nice 10 (a thread's own on Linux, inherited by the
     # compiler it starts), the answer had 18 tok/s; the app's own threads keep their priority.
     import os
 
@@ -270,5 +270,5 @@ def test_the_kernels_build_in_the_background_at_the_lowest_priority(monkeypatch)
     ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     compiled._build_in_background("attention")
     assert built.wait(30)
-    assert seen == [("attention", 19)]
+    assert seen == [("attention", compiled.BUILD_NICENESS)] and ours < compiled.BUILD_NICENESS < 19
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours

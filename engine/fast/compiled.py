@@ -418,15 +418,20 @@ _built: "weakref.WeakKeyDictionary[FastLlama, dict]" = weakref.WeakKeyDictionary
 """Each live fast path's compiled steps by the KV cache dtype each was built for."""
 
 
+BUILD_NICENESS = 10
+"""The kernels' build thread's niceness: an answer (0) comes first, the compile child (19) after."""
+
+
 def _build_in_background(kernel: str) -> None:
-    """engine/fast/kernels.py's `kernel`, on a thread of its own at the lowest priority (its
-    errors say why in `load`): on a fresh machine its C++ compiler ran beside an answer asked
-    at once, and the answer crawled. On Linux a thread has its own niceness, and the compiler
-    it starts inherits it."""
+    """engine/fast/kernels.py's `kernel`, on a thread of its own at a low priority (its errors
+    say why in `load`): on a fresh machine its C++ compiler ran beside an answer asked at once,
+    and the answer crawled. On Linux a thread has its own niceness, and the compiler it starts
+    inherits it. Above the compile child's, which needs the kernel too: at 19 both, the first
+    step was ready 1-2 s later."""
 
     def build() -> None:
         with contextlib.suppress(OSError, AttributeError):  # no setpriority: it builds at ours
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BUILD_NICENESS)
         kernels.load(kernel)
 
     threading.Thread(target=build, name=f"llmchat-{kernel}-build", daemon=True).start()
