@@ -464,7 +464,7 @@ class InferenceWorker:
         if not compiled.done:
             yield Notice(
                 "compiling the decode step in the background (about 10 s the first time, longer "
-                "while an answer runs, then a faster whole-model step; about 1 s once saved); the "
+                "while an answer runs, then a faster whole-model step; 1-3 s once saved); the "
                 "eager fast path answers meanwhile"
             )
         # Reported from the compiling thread: the UI's inbox takes events from any thread.

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from engine.session import ChatSession
 
 COMPILE_OFF = "compile off: --no-compile / LLMCHAT_COMPILE=0"
-BUILDING = "compiling in the background (about 10 s the first time, 1 s once saved)"
+BUILDING = "compiling in the background (about 10 s the first time, 1-3 s once saved)"
 
 
 def _attention(session: ChatSession) -> str:
