@@ -272,3 +272,33 @@ def test_the_kernels_build_in_the_background_at_a_low_priority(monkeypatch):
     assert built.wait(30)
     assert seen == [("attention", compiled.BUILD_NICENESS)] and ours < compiled.BUILD_NICENESS < 19
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours
+
+
+@pytest.mark.parametrize(
+    "precision, cache", [("fp32", "fp32"), ("fp32", "int8"), ("w8", "fp32"), ("bf16", "bf16")]
+)
+def test_every_llmchat_source_a_saved_step_runs_is_in_its_key(tiny_model_dir, precision, cache):
+    # A saved step runs without guards: a change to code it traced must name a new file, or the
+    # next start would load the old code. The int8 cache's quantize (engine/kvcache.py) was
+    # traced into the step but missing from the key.
+    from engine.fast import fused
+
+    fast = fused.for_model(models.load(str(tiny_model_dir), precision, "cpu").model, compiled=True)
+    dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}[cache])
+    ran = set()
+
+    def seen(frame, event, arg):
+        if event == "call":
+            ran.add(Path(frame.f_code.co_filename).resolve())
+
+    buffers = steps.scratch_buffers(fast, dtype)
+    sys.setprofile(seen)
+    try:
+        with torch.inference_mode():
+            steps.whole_step(fast, torch.tensor([3]), torch.tensor([0]), *buffers)
+    finally:
+        sys.setprofile(None)
+    here = ROOT / "engine" / "fast"
+    keyed = {(here / name).resolve() for name in steps._CODE}
+    ours = {path for path in ran if ROOT / "engine" in path.parents}
+    assert ours and ours <= keyed, sorted(str(p.relative_to(ROOT)) for p in ours - keyed)

@@ -160,8 +160,17 @@ def scratch_buffers(
     return kinds
 
 
-_CODE = ("fused.py", "steps.py", "attention.py", "kernels.py", "decode_attention.cpp", "../quant/w8.py")
-"""The sources a compiled step is made of: a change to any makes earlier artifacts stale."""
+_CODE = (
+    "fused.py",
+    "steps.py",
+    "attention.py",
+    "kernels.py",
+    "decode_attention.cpp",
+    "../quant/w8.py",
+    "../kvcache.py",  # an int8 cache's new rows are quantized inside the step
+)
+"""The sources a compiled step is made of: a change to any makes a saved step stale (a test
+checks that each llmchat source the step runs is here)."""
 
 
 def _signature(weight) -> tuple | str:
