@@ -50,6 +50,13 @@ def assert_visible(text: str, *shown: str) -> None:
         assert part in text, (part, text)
 
 
+async def screen_shows(pilot, *shown: str) -> None:
+    """`assert_visible` on the screen once it has painted `shown` (a list loaded a moment before
+    its rows are painted: read at once, the screen could still be the empty table)."""
+    await wait_for(pilot, lambda: all(part in screen_text(pilot.app) for part in shown), what=repr(shown))
+    assert_visible(screen_text(pilot.app), *shown)
+
+
 def cli(*args: str, input: str | None = None):
     from tui.cli import app
 
@@ -183,20 +190,20 @@ def test_the_conversations_screen_and_its_dialogs_show_hostile_text_visibly(tmp_
         app = fake_app(FakeFactory(), tmp_path)
         async with app.run_test(size=WIDE) as pilot:
             screen = await open_conversations(pilot)
-            assert_visible(screen_text(app), SHOWN_TITLE)
+            await screen_shows(pilot, SHOWN_TITLE)
             await pilot.press("d")
             await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog))
-            assert_visible(screen_text(app), f"Delete conversation {conversation}, “{SHOWN_TITLE}”")
+            await screen_shows(pilot, f"Delete conversation {conversation}, “{SHOWN_TITLE}”")
             await pilot.press("n")
             await wait_for(pilot, lambda: app.screen is screen)
             await pilot.press("r")
             await wait_for(pilot, lambda: isinstance(app.screen, TextDialog))
-            assert_visible(screen_text(app), SHOWN_TITLE)
+            await screen_shows(pilot, SHOWN_TITLE)
             await pilot.press("enter")  # unchanged: nothing is renamed
             await wait_for(pilot, lambda: app.screen is screen)
             await pilot.press("slash", *"sure")
             await wait_for(pilot, lambda: "match" in str(screen.query_one("#status").content))
-            assert_visible(screen_text(app), SHOWN_TITLE, "assistant: Sure ␛[31mred␛[0m")
+            await screen_shows(pilot, SHOWN_TITLE, "assistant: Sure ␛[31mred␛[0m")
         with Store() as store:
             assert store.conversation(conversation).title == TITLE
 
