@@ -277,6 +277,8 @@ def test_keys_are_in_the_footer_and_the_command_palette(tmp_path):
         app = fake_app(FakeFactory(), tmp_path)
         async with app.run_test(size=(80, 24)) as pilot:
             await ready(pilot)
+            # Read once painted: on a busy machine the footer was read empty a moment before.
+            await wait_for(pilot, lambda: "^q Quit" in widget_text(app.query_one(Footer)), what="the footer")
             footer = widget_text(app.query_one(Footer))
             for label in (
                 "esc Stop",
