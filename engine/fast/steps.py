@@ -25,7 +25,6 @@ import io
 import os
 import pickle
 import sys
-import types
 from pathlib import Path
 from typing import Callable
 
@@ -84,9 +83,7 @@ def compile_here(kind: str, fast: FastLlama, cache_dtype: torch.dtype) -> dict[s
             "head": (fast, h),
         }
     with torch.inference_mode():  # as the session's calls are
-        parts = {
-            name: own_compiled(_SOURCES[name]).aot_compile((args, {})) for name, args in examples.items()
-        }
+        parts = {name: unguarded(_SOURCES[name]).aot_compile((args, {})) for name, args in examples.items()}
     for part in parts.values():
         part.disable_guard_check()
     return parts
@@ -113,7 +110,7 @@ def load(path: Path) -> dict[str, Callable]:
     serialized = pickle.loads(path.read_bytes())
     parts = {}
     # Inductor test-builds ATen's vector headers for each ISA and dlopens them in fresh Pythons
-    # (~1.4 s, once per process); as in the compile (`own_compiled`), the base check is skipped.
+    # (~1.4 s, once per process); as in the compile (`unguarded`), the base check is skipped.
     with torch._inductor.config.patch({"cpp.vec_isa_ok": True}):
         for name, data in serialized.items():
             f_globals = _SOURCES[name].__globals__
@@ -122,10 +119,9 @@ def load(path: Path) -> dict[str, Callable]:
     return parts
 
 
-def own_compiled(fn: Callable) -> Callable:
-    """`fn` compiled without guards, on a copy of its code that nothing else compiles."""
-    code = fn.__code__.replace()  # a new code object: Dynamo's cache for it is this copy's alone
-    own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+def unguarded(fn: Callable) -> Callable:
+    """`fn` to compile without guards (`compile_here` compiles it ahead of time: nothing is
+    kept in Dynamo's cache of `fn`'s code, so no copy of the code is needed)."""
     options = {
         "guard_filter_fn": torch.compiler.skip_all_guards_unsafe,
         # Inductor's size asserts check each input's shape and strides per call, like the
@@ -137,7 +133,7 @@ def own_compiled(fn: Callable) -> Callable:
         # build it fails the compile itself, which leaves eager serving and says why.
         "cpp.vec_isa_ok": True,
     }
-    return torch.compile(own, dynamic=False, fullgraph=True, options=options)
+    return torch.compile(fn, dynamic=False, fullgraph=True, options=options)
 
 
 def cache_buffers(layers: list[PreallocatedLayer]) -> list[list[torch.Tensor]]:
