@@ -398,7 +398,7 @@ def bench_kv_cache(
     converted to each precision: a step's time does not depend on the values it reads."""
     from engine.fast import kernels
 
-    kernel = kernels.load("attention")
+    kernel = kernels.load("step")
     session = _greedy(loaded, tokens, compile)
     ids = prompt_ids(loaded.tokenizer, context)
     with torch.inference_mode():

@@ -15,7 +15,7 @@ from engine.fast import attention, kernels
 
 @pytest.fixture(scope="module")
 def kernel():
-    problem = kernels.load("attention")
+    problem = kernels.load("step")
     assert problem is None, problem  # CI has a compiler and ninja: the kernel must build
     return attention
 
@@ -42,9 +42,10 @@ def test_kernel_is_used_for_the_cache_types_it_reads_on_the_cpu(kernel):
     assert not kernel.can_attend(torch.zeros(1, 3, 8, 64, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("cpu", ["x86-64-v3", "x86-64"])  # AVX2 machines, and plain x86-64
-def test_the_kernel_sources_compile_for_cpus_without_avx512(cpu):
-    """The kernels are built with -march=native: their AVX-512 paths must fall away cleanly elsewhere."""
+# AVX2 machines, plain x86-64, AVX-512 without and with bfloat16 dot products (the matvec's paths)
+@pytest.mark.parametrize("cpu", ["x86-64-v3", "x86-64", "skylake-avx512", "cooperlake"])
+def test_the_kernel_sources_compile_for_every_x86_cpu(cpu):
+    """The kernels are built with -march=native: each CPU's paths must compile, the others fall away."""
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None or platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("needs a C++ compiler targeting x86-64")

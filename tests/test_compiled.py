@@ -11,7 +11,7 @@ import torch
 
 from engine import models
 from engine.events import TokenSampled
-from engine.fast import compiled, gemm, steps
+from engine.fast import compiled, gemm, matvec, steps
 from engine.kvcache import PreallocatedLayer
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -52,6 +52,8 @@ def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(
     assert first_tokens == eager_tokens[: len(first_tokens)]
     assert len(set(eager_tokens)) > 3
     assert "whole model in one graph" in fast.compiled.describe()
+    kernel = "matvec kernel" in fast.compiled.describe()
+    assert kernel == (matvec.enabled and not eager_first)  # a transposed float32 matrix: aten's matmul
 
 
 @pytest.mark.parametrize("cache", ["bf16", "int8"])
@@ -147,13 +149,13 @@ def test_the_child_compiles_while_the_kernel_builds_and_the_app_loads_what_it_sa
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setattr(compiled, "CHILD_TIMEOUT_S", 120)
-    directory = kernels._build_directory("attention")
+    directory = kernels._build_directory("step")
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / kernels.LOCK_FILE, "a+") as build:
         fcntl.flock(build, fcntl.LOCK_EX)  # a build of the kernel in progress
         timed_out = compiled._compile_in_a_subprocess(str(tiny_model_dir), "fp32", "regional", torch.float32)
     assert not timed_out, "the child waited for the kernel's build"
-    assert kernels.load("attention") is None
+    assert kernels.load("step") is None
     fast = fused.for_model(models.load(str(tiny_model_dir), "fp32", "cpu").model, compiled=True)
     step = steps.assemble("regional", steps.load(steps.saved_path(fast, torch.float32, "regional")))
     buffers, again = steps.scratch_buffers(fast, torch.float32), steps.scratch_buffers(fast, torch.float32)
@@ -268,9 +270,9 @@ def test_the_kernels_build_in_the_background_at_a_low_priority(monkeypatch):
 
     monkeypatch.setattr(compiled.kernels, "load", load)
     ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    compiled._build_in_background("attention")
+    compiled._build_in_background("step")
     assert built.wait(30)
-    assert seen == [("attention", compiled.BUILD_NICENESS)] and ours < compiled.BUILD_NICENESS < 19
+    assert seen == [("step", compiled.BUILD_NICENESS)] and ours < compiled.BUILD_NICENESS < 19
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours
 
 

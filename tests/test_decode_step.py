@@ -39,7 +39,7 @@ class FakeBuild:
 
     def __init__(self, state: str, error: str | None = None, compile_s: float = 0.0, started_ago: float = 0):
         self.state, self.error, self.compile_s = state, error, compile_s
-        self.attention_error = None
+        self.kernel_error = None
         self.started = time.monotonic() - started_ago
         self.ready = threading.Event()
         if state == "ready":
@@ -96,10 +96,11 @@ def test_a_cache_switch_says_the_eager_step_serves_until_its_compiled_step_is_bu
 def test_the_compiled_step_with_sdpa_says_why_not_the_kernel(tiny_loaded):
     session = ChatSession(tiny_loaded, SamplingSettings(), compile=False)
     build = FakeBuild("ready", compile_s=3)
-    build.attention_error = "no C++ compiler"
+    build.kernel_error = "no C++ compiler"
     session.compile_wanted, session.compiled = True, build
     shown = decode_step(session)
-    assert shown.attention == "SDPA" and "attention by SDPA (no C++ compiler)" in shown.why
+    assert shown.attention == "SDPA"
+    assert "attention by SDPA, matrix-vector products by Inductor's loop (no C++ compiler)" in shown.why
 
 
 def test_a_build_past_its_time_limit_is_given_up_not_compiled_here(tiny_loaded, monkeypatch):

@@ -6,21 +6,17 @@ of a plain sum over the same bytes. `decode_attention.cpp` reads K and V once, i
 over the cores, and merges the blocks' softmaxes (flash-decoding): about as fast as that plain
 sum (the measurements: BENCHMARKS.md, "ITL against context length").
 
-It is built with llmchat's other kernels (engine/fast/kernels.py) by the background job that
-compiles the decode step. Until it is loaded, or where it cannot be built, SDPA does the same
-sum. Its shapes are declared here, so that job's child process can trace a step calling it
-while it is still building (`stand_in`).
+It is built with the step's other kernel, the matrix-vector products (engine/fast/kernels.py),
+by the background job that compiles the decode step. Until it is loaded, or where it cannot be
+built, SDPA does the same sum. Its shapes are declared here, so that job's child process can
+trace a step calling it while it is still building (`kernels.stand_in`).
 """
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from engine.fast import kernels
-
-_standing_in = threading.Event()
 
 
 def _shape(q: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
@@ -28,23 +24,8 @@ def _shape(q: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
     return q.new_empty(q.shape)
 
 
-ATTENTION_OPS = ("decode_attention", "decode_attention_int8")
-for _name in ATTENTION_OPS:
-    torch.library.register_fake(f"llmchat::{_name}", lib=kernels.LIBRARY)(_shape)
-
-
-def stand_in() -> None:
-    """For the compile child only (engine/fast/compiled.py), whose step's output nobody reads:
-    the ops answer zeros instead of waiting for the kernel's build (~6 s of a fresh machine's
-    first start, which the app runs meanwhile), so the step is traced as the app will trace
-    it, calling the kernel, while that builds."""
-    for name in ATTENTION_OPS:
-        torch.library.impl(kernels.LIBRARY, name, "CPU")(_shape_zeros)
-    _standing_in.set()
-
-
-def _shape_zeros(q: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
-    return q.new_zeros(q.shape)
+for _name in ("decode_attention", "decode_attention_int8"):
+    kernels.shaped(_name)(_shape)
 
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8)
@@ -54,8 +35,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8)
 def can_attend(keys: torch.Tensor) -> bool:
     """Whether the kernel can attend over `keys` now (loaded, or stood in for; a cache on the
     CPU of a type it reads)."""
-    there = kernels.is_loaded("attention") or _standing_in.is_set()
-    return there and keys.device.type == "cpu" and keys.dtype in KERNEL_DTYPES
+    return kernels.step_kernel_there() and keys.device.type == "cpu" and keys.dtype in KERNEL_DTYPES
 
 
 def decode(

@@ -25,9 +25,11 @@ dropped), so switches never leave several compiles running at once.
 The step takes each layer's whole cache buffer (capacity marked dynamic, so the cache growing
 does not recompile) and writes the new K/V at the position; attention reads the positions up
 to it, through the decode-attention kernel (engine/fast/attention.py) that the same background job
-builds meanwhile, or SDPA with the slots past it masked. A step is built for one cache dtype:
-a chat that switches its KV cache precision gets a step of its own (the one left behind is kept
-once built). For an int8 cache the step quantizes the new K/V rows and writes their scales too.
+builds meanwhile, or SDPA with the slots past it masked; where the CPU has AVX-512, its
+matrix-vector products go through the same library's matvec kernel (engine/fast/matvec.py).
+A step is built for one cache dtype: a chat that switches its KV cache precision gets a step
+of its own (the one left behind is kept once built). For an int8 cache the step quantizes the
+new K/V rows and writes their scales too.
 
 On a GPU nothing is compiled: the same whole step, eager, is recorded as a CUDA graph by its
 first call and replayed per token (engine/fast/graphed.py), ready at once.
@@ -52,7 +54,7 @@ import torch
 
 from engine.errors import one_line
 from engine.events import ModelInfo
-from engine.fast import attention, graphed, kernels, steps
+from engine.fast import graphed, kernels, matvec, steps
 from engine.fast.fused import FastLlama
 from engine.kvcache import KVCache
 from engine.quant.int8 import Int8Linear
@@ -99,8 +101,8 @@ class CompiledDecode:
         """The background process ran past CHILD_TIMEOUT_S: no compile here either (it would hold
         the GIL and the cores while an answer streams)."""
         self.compile_s = 0.0
-        self.attention_error: str | None = None
-        """Why the decode-attention kernel (engine/fast/attention.py) is not used, if it is not."""
+        self.kernel_error: str | None = None
+        """Why the step's kernel (attention, matvec: engine/fast/kernels.py) is not used, if it is not."""
         self.notes: list[str] = []
         """What the background job met that the user should know (a stale build lock removed)."""
         self._listeners: list[Callable[["CompiledDecode"], None]] = []
@@ -131,10 +133,10 @@ class CompiledDecode:
         """The regional step, then the whole one (engine/fast/steps.py): the first ready in
         seconds, the second, faster per token, taking over when it is built."""
         started = time.perf_counter()
-        # The decode-attention kernel (~6 s of the C++ compiler on a fresh machine) builds here
-        # meanwhile, beside the child's compile, which traces the step without it
-        # (attention.stand_in). Built once per machine; cached, it only loads.
-        _build_in_background("attention")
+        # The step's kernel (~6 s of the C++ compiler on a fresh machine) builds here meanwhile,
+        # beside the child's compile, which traces the step without it (kernels.stand_in).
+        # Built once per machine; cached, it only loads.
+        _build_in_background("step")
         step, error, timed_out = self._compile("regional")
         with self._lock:
             if self._stopped:  # compiled for a model no longer in use: dropped
@@ -179,9 +181,9 @@ class CompiledDecode:
                 return None, None, True
         if self._stopped:
             return None, None, False
-        self.attention_error = kernels.load("attention")  # first: the step calls it
+        self.kernel_error = kernels.load("step")  # first: the step calls it
         self._note(kernels.take_notes())
-        if self.attention_error is not None:  # the saved step calls the kernel: this one must not
+        if self.kernel_error is not None:  # the saved step calls the kernel: this one must not
             saved = None
         fast = self._fast()
         if fast is None or self._stopped:
@@ -299,7 +301,10 @@ class CompiledDecode:
             return f"compiled decode given up ({self.error}); the eager fast path serves{notes}"
         if self.error:
             return f"compiled decode unavailable ({self.error}); the eager fast path serves{notes}"
-        kernel = f"; attention by SDPA ({self.attention_error})" if self.attention_error else ""
+        kernel = f"; {WITHOUT_KERNEL} ({self.kernel_error})" if self.kernel_error else ""
+        fast = self._fast()
+        if not self.kernel_error and fast is not None and matvec.steps_use_kernel(fast):
+            kernel = "; each weight matrix streamed by llmchat's AVX-512 matvec kernel"
         how = self.how() if self.kind == "graph" else f"torch.compile: {self.how()}"
         return f"decode now runs the compiled step ({how}){kernel}{notes}"
 
@@ -316,6 +321,9 @@ class CompiledDecode:
             return f"{regional}; whole model next"
         return regional
 
+
+WITHOUT_KERNEL = "attention by SDPA, matrix-vector products by Inductor's loop"
+"""What a compiled step does without the step's kernel."""
 
 SWITCH_INTERVAL_S = 0.0001
 """The GIL's switch interval while a step compiles in this process (Python's default: 5 ms)."""
@@ -461,7 +469,7 @@ def main(spec: str, precision: str, kind: str, cache_dtype: str) -> None:
     from engine import models
     from engine.fast import fused
 
-    # On one thread: the load runs beside the app's build of the attention kernel, and torch's
+    # On one thread: the load runs beside the app's build of the step's kernel, and torch's
     # parallel loops wait at each step for the thread on the busy core (w8's load: 0.4 -> 10 s).
     # The compile keeps torch's thread count, which Inductor writes into the code it generates.
     threads = torch.get_num_threads()
@@ -470,9 +478,9 @@ def main(spec: str, precision: str, kind: str, cache_dtype: str) -> None:
     fast = fused.for_model(loaded.model, compiled=True)
     torch.set_num_threads(threads)
     if supports(fast, getattr(torch, cache_dtype)) is None:
-        # The app builds the attention kernel meanwhile (and says what went wrong, if anything);
+        # The app builds the step's kernel meanwhile (and says what went wrong, if anything);
         # this step is traced calling it, as the app's will be once it has loaded it.
-        attention.stand_in()
+        kernels.stand_in()
         dtype = getattr(torch, cache_dtype)
         saved = steps.saved_path(fast, dtype, kind)
         if saved is not None:  # nowhere to save it: the app compiles it itself

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.fast import attention, gemm, pages
+from engine.fast import attention, gemm, matvec, pages
 from engine.kvcache import KVCache, QuantizedKV, quantize
 from engine.quant.int8 import Int8Linear
 from engine.quant.precision import cpu_matmul_native
@@ -187,13 +187,20 @@ class FastLlama:
             )
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, upcast: bool) -> torch.Tensor:
-        """x @ W.T for a weight stored [out, in] (or x @ W for one stored [in, out])."""
+        """x @ W.T for a weight stored [out, in] (or x @ W for one stored [in, out]). An eager
+        decode step's one row goes through the matvec kernel once it is loaded (engine/fast/matvec.py)."""
+        one_row = x.shape[:-1].numel() == 1 and not self.transposed
+        if isinstance(weight, W8Linear) and one_row and x.dtype == torch.float32:
+            if matvec.can_multiply_now(weight.q):
+                return (matvec.multiply(x, weight.q) * weight.scale).view(*x.shape[:-1], -1)
         if isinstance(weight, nn.Module):  # w8a8, w8: the module multiplies
             return weight(x)
         if weight.dtype != x.dtype:
             if upcast:  # [out, in]: only float32 weights are ever stored transposed
                 return gemm.widened(x, weight)
             return self._linear(x.to(weight.dtype), weight, upcast).to(x.dtype)
+        if one_row and matvec.can_multiply_now(weight):
+            return matvec.multiply(x, weight).view(*x.shape[:-1], -1)
         return gemm.linear(x, weight.t() if self.transposed else weight)
 
     def _rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -215,11 +222,14 @@ class FastLlama:
         return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
 
     def _matvec(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x [1, in] @ W.T, written as multiply-and-sum for torch.compile: Inductor turns it into
-        one loop that streams W's [out, in] rows once, several times faster than aten's batch-1
-        matmul for float32 (BENCHMARKS.md; 16-bit weights are widened inside the loop). A fast path built for
-        eager use keeps float32 as [in, out], which aten multiplies faster than this loop."""
+        """x [1, in] @ W.T for torch.compile: where the CPU has AVX-512, the matvec kernel
+        (engine/fast/matvec.py); else written as multiply-and-sum, which Inductor turns into one
+        loop that streams W's [out, in] rows once, faster than aten's batch-1 matmul (16-bit
+        weights are widened inside the loop; BENCHMARKS.md). A fast path built for eager use
+        may keep float32 as [in, out], which aten multiplies faster than this loop."""
         if isinstance(weight, W8Linear):
+            if x.dtype == torch.float32 and matvec.can_multiply(weight.q):
+                return matvec.multiply(x, weight.q) * weight.scale
             return weight.matvec(x)
         if weight.device.type != "cpu":  # a GPU's own matmul: the loop is for Inductor's CPU code
             return self._linear(x, weight, upcast=False)
@@ -227,6 +237,8 @@ class FastLlama:
             return x @ weight
         if weight.dtype != x.dtype:  # rounded as the eager path rounds: in and out in W's dtype
             return self._matvec(x.to(weight.dtype), weight).to(x.dtype)
+        if matvec.can_multiply(weight):
+            return matvec.multiply(x, weight)
         return (x[:, None, :] * weight[None]).sum(-1)
 
     def _attention(self, q: torch.Tensor, keys, values, mask, position) -> torch.Tensor:

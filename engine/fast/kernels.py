@@ -1,14 +1,16 @@
 """llmchat's C++ kernels, built once per machine in the background and loaded as torch ops.
 
-- `decode_attention.cpp`: one new token's attention over the KV cache (engine/fast/attention.py).
-- `sample_summary.cpp`: a step's draw and what the panels show of it, in one pass over the
-  logits (engine/sampling.py).
+- "step", what a compiled decode step calls (`decode_step.cpp`, one library): one new token's
+  attention over the KV cache (`decode_attention.cpp`, engine/fast/attention.py) and its
+  matrix-vector products (`matvec.cpp`, engine/fast/matvec.py).
+- "sampling": a step's draw and what the panels show of it, in one pass over the logits
+  (`sample_summary.cpp`, engine/sampling.py).
 
 They are compiled with the C++ compiler torch.compile needs anyway, once per machine, into
 llmchat's cache directory, by the background job that compiles the decode step
 (engine/fast/compiled.py). Until they are loaded, or where they cannot be built, torch's own
 ops do the same sums. The ops are declared here, not in the C++, so that job's child process
-can trace a step calling them while the kernels are still building (attention.stand_in).
+can trace a step calling them while the kernels are still building (`stand_in`).
 
 torch's builder guards the directory with a `lock` file that only the build that made it
 removes: a build killed mid-way (a closed terminal) left it, and every later build waited on it
@@ -43,11 +45,12 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 """-ffast-math lets the compiler vectorize exp and the reductions (BENCHMARKS.md)."""
 
 _HERE = Path(__file__).parent
-KERNELS = {"attention": (_HERE / "decode_attention.cpp",), "sampling": (_HERE / "sample_summary.cpp",)}
-"""Each kernel's sources, built into a library of its own: the decode step waits for attention's
-before it traces, and sampling's is built after that step is ready (engine/fast/compiled.py)."""
+KERNELS = {"step": _HERE / "decode_step.cpp", "sampling": _HERE / "sample_summary.cpp"}
+"""Each kernel's source, built into a library of its own: the app loads the step's before the
+compiled step, and builds sampling's after that step is ready (engine/fast/compiled.py)."""
 
-SOURCES = [source for sources in KERNELS.values() for source in sources]
+SOURCES = sorted(_HERE.glob("*.cpp"))
+"""Every C++ source, included ones too: a change to any builds each kernel anew."""
 
 LOCK_FILE = "llmchat-build.lock"
 """Our lock in the build directory: held (flock) by the process building, with its pid inside."""
@@ -59,9 +62,11 @@ SCHEMAS = {
     "decode_attention_int8": (
         "(Tensor q, Tensor k, Tensor ks, Tensor v, Tensor vs, Tensor position) -> Tensor"
     ),
+    "matvec": "(Tensor x, Tensor w) -> Tensor",
     "sample_summary": "(Tensor logits, float scale, int chosen, float? u, int k) -> Tensor",
 }
 """The kernels' ops; the built library registers their CPU implementations."""
+OPS = {"step": ("decode_attention", "decode_attention_int8", "matvec"), "sampling": ("sample_summary",)}
 
 # Declared here rather than in the C++ (2 ms): a step can then be traced before the kernels are built.
 LIBRARY = torch.library.Library("llmchat", "DEF")
@@ -86,7 +91,7 @@ def _build_directory(name: str) -> Path:
     except (OSError, IndexError):
         flags = ""
     key = hashlib.sha256(f"{name}{flags}{torch.__version__}{FLAGS}".encode())
-    for source in KERNELS[name]:  # a changed kernel builds anew, beside (not over) the old one
+    for source in SOURCES:  # a changed kernel builds anew, beside (not over) the old one
         key.update(source.read_bytes())
     return Path(platformdirs.user_cache_dir("llmchat")) / "kernels" / key.hexdigest()[:12]
 
@@ -156,7 +161,7 @@ def load(name: str) -> str | None:
                 warnings.simplefilter("ignore")
                 load_extension(
                     name=f"llmchat_{name}",
-                    sources=[str(source) for source in KERNELS[name]],
+                    sources=[str(KERNELS[name])],
                     extra_cflags=FLAGS,
                     build_directory=str(directory),
                     is_python_module=False,
@@ -173,3 +178,33 @@ def load(name: str) -> str | None:
 def is_loaded(name: str) -> bool:
     """The kernel `name` is built and loaded (by the background compile job)."""
     return _loaded[name].is_set()
+
+
+_shapes: dict = {}
+_standing_in = threading.Event()
+
+
+def shaped(op: str):
+    """Declare how `op`'s output is shaped (a function of its inputs, as `register_fake` takes
+    it): torch.compile traces the op by it, and `stand_in` answers zeros of that shape."""
+
+    def register(shape):
+        _shapes[op] = shape
+        return torch.library.register_fake(f"llmchat::{op}", lib=LIBRARY)(shape)
+
+    return register
+
+
+def stand_in() -> None:
+    """For the compile child only (engine/fast/compiled.py), whose step's output nobody reads:
+    the step's ops answer zeros instead of waiting for the kernel's build (~6 s of a fresh
+    machine's first start, which the app runs meanwhile), so the step is traced as the app
+    will trace it, calling the kernel, while that builds."""
+    for op in OPS["step"]:
+        torch.library.impl(LIBRARY, op, "CPU")(lambda *args, _shape=_shapes[op]: _shape(*args).zero_())
+    _standing_in.set()
+
+
+def step_kernel_there() -> bool:
+    """The step's kernel is loaded here, or stood in for (`stand_in`): a step traced now calls it."""
+    return _loaded["step"].is_set() or _standing_in.is_set()

@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from engine.fast import matvec
 from engine.fast.fused import FastLlama
 from engine.kvcache import SCALE_DTYPE, PreallocatedLayer
 
@@ -160,8 +161,11 @@ _CODE = (
     "fused.py",
     "steps.py",
     "attention.py",
+    "matvec.py",
     "kernels.py",
+    "decode_step.cpp",
     "decode_attention.cpp",
+    "matvec.cpp",
     "../quant/w8.py",
     "../kvcache.py",  # an int8 cache's new rows are quantized inside the step
 )
@@ -186,7 +190,8 @@ def saved_path(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | N
     """Where the compiled step of `kind` for this fast path and cache dtype is saved (`save`),
     keyed by everything its code depends on and runs unchecked (no guards): shapes, dtypes and
     strides, the model's constants, this torch and Python, the CPU's vector ISA, the thread
-    count Inductor writes into its loops, and llmchat's code. None without a cache directory."""
+    count Inductor writes into its loops, whether it calls the matvec kernel, and llmchat's
+    code. None without a cache directory."""
     root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not root:
         return None
@@ -195,7 +200,7 @@ def saved_path(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | N
     isa, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
     here = Path(__file__).parent
     key = hashlib.sha256(
-        repr((torch.__version__, sys.version, isa, threads, model, fast.transposed)).encode()
+        repr((torch.__version__, sys.version, isa, threads, model, fast.transposed, matvec.enabled)).encode()
         + repr((shapes, str(fast.act_dtype), str(cache_dtype), fast.inv_freq.tolist())).encode()
         + b"".join((here / name).read_bytes() for name in _CODE)
     ).hexdigest()[:32]

@@ -25,9 +25,7 @@ BUILDING = "compiling in the background (about 10 s the first time, 1-3 s once s
 def _attention(session: ChatSession) -> str:
     """The fused step calls the decode-attention kernel once it is loaded, for a cache type it reads."""
     readable = getattr(torch, session.info.cache_dtype) in attention.KERNEL_DTYPES
-    return (
-        "kernel" if kernels.is_loaded("attention") and readable and session.device.type == "cpu" else "SDPA"
-    )
+    return "kernel" if kernels.is_loaded("step") and readable and session.device.type == "cpu" else "SDPA"
 
 
 def decode_step(session: ChatSession, off: str = COMPILE_OFF) -> DecodeStep:
@@ -46,10 +44,10 @@ def decode_step(session: ChatSession, off: str = COMPILE_OFF) -> DecodeStep:
         return DecodeStep("eager", _attention(session), "unsupported", why)
     state = build.state
     if state == "ready":
-        kernel = "SDPA" if build.attention_error else _attention(session)
+        kernel = "SDPA" if build.kernel_error else _attention(session)
         why = build.how()
-        if build.attention_error:
-            why += f"; attention by SDPA ({build.attention_error})"
+        if build.kernel_error:
+            why += f"; {compiled.WITHOUT_KERNEL} ({build.kernel_error})"
         return DecodeStep("compiled", kernel, "ready", why, build.compile_s)
     if state == "building":
         elapsed = time.monotonic() - build.started

@@ -30,7 +30,7 @@ import json, sys
 from engine.fast import kernels
 if len(sys.argv) > 1:
     kernels.LOCK_WAIT_S = float(sys.argv[1])
-problem = kernels.load("attention")
+problem = kernels.load("step")
 print(json.dumps({"problem": problem, "notes": kernels.take_notes()}), flush=True)
 """
 
@@ -110,7 +110,7 @@ def test_a_build_waiting_on_a_live_build_gives_up_with_a_reason(private_cache):
 def test_a_stale_lock_is_named_in_the_compile_notice_and_eager_serves(
     tiny_model_dir, private_cache, monkeypatch
 ):
-    directory = kernels._build_directory("attention")  # under the private cache
+    directory = kernels._build_directory("step")  # under the private cache
     directory.mkdir(parents=True)
     (directory / "lock").touch()  # as a build killed mid-way leaves it
     # As on a first start: the app builds the kernel (an earlier test may have loaded it here).

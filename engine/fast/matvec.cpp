@@ -1,0 +1,177 @@
+// A decode step's matrix-vector products, x [1, in] @ W.T for W [out, in], rows streamed once.
+//
+// Inductor's loop for the same sum (FastLlama._matvec) keeps one chain of additions per row
+// and widens both operands at every step: on a CPU whose cores are slow beside its memory it
+// is compute-bound (a 2-core AVX-512 Xeon: bfloat16 rows at ~12 GB/s, float32 at ~17, where
+// this kernel streams them at ~20 and ~25; BENCHMARKS.md). Each thread takes a contiguous
+// block of rows; independent accumulators hide the additions' latency; bfloat16 rows go
+// through `vdpbf16ps` (32 products an instruction) where the CPU has it. Sums in float32, the
+// result rounded to W's dtype, as the loop's is (w8's int8 rows: x and the result in float32,
+// the rows' scales applied after). Built as part of decode_step.cpp.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace matvec_kernel {
+
+// Rows per task of the thread pool: enough that two threads split even the smallest matrix.
+constexpr int64_t kRowGrain = 64;
+
+// The portable sum: without AVX-512 the step keeps Inductor's loop (engine/fast/matvec.py), but
+// the library builds everywhere.
+template <typename W, typename X>
+void rows_plain(const X* x, const W* w, X* out, int64_t in, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r) {
+    const W* row = w + r * in;
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t k = 0; k < in; ++k) sum += static_cast<float>(x[k]) * static_cast<float>(row[k]);
+    out[r] = static_cast<X>(sum);
+  }
+}
+
+#if defined(__AVX512F__)
+inline __m512 widen(const at::BFloat16* p) {  // a bfloat16 is a float32's upper half
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+inline __m512 widen(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 widen(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 widen(const float* p) { return _mm512_loadu_ps(p); }
+
+// float32, float16 and int8 rows (bfloat16 too without `vdpbf16ps`), two at a time, 16 weights
+// a step widened to float32 against x in float32 (`xf`): four independent chains, x read once
+// per pair.
+template <typename W, typename X>
+void rows_fma(const float* xf, const W* w, X* out, int64_t in, int64_t begin, int64_t end) {
+  const int64_t full = in - in % 32;
+  int64_t r = begin;
+  for (; r + 2 <= end; r += 2) {
+    const W* a = w + r * in;
+    const W* b = a + in;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+    for (int64_t k = 0; k < full; k += 32) {
+      const __m512 x0 = _mm512_loadu_ps(xf + k), x1 = _mm512_loadu_ps(xf + k + 16);
+      a0 = _mm512_fmadd_ps(widen(a + k), x0, a0);
+      a1 = _mm512_fmadd_ps(widen(a + k + 16), x1, a1);
+      b0 = _mm512_fmadd_ps(widen(b + k), x0, b0);
+      b1 = _mm512_fmadd_ps(widen(b + k + 16), x1, b1);
+    }
+    float sa = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    float sb = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
+    for (int64_t k = full; k < in; ++k) {
+      sa += xf[k] * static_cast<float>(a[k]);
+      sb += xf[k] * static_cast<float>(b[k]);
+    }
+    out[r] = static_cast<X>(sa);
+    out[r + 1] = static_cast<X>(sb);
+  }
+  for (; r < end; ++r) {
+    const W* a = w + r * in;
+    __m512 a0 = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= in; k += 16) a0 = _mm512_fmadd_ps(widen(a + k), _mm512_loadu_ps(xf + k), a0);
+    float sa = _mm512_reduce_add_ps(a0);
+    for (; k < in; ++k) sa += xf[k] * static_cast<float>(a[k]);
+    out[r] = static_cast<X>(sa);
+  }
+}
+#endif
+
+#if defined(__AVX512BF16__)
+inline __m512bh load_bh(const at::BFloat16* p) { return (__m512bh)_mm512_loadu_si512(p); }
+
+// bfloat16 rows by `vdpbf16ps`, 32 products a step summed in pairs into float32; one row at a
+// time with four accumulators (two rows at a time was no faster).
+void rows_dpbf16(const at::BFloat16* x, const at::BFloat16* w, at::BFloat16* out, int64_t in,
+                 int64_t begin, int64_t end) {
+  const int64_t full = in - in % 128;
+  for (int64_t r = begin; r < end; ++r) {
+    const at::BFloat16* a = w + r * in;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k < full; k += 128) {
+      a0 = _mm512_dpbf16_ps(a0, load_bh(a + k), load_bh(x + k));
+      a1 = _mm512_dpbf16_ps(a1, load_bh(a + k + 32), load_bh(x + k + 32));
+      a2 = _mm512_dpbf16_ps(a2, load_bh(a + k + 64), load_bh(x + k + 64));
+      a3 = _mm512_dpbf16_ps(a3, load_bh(a + k + 96), load_bh(x + k + 96));
+    }
+    for (; k + 32 <= in; k += 32) a0 = _mm512_dpbf16_ps(a0, load_bh(a + k), load_bh(x + k));
+    float sa = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    for (; k < in; ++k) sa += static_cast<float>(x[k]) * static_cast<float>(a[k]);
+    out[r] = static_cast<at::BFloat16>(sa);
+  }
+}
+#endif
+
+template <typename W, typename X>
+void matvec_rows(const X* x, const W* w, X* out, int64_t in, int64_t begin, int64_t end,
+                 const float* xf) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<W, at::BFloat16>) {
+    rows_dpbf16(x, w, out, in, begin, end);
+    return;
+  }
+#endif
+#if defined(__AVX512F__)
+  rows_fma(xf, w, out, in, begin, end);
+#else
+  rows_plain(x, w, out, in, begin, end);
+#endif
+}
+
+// W's rows times x (X: W's own type; float32 for int8 rows, whose scales are applied after).
+template <typename W, typename X>
+void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
+  const int64_t rows = w.size(0), in = w.size(1);
+  const X* xp = x.data_ptr<X>();
+  const W* wp = w.data_ptr<W>();
+  X* op = out.data_ptr<X>();
+  std::vector<float> widened;  // a 16-bit x in float32 once, for the rows that widen theirs
+  const float* xf = nullptr;
+  if constexpr (std::is_same_v<X, float>) {
+    xf = xp;
+  } else {
+    widened.resize(in);
+    for (int64_t k = 0; k < in; ++k) widened[k] = static_cast<float>(xp[k]);
+    xf = widened.data();
+  }
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    matvec_rows<W, X>(xp, wp, op, in, begin, end, xf);
+  });
+}
+
+at::Tensor matvec(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "matvec: W must be a contiguous [out, in] matrix");
+  const auto wanted = w.scalar_type() == at::kChar ? at::kFloat : w.scalar_type();
+  TORCH_CHECK(x.numel() == w.size(1) && x.is_contiguous() && x.scalar_type() == wanted,
+              "matvec: x must have in elements, in W's dtype (float32 for int8 W)");
+  at::Tensor out = at::empty({1, w.size(0)}, x.options());
+  switch (w.scalar_type()) {
+    case at::kFloat: run<float, float>(x, w, out); break;
+    case at::kBFloat16: run<at::BFloat16, at::BFloat16>(x, w, out); break;
+    case at::kHalf: run<at::Half, at::Half>(x, w, out); break;
+    case at::kChar: run<int8_t, float>(x, w, out); break;
+    default: TORCH_CHECK(false, "matvec: float32, bfloat16, float16 or int8 W only");
+  }
+  return out;
+}
+
+}  // namespace matvec_kernel
+
+TORCH_LIBRARY_IMPL(llmchat, CPU, m) { m.impl("matvec", matvec_kernel::matvec); }

@@ -1,0 +1,56 @@
+"""A decode step's matrix-vector products by a small C++ kernel, where the CPU has AVX-512.
+
+A batch-1 decode step reads every weight once per token. Inductor's loop for x @ W.T
+(`FastLlama._matvec`) keeps one chain of additions per row and widens both operands at every
+step: on a CPU whose cores are slow beside its memory it is compute-bound. On a 2-core AVX-512
+Xeon it streamed bfloat16 rows at ~12 GB/s and float32 at ~17, where `matvec.cpp` streams them
+at ~20 and ~25 (a plain read: ~25; BENCHMARKS.md). The kernel is built with the step's other
+kernel, the decode attention (engine/fast/kernels.py), and the step is traced calling it.
+Without AVX-512 the step keeps Inductor's loop, which vectorizes for whatever the CPU has.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.fast import kernels
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8)
+"""The weights the kernel multiplies as stored (int8: w8's rows, times a float32 x)."""
+
+enabled = torch.backends.cpu.get_cpu_capability() == "AVX512"
+"""Whether compiled steps use the kernel: where the CPU has AVX-512 (a benchmark may turn it off
+to compare; `steps.saved_path` keys a saved step by it)."""
+
+
+@kernels.shaped("matvec")
+def _shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((1, weight.shape[0]))
+
+
+def _streams(weight: torch.Tensor) -> bool:
+    """A weight the kernel multiplies: [out, in] rows, contiguous, on the CPU, of a type it reads."""
+    usable = weight.device.type == "cpu" and weight.dtype in DTYPES and weight.dim() == 2
+    return enabled and usable and weight.is_contiguous()
+
+
+def can_multiply(weight: torch.Tensor) -> bool:
+    """Whether a step traced now multiplies by `weight` in the kernel (loaded, or stood in for
+    in the compile child: `kernels.stand_in`)."""
+    return _streams(weight) and kernels.step_kernel_there()
+
+
+def can_multiply_now(weight: torch.Tensor) -> bool:
+    """Whether an eager step can multiply by `weight` in the kernel: it is loaded here."""
+    return _streams(weight) and kernels.is_loaded("step")
+
+
+def steps_use_kernel(fast) -> bool:
+    """Whether `fast`'s compiled steps multiply in the kernel (the CPU has AVX-512 and its
+    matrices are stored [out, in])."""
+    return enabled and fast.embed.device.type == "cpu" and not fast.transposed
+
+
+def multiply(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [1, in] @ weight.T, [1, out], in x's dtype: weight's own (float32 for int8 rows)."""
+    return torch.ops.llmchat.matvec(x.contiguous(), weight)

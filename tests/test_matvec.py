@@ -1,0 +1,78 @@
+"""The matvec kernel: x @ W.T as the step's loop computes it, and a compiled step that calls it."""
+
+import pytest
+import torch
+
+from engine.fast import kernels, matvec
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    problem = kernels.load("step")
+    assert problem is None, problem  # CI has a compiler and ninja: the kernel must build
+    return matvec
+
+
+# Rows: odd (a pair and one left over), and a model's; in: past each vector step's multiple or not.
+@pytest.mark.parametrize("rows, width", [(1, 16), (7, 576), (64, 200), (3072, 576), (5, 1536), (9, 33)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kernel_multiplies_as_the_loop_does(kernel, rows, width, dtype):
+    torch.manual_seed(rows * width)
+    weight, x = torch.randn(rows, width).to(dtype), torch.randn(1, width).to(dtype)
+    exact = (x.double() @ weight.double().T).to(dtype)  # the sum in float64, rounded once
+    got = kernel.multiply(x, weight)
+    loop = (x[:, None, :] * weight[None]).sum(-1)  # what the compiled step does without the kernel
+    assert got.shape == (1, rows) and got.dtype == dtype
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    torch.testing.assert_close(got.float(), exact.float(), atol=tolerance * width**0.5, rtol=tolerance)
+    torch.testing.assert_close(got.float(), loop.float(), atol=2 * tolerance * width**0.5, rtol=2 * tolerance)
+
+
+def test_the_kernel_takes_only_the_weights_it_streams(kernel, monkeypatch):
+    monkeypatch.setattr(matvec, "enabled", True)
+    assert matvec.can_multiply(torch.zeros(8, 32))
+    assert not matvec.can_multiply(torch.zeros(32, 8).t())  # a transposed view: rows not contiguous
+    assert not matvec.can_multiply(torch.zeros(8, 32, dtype=torch.float64))
+    monkeypatch.setattr(matvec, "enabled", False)  # a CPU without AVX-512
+    assert not matvec.can_multiply(torch.zeros(8, 32))
+
+
+@pytest.mark.parametrize("rows, width", [(7, 576), (3072, 576), (9, 33)])
+def test_kernel_multiplies_w8s_int8_rows_by_a_float32_x(kernel, rows, width):
+    torch.manual_seed(rows)
+    q, x = torch.randint(-127, 128, (rows, width), dtype=torch.int8), torch.randn(1, width)
+    got = kernel.multiply(x, q)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, (x.double() @ q.double().T).float(), atol=1e-3, rtol=1e-5)
+
+
+def test_bad_inputs_get_a_clear_error(kernel):
+    with pytest.raises(RuntimeError, match="contiguous"):
+        torch.ops.llmchat.matvec(torch.zeros(1, 8), torch.zeros(8, 8).t())
+    with pytest.raises(RuntimeError, match="dtype"):
+        torch.ops.llmchat.matvec(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(8, 8))
+    with pytest.raises(RuntimeError, match="float32 for int8"):
+        torch.ops.llmchat.matvec(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(8, 8, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "w8"])
+def test_a_compiled_step_multiplies_in_the_kernel_with_the_loops_logits(
+    kernel, tiny_model_dir, precision, monkeypatch
+):
+    from engine import models
+    from engine.fast import fused, steps
+
+    monkeypatch.setattr(matvec, "enabled", True)  # as on a CPU with AVX-512
+    loaded = models.load(str(tiny_model_dir), precision, "cpu")
+    fast = fused.for_model(loaded.model, compiled=True)
+    cache_dtype = getattr(torch, loaded.info.cache_dtype)
+    step = steps.assemble("regional", steps.compile_here("regional", fast, cache_dtype))
+    buffers, again = steps.scratch_buffers(fast, cache_dtype), steps.scratch_buffers(fast, cache_dtype)
+    with torch.inference_mode(), torch.profiler.profile() as profile:
+        logits = step(fast, torch.tensor([5]), torch.tensor([0]), *buffers)
+    assert "llmchat::matvec" in {event.name for event in profile.events()}
+    monkeypatch.setattr(matvec, "enabled", False)  # Inductor's loop, as traced without the kernel
+    with torch.inference_mode():
+        expected = steps.whole_step(fast, torch.tensor([5]), torch.tensor([0]), *again)
+    tolerance = 5e-2 if precision == "bf16" else 1e-4
+    torch.testing.assert_close(logits.float(), expected.float(), atol=tolerance, rtol=tolerance)
