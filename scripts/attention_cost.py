@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--positions", default="1,50,200,1000,4000")
     parser.add_argument("--repeats", type=int, default=2000)
     args = parser.parse_args()
-    problem = kernels.load("attention")
+    problem = kernels.load("step")
     if problem is not None:
         raise SystemExit(f"the decode-attention kernel did not build: {problem}")
     lengths = [int(n) for n in args.positions.split(",")]

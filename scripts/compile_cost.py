@@ -49,7 +49,7 @@ def _model(precision: str):
 
     loaded = models.load(MODEL, precision, "cpu")
     fast = fused.for_model(loaded.model, compiled=True)
-    kernels.load("attention")
+    kernels.load("step")
     return fast, getattr(torch, loaded.info.cache_dtype)
 
 
