@@ -5,6 +5,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "simd.h"
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -51,17 +53,7 @@ inline const float* as_float<at::Half>(const at::Half* row, float* buffer, int64
 #if defined(__AVX512F__)
 constexpr int64_t kMaxD = 256;
 
-// Sixteen elements of a 16-bit or int8 cache row as float32.
-inline __m512 load16(const at::BFloat16* p) {  // a bfloat16 is a float32's upper half
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-inline __m512 load16(const at::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 load16(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
+using llmchat::load16;  // sixteen elements of a 16-bit or int8 cache row as float32
 
 // block_scores and block_values (below) for 16-bit and int8 rows, D a multiple of 16: each row is
 // widened once into registers and shared by the G query heads (the plain loops spent ~28 ns a

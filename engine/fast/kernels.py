@@ -50,7 +50,8 @@ KERNELS = {"step": _HERE / "decode_step.cpp", "sampling": _HERE / "sample_summar
 compiled step, and builds sampling's after that step is ready (engine/fast/compiled.py)."""
 
 SOURCES = sorted(_HERE.glob("*.cpp"))
-"""Every C++ source, included ones too: a change to any builds each kernel anew."""
+"""Every C++ source, included ones too; with the headers, a change to any builds each kernel anew."""
+HEADERS = sorted(_HERE.glob("*.h"))
 
 LOCK_FILE = "llmchat-build.lock"
 """Our lock in the build directory: held (flock) by the process building, with its pid inside."""
@@ -91,7 +92,7 @@ def _build_directory(name: str) -> Path:
     except (OSError, IndexError):
         flags = ""
     key = hashlib.sha256(f"{name}{flags}{torch.__version__}{FLAGS}".encode())
-    for source in SOURCES:  # a changed kernel builds anew, beside (not over) the old one
+    for source in SOURCES + HEADERS:  # a changed kernel builds anew, beside (not over) the old one
         key.update(source.read_bytes())
     return Path(platformdirs.user_cache_dir("llmchat")) / "kernels" / key.hexdigest()[:12]
 

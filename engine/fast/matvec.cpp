@@ -17,9 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace matvec_kernel {
 
@@ -40,17 +38,7 @@ void rows_plain(const X* x, const W* w, X* out, int64_t in, int64_t begin, int64
 }
 
 #if defined(__AVX512F__)
-inline __m512 widen(const at::BFloat16* p) {  // a bfloat16 is a float32's upper half
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-inline __m512 widen(const at::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 widen(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-inline __m512 widen(const float* p) { return _mm512_loadu_ps(p); }
+using llmchat::load16;
 
 // float32, float16 and int8 rows (bfloat16 too without `vdpbf16ps`), two at a time, 16 weights
 // a step widened to float32 against x in float32 (`xf`): four independent chains, x read once
@@ -66,10 +54,10 @@ void rows_fma(const float* xf, const W* w, X* out, int64_t in, int64_t begin, in
     __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
     for (int64_t k = 0; k < full; k += 32) {
       const __m512 x0 = _mm512_loadu_ps(xf + k), x1 = _mm512_loadu_ps(xf + k + 16);
-      a0 = _mm512_fmadd_ps(widen(a + k), x0, a0);
-      a1 = _mm512_fmadd_ps(widen(a + k + 16), x1, a1);
-      b0 = _mm512_fmadd_ps(widen(b + k), x0, b0);
-      b1 = _mm512_fmadd_ps(widen(b + k + 16), x1, b1);
+      a0 = _mm512_fmadd_ps(load16(a + k), x0, a0);
+      a1 = _mm512_fmadd_ps(load16(a + k + 16), x1, a1);
+      b0 = _mm512_fmadd_ps(load16(b + k), x0, b0);
+      b1 = _mm512_fmadd_ps(load16(b + k + 16), x1, b1);
     }
     float sa = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
     float sb = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
@@ -84,7 +72,7 @@ void rows_fma(const float* xf, const W* w, X* out, int64_t in, int64_t begin, in
     const W* a = w + r * in;
     __m512 a0 = _mm512_setzero_ps();
     int64_t k = 0;
-    for (; k + 16 <= in; k += 16) a0 = _mm512_fmadd_ps(widen(a + k), _mm512_loadu_ps(xf + k), a0);
+    for (; k + 16 <= in; k += 16) a0 = _mm512_fmadd_ps(load16(a + k), _mm512_loadu_ps(xf + k), a0);
     float sa = _mm512_reduce_add_ps(a0);
     for (; k < in; ++k) sa += xf[k] * static_cast<float>(a[k]);
     out[r] = static_cast<X>(sa);

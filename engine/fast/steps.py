@@ -166,6 +166,7 @@ _CODE = (
     "decode_step.cpp",
     "decode_attention.cpp",
     "matvec.cpp",
+    "simd.h",
     "../quant/w8.py",
     "../kvcache.py",  # an int8 cache's new rows are quantized inside the step
 )
