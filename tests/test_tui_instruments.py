@@ -31,7 +31,7 @@ from engine.events import (
     TokenSampled,
     TurnFinished,
 )
-from engine.fast import fused
+from engine.fast import fused, matvec
 from engine.instruments import phases, precision_compare
 from engine.instruments.explain import explain
 from engine.instruments.phases import Calibration, ModelShape, turn_phases
@@ -794,9 +794,11 @@ def test_snapshot_attention_matrix(snap_compare, tiny_model_dir, tmp_path, size)
 def test_snapshot_precision_compare(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(precision_compare, "time", FakeClock())
     monkeypatch.setattr(precision_compare, "ContentionMeter", SteadyMeter)
-    # The KL digits come from bf16 prefill upcast to fp32; a CPU with native bf16 matmuls
-    # (engine/fast/fused.py) would print others.
+    # The KL digits come from bf16 prefill upcast to fp32 and decode by aten's matmuls; a CPU
+    # with native bf16 matmuls (engine/fast/fused.py), or the matvec kernel where an earlier
+    # test loaded it (engine/fast/matvec.py), would print others.
     monkeypatch.setattr(fused, "cpu_matmul_native", lambda dtype: False)
+    monkeypatch.setattr(matvec, "enabled", False)
 
     async def before(pilot):
         await answered(pilot, recorder_of(pilot))
