@@ -172,6 +172,11 @@ _CODE = (
 )
 """The sources a compiled step is made of: a change to any makes a saved step stale (a test
 checks that each llmchat source the step runs is here)."""
+_CODE_DIGEST = hashlib.sha256(b"".join((Path(__file__).parent / f).read_bytes() for f in _CODE)).digest()
+"""Those sources as this process read them when it started. Read at each compile instead, code
+replaced under a running app (an upgrade) keyed the step a compile child made of the new code
+by the files, and the app loaded code it does not run (a test run aborted so); now the child's
+step is saved under a key of its own, and the app compiles its own."""
 
 
 def _signature(weight) -> tuple | str:
@@ -199,10 +204,9 @@ def saved_path(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | N
     shapes = [layer_signature(fast.layers[0]), _signature(fast.lm_head), _signature(fast.embed)]
     model = (kind, len(fast.layers), fast.heads, fast.kv_heads, fast.head_dim, fast.eps, fast.rope_scale)
     isa, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
-    here = Path(__file__).parent
     key = hashlib.sha256(
         repr((torch.__version__, sys.version, isa, threads, model, fast.transposed, matvec.enabled)).encode()
         + repr((shapes, str(fast.act_dtype), str(cache_dtype), fast.inv_freq.tolist())).encode()
-        + b"".join((here / name).read_bytes() for name in _CODE)
+        + _CODE_DIGEST
     ).hexdigest()[:32]
     return Path(root) / "llmchat-steps" / f"{key}.step"

@@ -32,3 +32,18 @@ def test_a_truncated_saved_step_is_compiled_again_and_replaced(tiny_model_dir, t
     assert _greedy(session) == _greedy(ChatSession(loaded, settings, compile=False))
     for kind, path in zip(steps.KINDS, damaged):  # replaced by the step compiled here
         assert steps.load(path).keys() == ({"step"} if kind == "whole" else {"block", "head"})
+
+
+def test_code_replaced_under_a_running_app_does_not_change_which_step_it_loads(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    # An upgrade while the app runs: its compile child imports the new code and saves a step of
+    # it. The key was read from the files at each compile, so the app looked for the new step
+    # and loaded code it does not run (a test run aborted so when a source changed mid-run).
+    from pathlib import Path
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    fast = fused.for_model(models.load(str(tiny_model_dir), "fp32", "cpu").model, compiled=True)
+    before = steps.saved_path(fast, torch.float32, "whole")
+    monkeypatch.setattr(Path, "read_bytes", lambda self: b"// the sources as an upgrade left them")
+    assert steps.saved_path(fast, torch.float32, "whole") == before
