@@ -29,7 +29,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import platformdirs
 import torch
@@ -68,6 +68,7 @@ SCHEMAS = {
 }
 """The kernels' ops; the built library registers their CPU implementations."""
 OPS = {"step": ("decode_attention", "decode_attention_int8", "matvec"), "sampling": ("sample_summary",)}
+"""Each kernel's ops."""
 
 # Declared here rather than in the C++ (2 ms): a step can then be traced before the kernels are built.
 LIBRARY = torch.library.Library("llmchat", "DEF")
@@ -181,7 +182,8 @@ def is_loaded(name: str) -> bool:
     return _loaded[name].is_set()
 
 
-_shapes: dict = {}
+_shapes: dict[str, Callable] = {}
+"""Each op's output shape as a function of its inputs (`shaped`)."""
 _standing_in = threading.Event()
 
 
