@@ -67,8 +67,6 @@ SCHEMAS = {
     "sample_summary": "(Tensor logits, float scale, int chosen, float? u, int k) -> Tensor",
 }
 """The kernels' ops; the built library registers their CPU implementations."""
-OPS = {"step": ("decode_attention", "decode_attention_int8", "matvec"), "sampling": ("sample_summary",)}
-"""Each kernel's ops."""
 
 # Declared here rather than in the C++ (2 ms): a step can then be traced before the kernels are built.
 LIBRARY = torch.library.Library("llmchat", "DEF")
@@ -183,13 +181,14 @@ def is_loaded(name: str) -> bool:
 
 
 _shapes: dict[str, Callable] = {}
-"""Each op's output shape as a function of its inputs (`shaped`)."""
+"""The step's ops, each with its output shape as a function of its inputs (`shaped`)."""
 _standing_in = threading.Event()
 
 
 def shaped(op: str):
-    """Declare how `op`'s output is shaped (a function of its inputs, as `register_fake` takes
-    it): torch.compile traces the op by it, and `stand_in` answers zeros of that shape."""
+    """Declare how `op`, one of the step's ops, shapes its output (a function of its inputs, as
+    `register_fake` takes it): torch.compile traces the op by it, and `stand_in` answers zeros
+    of that shape."""
 
     def register(shape):
         _shapes[op] = shape
@@ -203,8 +202,8 @@ def stand_in() -> None:
     the step's ops answer zeros instead of waiting for the kernel's build (~6 s of a fresh
     machine's first start, which the app runs meanwhile), so the step is traced as the app
     will trace it, calling the kernel, while that builds."""
-    for op in OPS["step"]:
-        torch.library.impl(LIBRARY, op, "CPU")(lambda *args, _shape=_shapes[op]: _shape(*args).zero_())
+    for op, shape in _shapes.items():
+        torch.library.impl(LIBRARY, op, "CPU")(lambda *args, shape=shape: shape(*args).zero_())
     _standing_in.set()
 
 
