@@ -37,13 +37,29 @@ def test_the_kernel_takes_only_the_weights_it_streams(kernel, monkeypatch):
     assert not matvec.can_multiply(torch.zeros(8, 32))
 
 
-@pytest.mark.parametrize("rows, width", [(7, 576), (3072, 576), (9, 33)])
-def test_kernel_multiplies_w8s_int8_rows_by_a_float32_x(kernel, rows, width):
+@pytest.mark.parametrize("rows, width", [(7, 576), (3072, 576), (9, 33), (5, 1536), (3, 96)])
+def test_kernel_multiplies_w8s_int8_rows_by_x_rounded_to_16_bits_at_most(kernel, rows, width):
     torch.manual_seed(rows)
     q, x = torch.randint(-127, 128, (rows, width), dtype=torch.int8), torch.randn(1, width)
     got = kernel.multiply(x, q)
     assert got.dtype == torch.float32
-    torch.testing.assert_close(got, (x.double() @ q.double().T).float(), atol=1e-3, rtol=1e-5)
+    exact = x.double() @ q.double().T
+    # Each x within half a step of 1/32767 of the largest |x| (VNNI's integer sums), or float32's.
+    rounding = x.abs().max().double() / 32767 / 2 * q.double().abs().sum(1)
+    assert ((got.double() - exact).abs() <= rounding + 1e-3).all()
+
+
+def test_int8_rows_keep_a_non_finite_x_and_widths_past_the_integer_sums_range(kernel):
+    q = torch.ones(4, 576, dtype=torch.int8)
+    x = torch.randn(1, 576)
+    x[0, 3] = float("nan")
+    assert kernel.multiply(x, q).isnan().all()  # integers cannot carry a NaN: the float path does
+    x[0, 3] = float("inf")
+    assert kernel.multiply(x, q).isinf().all()
+    assert (kernel.multiply(torch.zeros(1, 576), q) == 0).all()
+    wide, x = torch.randint(-127, 128, (3, 20_000), dtype=torch.int8), torch.randn(1, 20_000)
+    exact = (x.double() @ wide.double().T).float()
+    torch.testing.assert_close(kernel.multiply(x, wide), exact, atol=1e-2, rtol=1e-5)
 
 
 def test_bad_inputs_get_a_clear_error(kernel):
@@ -74,5 +90,6 @@ def test_a_compiled_step_multiplies_in_the_kernel_with_the_loops_logits(
     monkeypatch.setattr(matvec, "enabled", False)  # Inductor's loop, as traced without the kernel
     with torch.inference_mode():
         expected = steps.whole_step(fast, torch.tensor([5]), torch.tensor([0]), *again)
-    tolerance = 5e-2 if precision == "bf16" else 1e-4
+    # bf16 rounds each product's sum to 16 bits; the kernel rounds w8's x to 16 bits (VNNI).
+    tolerance = {"bf16": 5e-2, "w8": 2e-3}.get(precision, 1e-4)
     torch.testing.assert_close(logits.float(), expected.float(), atol=tolerance, rtol=tolerance)

@@ -3,17 +3,21 @@
 // Inductor's loop for the same sum (FastLlama._matvec) keeps one chain of additions per row
 // and widens both operands at every step: on a CPU whose cores are slow beside its memory it
 // is compute-bound (a 2-core AVX-512 Xeon: bfloat16 rows at ~12 GB/s, float32 at ~17, where
-// this kernel streams them at ~20 and ~25; BENCHMARKS.md). Each thread takes a contiguous
+// this kernel streams them at ~23 and ~25; BENCHMARKS.md). Each thread takes a contiguous
 // block of rows; independent accumulators hide the additions' latency; bfloat16 rows go
 // through `vdpbf16ps` (32 products an instruction) where the CPU has it. Sums in float32, the
-// result rounded to W's dtype, as the loop's is (w8's int8 rows: x and the result in float32,
-// the rows' scales applied after). Built as part of decode_step.cpp.
+// result rounded to W's dtype, as the loop's is. w8's int8 rows take a float32 x and give a
+// float32 result, the rows' scales applied after; where the CPU has AVX512-VNNI, x is rounded
+// to 16 bits and the rows summed in integers (rows_dpwssd). Built as part of decode_step.cpp.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -40,6 +44,17 @@ void rows_plain(const X* x, const W* w, X* out, int64_t in, int64_t begin, int64
 #if defined(__AVX512F__)
 using llmchat::load16;
 
+// Asks for the row's bytes 2 KiB past `p` (`bytes` of them, whole cache lines). Where a kernel
+// reads fewer bytes per instruction than float32's, its rows outrun the CPU's own prefetching
+// (which restarts at each 4 KiB page) and wait on memory. The model's matrices from memory on a
+// 2-core Xeon, without / with (a plain read: ~24 GB/s): bfloat16 20 / 23 GB/s, float16 16.5 /
+// 22, int8 17.5 / 20.5; float32's were level.
+inline void read_ahead(const void* p, int64_t bytes) {
+  constexpr int64_t kAhead = 2048;
+  for (int64_t line = 0; line < bytes; line += 64)
+    _mm_prefetch(static_cast<const char*>(p) + kAhead + line, _MM_HINT_T0);
+}
+
 // float32, float16 and int8 rows (bfloat16 too without `vdpbf16ps`), two at a time, 16 weights
 // a step widened to float32 against x in float32 (`xf`): four independent chains, x read once
 // per pair.
@@ -54,6 +69,10 @@ void rows_fma(const float* xf, const W* w, X* out, int64_t in, int64_t begin, in
     __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
     for (int64_t k = 0; k < full; k += 32) {
       const __m512 x0 = _mm512_loadu_ps(xf + k), x1 = _mm512_loadu_ps(xf + k + 16);
+      if constexpr (sizeof(W) < 4) {
+        read_ahead(a + k, 32 * sizeof(W));
+        read_ahead(b + k, 32 * sizeof(W));
+      }
       a0 = _mm512_fmadd_ps(load16(a + k), x0, a0);
       a1 = _mm512_fmadd_ps(load16(a + k + 16), x1, a1);
       b0 = _mm512_fmadd_ps(load16(b + k), x0, b0);
@@ -94,6 +113,7 @@ void rows_dpbf16(const at::BFloat16* x, const at::BFloat16* w, at::BFloat16* out
     __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k < full; k += 128) {
+      read_ahead(a + k, 256);
       a0 = _mm512_dpbf16_ps(a0, load_bh(a + k), load_bh(x + k));
       a1 = _mm512_dpbf16_ps(a1, load_bh(a + k + 32), load_bh(x + k + 32));
       a2 = _mm512_dpbf16_ps(a2, load_bh(a + k + 64), load_bh(x + k + 64));
@@ -105,6 +125,105 @@ void rows_dpbf16(const at::BFloat16* x, const at::BFloat16* w, at::BFloat16* out
     out[r] = static_cast<at::BFloat16>(sa);
   }
 }
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// w8's int8 rows against x rounded to 16 bits, one step for the whole token (`XQuantized`):
+// `vpdpwssd` multiplies 32 pairs an instruction and sums them in int32, where widening each
+// weight to float32 costs three instructions per 16 (rows_fma; this CPU's cores, not its
+// memory, were w8's limit: ~13 GB/s against a ~26 GB/s read). x's rounding error is 1/65534 of
+// its largest value, a hundredth of the weights' own (SmolLM2 against fp32: the same top-1
+// agreement and KL to four decimals; BENCHMARKS.md). Two rows at a time, two chains each.
+constexpr float kXLevels = 32767.f;
+// Each int32 lane sums in/32 products of at most 32767 x 127: past this width one could overflow.
+constexpr int64_t kMaxDpwssdWidth = 16384;
+
+struct XQuantized {
+  std::vector<int16_t> q;
+  float step = 0.f;  // x ≈ step · q
+};
+
+// x rounded to 16 bits over its largest |value|; false (keep float32) for inf or NaN, which
+// integers cannot carry. |x| is compared as bits: -ffast-math may drop float checks for them,
+// and a non-negative float's bits order as its value does, inf and NaN above all others.
+bool quantize_x(const float* x, int64_t in, XQuantized& out) {
+  uint32_t largest_bits = 0;
+  for (int64_t k = 0; k < in; ++k) {
+    uint32_t bits;
+    std::memcpy(&bits, x + k, sizeof bits);
+    largest_bits = std::max(largest_bits, bits & 0x7fffffffu);
+  }
+  if (largest_bits >= 0x7f800000u) return false;
+  float largest;
+  std::memcpy(&largest, &largest_bits, sizeof largest);
+  out.q.assign(in, 0);
+  out.step = largest / kXLevels;
+  if (largest_bits == 0) return true;
+  const float inverse = kXLevels / largest;
+  for (int64_t k = 0; k < in; ++k) out.q[k] = static_cast<int16_t>(std::nearbyint(x[k] * inverse));
+  return true;
+}
+
+inline __m512i widen32(const int8_t* p) {
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+inline float reduce(__m512i a, __m512i b) {  // in float32: two int32 lanes' sum may not fit
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_cvtepi32_ps(a), _mm512_cvtepi32_ps(b)));
+}
+
+void rows_dpwssd(const XQuantized& x, const int8_t* w, float* out, int64_t in, int64_t begin,
+                 int64_t end) {
+  const int16_t* xq = x.q.data();
+  const int64_t full = in - in % 64, pairs = in - in % 32;
+  auto tail = [&](const int8_t* row, int64_t from) {
+    int64_t sum = 0;
+    for (int64_t k = from; k < in; ++k) sum += int64_t{xq[k]} * row[k];
+    return static_cast<float>(sum);
+  };
+  int64_t r = begin;
+  for (; r + 2 <= end; r += 2) {
+    const int8_t* a = w + r * in;
+    const int8_t* b = a + in;
+    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+    __m512i b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
+    int64_t k = 0;
+    for (; k < full; k += 64) {
+      const __m512i x0 = _mm512_loadu_si512(xq + k), x1 = _mm512_loadu_si512(xq + k + 32);
+      read_ahead(a + k, 64);
+      read_ahead(b + k, 64);
+      a0 = _mm512_dpwssd_epi32(a0, widen32(a + k), x0);
+      a1 = _mm512_dpwssd_epi32(a1, widen32(a + k + 32), x1);
+      b0 = _mm512_dpwssd_epi32(b0, widen32(b + k), x0);
+      b1 = _mm512_dpwssd_epi32(b1, widen32(b + k + 32), x1);
+    }
+    for (; k < pairs; k += 32) {
+      const __m512i x0 = _mm512_loadu_si512(xq + k);
+      a0 = _mm512_dpwssd_epi32(a0, widen32(a + k), x0);
+      b0 = _mm512_dpwssd_epi32(b0, widen32(b + k), x0);
+    }
+    out[r] = (reduce(a0, a1) + tail(a, pairs)) * x.step;
+    out[r + 1] = (reduce(b0, b1) + tail(b, pairs)) * x.step;
+  }
+  for (; r < end; ++r) {
+    const int8_t* a = w + r * in;
+    __m512i a0 = _mm512_setzero_si512();
+    for (int64_t k = 0; k < pairs; k += 32) a0 = _mm512_dpwssd_epi32(a0, widen32(a + k), _mm512_loadu_si512(xq + k));
+    out[r] = (reduce(a0, _mm512_setzero_si512()) + tail(a, pairs)) * x.step;
+  }
+}
+
+// Whether w8's rows take the integer path: false leaves them to rows_fma.
+bool int8_rows(const float* x, const int8_t* w, float* out, int64_t rows, int64_t in) {
+  XQuantized xq;
+  if (in > kMaxDpwssdWidth || !quantize_x(x, in, xq)) return false;
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    rows_dpwssd(xq, w, out, in, begin, end);
+  });
+  return true;
+}
+#else
+bool int8_rows(const float*, const int8_t*, float*, int64_t, int64_t) { return false; }
 #endif
 
 template <typename W, typename X>
@@ -130,6 +249,9 @@ void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
   const X* xp = x.data_ptr<X>();
   const W* wp = w.data_ptr<W>();
   X* op = out.data_ptr<X>();
+  if constexpr (std::is_same_v<W, int8_t>) {
+    if (int8_rows(xp, wp, op, rows, in)) return;
+  }
   std::vector<float> widened;  // a 16-bit x in float32 once, for the rows that widen theirs
   const float* xf = nullptr;
   if constexpr (std::is_same_v<X, float>) {

@@ -11,7 +11,10 @@ prefill chunk, slow for a single token, so until the compiled step is ready (or 
 --no-compile) w8 decodes slower than fp32.
 
 Only the weights are rounded, so the top-k stays close to fp32's (w8a8 rounds the activations
-too, and that is where its drift comes from: engine/quant/int8.py).
+too, and that is where its drift comes from: engine/quant/int8.py). The decode step's matvec
+kernel, where the CPU has AVX512-VNNI, sums the rows in integers against x rounded to 16 bits
+over its largest value (engine/fast/matvec.cpp): an error a hundredth of the weights' own, which
+leaves SmolLM2's top-1 agreement and KL against fp32 unchanged to four decimals.
 """
 
 from __future__ import annotations
