@@ -36,6 +36,24 @@ def test_kernel_attends_as_sdpa_does(kernel, heads, kv_heads, position):
         torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("position", [63, 300, 1022])
+def test_the_cache_is_split_evenly_over_any_number_of_threads(kernel, threads, position):
+    # Each head's positions go in as many equal blocks as make the tasks a multiple of the
+    # threads (3 heads on 4 threads: 4 blocks a head); the merged partials are SDPA's answer.
+    torch.manual_seed(threads)
+    keys, values, q = torch.randn(1, 3, 1024, 64), torch.randn(1, 3, 1024, 64), torch.randn(1, 9, 1, 64)
+    length = position + 1
+    expected = F.scaled_dot_product_attention(q, keys[:, :, :length], values[:, :, :length], enable_gqa=True)
+    default = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = kernel.decode(q.reshape(1, 3, 3, 64), keys, values, torch.tensor([position]))
+    finally:
+        torch.set_num_threads(default)
+    torch.testing.assert_close(got.reshape(1, 9, 1, 64), expected, atol=2e-6, rtol=1e-5)
+
+
 def test_kernel_is_used_for_the_cache_types_it_reads_on_the_cpu(kernel):
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int8):  # as stored (int8: + scales)
         assert kernel.can_attend(torch.zeros(1, 3, 8, 64, dtype=dtype))

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -65,6 +66,7 @@ void block_scores_avx512(const float* queries, int64_t G, int64_t D, const T* ke
   const int64_t vectors = D / 16;
   __m512 key[kMaxD / 16];
   for (int64_t t = 0; t < n; ++t) {
+    llmchat::read_ahead(keys + t * D, D * sizeof(T));
     for (int64_t j = 0; j < vectors; ++j) key[j] = load16(keys + t * D + 16 * j);
     const float row = key_scales ? key_scales[t] * scale : scale;
     for (int64_t g = 0; g < G; ++g) {
@@ -82,6 +84,7 @@ void block_values_avx512(const float* scores, int64_t G, int64_t D, const T* val
   const int64_t vectors = D / 16;
   __m512 value[kMaxD / 16];
   for (int64_t t = 0; t < n; ++t) {
+    llmchat::read_ahead(values + t * D, D * sizeof(T));
     for (int64_t j = 0; j < vectors; ++j) value[j] = load16(values + t * D + 16 * j);
     const float row = value_scales ? value_scales[t] : 1.0f;
     for (int64_t g = 0; g < G; ++g) {
@@ -103,6 +106,7 @@ void block_scores(const float* queries, int64_t G, int64_t D, const T* keys, con
   }
 #endif
   for (int64_t t = 0; t < n; ++t) {
+    llmchat::read_ahead(keys + t * D, D * sizeof(T));
     const float* key = as_float(keys + t * D, widened, D);
     const float row = key_scales ? key_scales[t] * scale : scale;
     for (int64_t g = 0; g < G; ++g) {
@@ -125,6 +129,7 @@ void block_values(const float* scores, int64_t G, int64_t D, const T* values, co
   }
 #endif
   for (int64_t t = 0; t < n; ++t) {
+    llmchat::read_ahead(values + t * D, D * sizeof(T));
     const float* value = as_float(values + t * D, widened, D);
     const float row = value_scales ? value_scales[t] : 1.0f;
     for (int64_t g = 0; g < G; ++g) {
@@ -162,7 +167,15 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t H = k.size(0), C = k.size(1), D = k.size(2), G = q.size(1), head_stride = k.stride(0);
   const int64_t length = position.item<int64_t>() + 1;
   TORCH_CHECK(length >= 1 && length <= C, "decode_attention: position outside the cache");
-  const int64_t blocks = (length + kBlock - 1) / kBlock;
+  const bool threaded = H * length >= kRowsInline;
+  // Blocks of equal length, as many for each head as make the tasks a multiple of the threads:
+  // one task per head leaves a thread idle for part of the step (3 K/V heads on 2 threads: one
+  // thread reads two heads, the other one).
+  const int64_t threads = threaded ? at::get_num_threads() : 1;
+  const int64_t split = threads / std::gcd(H, threads);
+  const int64_t wanted = ((length + kBlock - 1) / kBlock + split - 1) / split * split;
+  const int64_t block_length = (length + wanted - 1) / wanted;
+  const int64_t blocks = (length + block_length - 1) / block_length;
   // Each task's output: with one block (up to kBlock positions) the result itself, normalized in
   // place at the end; with more, partials merged by their max-and-sum weights.
   auto result = at::zeros({H, G, D}, q.options());
@@ -181,7 +194,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     std::vector<float> widened(D);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, b = task % blocks;
-      const int64_t first = b * kBlock, n = std::min(kBlock, length - first);
+      const int64_t first = b * block_length, n = std::min(block_length, length - first);
       const T* keys = kp + h * head_stride + first * D;
       const T* values = vp + h * head_stride + first * D;
       const float* key_scales = ks ? ks + h * scale_head_stride + first : nullptr;
@@ -203,7 +216,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       block_values(scores.data(), G, D, values, value_scales, n, out, widened.data());
     }
   };
-  if (H * length < kRowsInline) {
+  if (!threaded) {
     work(0, H * blocks);
   } else {
     at::parallel_for(0, H * blocks, 1, work);

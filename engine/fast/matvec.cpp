@@ -43,17 +43,7 @@ void rows_plain(const X* x, const W* w, X* out, int64_t in, int64_t begin, int64
 
 #if defined(__AVX512F__)
 using llmchat::load16;
-
-// Asks for the row's bytes 2 KiB past `p` (`bytes` of them, whole cache lines). Where a kernel
-// reads fewer bytes per instruction than float32's, its rows outrun the CPU's own prefetching
-// (which restarts at each 4 KiB page) and wait on memory. The model's matrices from memory on a
-// 2-core Xeon, without / with (a plain read: ~24 GB/s): bfloat16 20 / 23 GB/s, float16 16.5 /
-// 22, int8 17.5 / 20.5; float32's were level.
-inline void read_ahead(const void* p, int64_t bytes) {
-  constexpr int64_t kAhead = 2048;
-  for (int64_t line = 0; line < bytes; line += 64)
-    _mm_prefetch(static_cast<const char*>(p) + kAhead + line, _MM_HINT_T0);
-}
+using llmchat::read_ahead;
 
 // float32, float16 and int8 rows (bfloat16 too without `vdpbf16ps`), two at a time, 16 weights
 // a step widened to float32 against x in float32 (`xf`): four independent chains, x read once

@@ -1,11 +1,27 @@
-// Sixteen elements of a row as float32 in one AVX-512 register, for the step's kernels
-// (decode_attention.cpp reads the KV cache's rows with it, matvec.cpp the weights').
+// What the step's kernels share (decode_attention.cpp reads the KV cache's rows with these,
+// matvec.cpp the weights'): reading ahead of a row, and sixteen of its elements as float32 in
+// one AVX-512 register.
 #pragma once
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <cstdint>
+
+namespace llmchat {
+
+// Asks for `bytes` of a row (whole cache lines) 2 KiB past `p`, a few rows ahead of the loop.
+// Where a kernel reads a row in fewer instructions than it takes to arrive, it outruns the CPU's
+// own prefetching (which restarts at each 4 KiB page) and waits on memory. Measured on a 2-core
+// Xeon, the model's matrices from memory, without / with (a plain read: ~24 GB/s): bfloat16 20 /
+// 23 GB/s, float16 16.5 / 22, int8 17.5 / 20.5 (float32's were level); the decode attention's
+// float32 K/V in the step, 520 positions: 75 / 54 us a layer.
+inline void read_ahead(const void* p, int64_t bytes) {
+  constexpr int64_t kAhead = 2048;
+  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(static_cast<const char*>(p) + kAhead + line);
+}
+
+}  // namespace llmchat
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
