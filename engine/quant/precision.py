@@ -99,8 +99,9 @@ def cpu_note(name: str) -> str | None:
     if name == "w8":
         return (
             "w8 on CPU: int8 weights, fp32 activations: a quarter of the matrices' bytes and the "
-            "fastest decode once the compiled step is ready (until then each token widens every "
-            "matrix: slower than fp32); only the weights are rounded, so the top-k stays near fp32's"
+            "fastest decode once the compiled step (or, with AVX-512, its matvec kernel) is ready; "
+            "before that each token widens every matrix, slower than fp32; only the weights are "
+            "rounded, so the top-k stays near fp32's"
         )
     if name in ("int8", "nf4"):
         return (

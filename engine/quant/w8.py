@@ -4,11 +4,12 @@
 
 A batch-1 decode step reads every weight once, so one byte per weight instead of four is the
 whole game. No torch kernel multiplies float32 activations by int8 weights quickly on a CPU
-(`_weight_int8pack_mm` is slower than widening: BENCHMARKS.md), but the compiled
-decode step's matvec (engine/fast/fused.py) widens Q inside the loop Inductor generates, which
-makes w8 the fastest decode here. Eager, each call widens the whole matrix first: fine for a
-prefill chunk, slow for a single token, so until the compiled step is ready (or with
---no-compile) w8 decodes slower than fp32.
+(`_weight_int8pack_mm` is slower than widening: BENCHMARKS.md), but the decode step's matvec
+does: llmchat's kernel where the CPU has AVX-512 (engine/fast/matvec.py), else a loop Inductor
+generates that widens Q as it reads it (engine/fast/fused.py); that makes w8 the fastest
+decode here. Without them (an eager step before the kernel is built, or --no-compile on a CPU
+without AVX-512) each call widens the whole matrix first: fine for a prefill chunk, slow for
+a single token, slower than fp32.
 
 Only the weights are rounded, so the top-k stays close to fp32's (w8a8 rounds the activations
 too, and that is where its drift comes from: engine/quant/int8.py). The decode step's matvec
