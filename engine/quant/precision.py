@@ -30,11 +30,9 @@ class Precision:
     quantized: bool
     """Quantized through bitsandbytes at load time."""
     cache_dtype: torch.dtype
-    """The KV cache's dtype: the activations'. A 16-bit model on a CPU without native
-    instructions for its type keeps an fp32 cache (its 16-bit attention is measured only where
-    they exist). With them, a 16-bit cache is half the bytes a token and, read by the step's
-    attention kernel, at least as fast as fp32's: bf16 on an AVX-512 BF16 Xeon, level at 100
-    tokens, 5-9% faster a token at 1,000 and ~22% at 3,000, prefill level (BENCHMARKS.md)."""
+    """The KV cache's dtype. On a CPU, attention over a 16-bit cache is several times slower than
+    over fp32, with or without native bf16 instructions (BENCHMARKS.md), so 16-bit models keep
+    an fp32 cache there: twice the bytes, a fraction of the time."""
 
 
 def resolve_device(device: str) -> str:
@@ -74,23 +72,19 @@ def precision_for(name: str, device: str) -> Precision:
     if name == "bf16" and device == "cuda" and not torch.cuda.is_bf16_supported():
         raise PrecisionError("bf16 is not supported by this GPU; use fp16 or fp32")
     bits = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "nf4": 4, "w8a8": 8, "w8": 8}[name]
-    cache = compute if device != "cpu" or cpu_matmul_native(compute) else torch.float32
+    cache = torch.float32 if device == "cpu" else compute
     return Precision(name, compute, bits, name in ("int8", "nf4"), cache)
 
 
 def cpu_note(name: str) -> str | None:
     """An honest word on what a precision costs on this CPU, or None."""
     if name in ("bf16", "fp16"):
+        cache = "the KV cache stays fp32 (attention over a 16-bit cache is slower on a CPU than reading it)"
         if cpu_matmul_native(torch.bfloat16 if name == "bf16" else torch.float16):
             return (
                 f"{name} on this CPU: half the bytes per weight and native {name} matmuls, "
-                f"so decode and prefill are faster; the KV cache is {name} too: half the bytes "
-                "a token, and no slower to read than fp32's"
+                f"so decode and prefill are faster; {cache}"
             )
-        cache = (
-            f"the KV cache stays fp32 here (a {name} cache is measured only on CPUs with native "
-            f"{name} instructions; --kv-cache {name} chooses one)"
-        )
         return (
             f"{name} on this CPU: half the bytes per weight, so decode is faster, but there are no "
             f"native {name} matmul instructions: prefill upcasts each weight to fp32 on the fly "
