@@ -38,7 +38,6 @@ from engine.instruments.phases import Calibration, ModelShape, turn_phases
 from engine.instruments.precision_compare import compare_turn
 from engine.instruments.stages import pending_stages, stages_at
 from engine.instruments.tokview import text_cost
-from engine.quant import precision
 from tests.tui_fakes import FakeFactory, fake_app, real_tiny_app
 from tests.tui_screen import screen_text, wait_for, widget_text
 from tui.engine_link import inference_worker
@@ -795,12 +794,10 @@ def test_snapshot_attention_matrix(snap_compare, tiny_model_dir, tmp_path, size)
 def test_snapshot_precision_compare(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(precision_compare, "time", FakeClock())
     monkeypatch.setattr(precision_compare, "ContentionMeter", SteadyMeter)
-    # The KL digits come from bf16 prefill upcast to fp32, an fp32 KV cache and decode by aten's
-    # matmuls; a CPU with native bf16 instructions (engine/fast/fused.py; its bf16 cache:
-    # engine/quant/precision.py), or the matvec kernel where an earlier test loaded it
-    # (engine/fast/matvec.py), would print others.
+    # The KL digits come from bf16 prefill upcast to fp32 and decode by aten's matmuls; a CPU
+    # with native bf16 matmuls (engine/fast/fused.py), or the matvec kernel where an earlier
+    # test loaded it (engine/fast/matvec.py), would print others.
     monkeypatch.setattr(fused, "cpu_matmul_native", lambda dtype: False)
-    monkeypatch.setattr(precision, "cpu_matmul_native", lambda dtype: False)
     monkeypatch.setattr(matvec, "enabled", False)
 
     async def before(pilot):
