@@ -19,6 +19,7 @@
 
 namespace {
 
+// The most keys one task reads (its scores hold kBlock for each query head).
 constexpr int64_t kBlock = 512;
 // Below this many K/V rows in all, starting and joining the threads costs more than they save
 // (about even at 150-200 rows on two threads): the calling thread does the work alone.
@@ -146,8 +147,8 @@ void block_values(const float* scores, int64_t G, int64_t D, const T* values, co
 // q [H, G, D] float32: the G query heads that share each of the H cached K/V heads; k, v [H, C, D]
 // (rows contiguous; heads may be strided, e.g. views of a larger buffer) with positions
 // 0..position valid, stored as float32, bfloat16, float16, or int8 with one float32 scale per
-// row (ks, vs [H, C]: token t of head h is k[h, t] * ks[h, t]). Each (head, block of 512 keys)
-// is one task on torch's thread pool (on the calling thread alone for a short cache): scores, a
+// row (ks, vs [H, C]: token t of head h is k[h, t] * ks[h, t]). Each (head, block of at most
+// kBlock keys; a head's blocks of equal length) is one task on torch's thread pool (on the calling thread alone for a short cache): scores, a
 // softmax local to the block and a partial output; the partials are then merged with their
 // max-and-sum weights (flash-decoding). K and V are each read once, as stored: a row is widened
 // to float32 once (into vector registers, or a buffer of D floats) and the G query heads then
