@@ -59,10 +59,8 @@ void rows_fma(const float* xf, const W* w, X* out, int64_t in, int64_t begin, in
     __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
     for (int64_t k = 0; k < full; k += 32) {
       const __m512 x0 = _mm512_loadu_ps(xf + k), x1 = _mm512_loadu_ps(xf + k + 16);
-      if constexpr (sizeof(W) < 4) {
-        read_ahead(a + k, 32 * sizeof(W));
-        read_ahead(b + k, 32 * sizeof(W));
-      }
+      read_ahead(a + k, 32 * sizeof(W));
+      read_ahead(b + k, 32 * sizeof(W));
       a0 = _mm512_fmadd_ps(load16(a + k), x0, a0);
       a1 = _mm512_fmadd_ps(load16(a + k + 16), x1, a1);
       b0 = _mm512_fmadd_ps(load16(b + k), x0, b0);
