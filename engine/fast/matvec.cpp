@@ -3,7 +3,7 @@
 // Inductor's loop for the same sum (FastLlama._matvec) keeps one chain of additions per row
 // and widens both operands at every step: on a CPU whose cores are slow beside its memory it
 // is compute-bound (a 2-core AVX-512 Xeon: bfloat16 rows at ~12 GB/s, float32 at ~17, where
-// this kernel streams them at ~23 and ~25; BENCHMARKS.md). Each thread takes a contiguous
+// this kernel streams them at ~23-25 and ~26-28; BENCHMARKS.md). Each thread takes a contiguous
 // block of rows; independent accumulators hide the additions' latency; bfloat16 rows go
 // through `vdpbf16ps` (32 products an instruction) where the CPU has it. Sums in float32, the
 // result rounded to W's dtype, as the loop's is. w8's int8 rows take a float32 x and give a

@@ -4,7 +4,7 @@ A batch-1 decode step reads every weight once per token. Inductor's loop for x @
 (`FastLlama._matvec`) keeps one chain of additions per row and widens both operands at every
 step: on a CPU whose cores are slow beside its memory it is compute-bound. On a 2-core AVX-512
 Xeon it streamed bfloat16 rows at ~12 GB/s and float32 at ~17, where `matvec.cpp` streams them
-at ~23 and ~25 (a plain read: ~24-28; BENCHMARKS.md). The kernel is built with the step's other
+at ~23-25 and ~26-28 (a plain read: ~24-30; BENCHMARKS.md). The kernel is built with the step's other
 kernel, the decode attention (engine/fast/kernels.py), and the step is traced calling it.
 Without AVX-512 the step keeps Inductor's loop, which vectorizes for whatever the CPU has.
 """
