@@ -130,6 +130,26 @@ class CompiledDecode:
         self._thread.start()
 
     def _warm_up(self) -> None:
+        """`_build_steps` on this thread. An error it does not expect leaves eager serving and
+        says why: a thread that died here once left the app "compiling" for good, its finished
+        child never reaped."""
+        try:
+            self._build_steps()
+        except Exception as e:
+            why = f"the compile thread failed: {one_line(e, named=True)}"
+            with self._lock:
+                if self.ready.is_set():  # the regional step serves; only its upgrade failed
+                    self.whole_error = self.whole_error or why
+                    listeners, self._upgrade_listeners = self._upgrade_listeners, []
+                else:
+                    self.error = self.error or why
+                    listeners, self._listeners = self._listeners, []
+                self._finished.set()
+            for listener in listeners:
+                listener(self)
+            self._settled.set()
+
+    def _build_steps(self) -> None:
         """The regional step, then the whole one (engine/fast/steps.py): the first ready in
         seconds, the second, faster per token, taking over when it is built."""
         started = time.perf_counter()
@@ -235,8 +255,10 @@ class CompiledDecode:
         if stopped:
             _kill(child)
             return
-        # While it compiles: Inductor's imports, ~0.35 s of the load here of what it saves.
-        import torch._inductor.compile_fx  # noqa: F401
+        # While it compiles: Inductor's imports, ~0.35 s of the load here of what it saves. Only
+        # a head start: an import racing another thread's (the kernel build's) may raise here.
+        with contextlib.suppress(Exception):
+            import torch._inductor.compile_fx  # noqa: F401
 
     def stop(self) -> None:
         """Abandon this compile (its model or precision is being replaced): the child process is
@@ -371,6 +393,9 @@ def _compile_in_a_subprocess(
     except subprocess.TimeoutExpired:
         _kill(child)
         return True
+    except BaseException:  # `started` failed: no child left compiling or unreaped
+        _kill(child)
+        raise
     finally:
         _children.remove(child)
     return False

@@ -146,6 +146,41 @@ def test_a_compile_child_past_its_time_limit_is_killed_and_reaped(monkeypatch):
     assert timed_out
 
 
+def test_a_failure_after_the_child_started_kills_and_reaps_it(monkeypatch):
+    # The hook that runs once the child exists raised (an import racing another thread's): the
+    # compile thread died, and the child, when it finished, was left a zombie.
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    monkeypatch.setattr(compiled, "_child_command", lambda *args: sleeper)
+    children: list[subprocess.Popen] = []
+
+    def started(child: subprocess.Popen) -> None:
+        children.append(child)
+        raise ImportError("cannot import name 'compile_fx' (a partially initialized module)")
+
+    with pytest.raises(ImportError):
+        compiled._compile_in_a_subprocess("model", "fp32", "regional", torch.float32, started)
+    assert children[0].returncode is not None  # killed and waited for
+    assert not Path(f"/proc/{children[0].pid}").exists()
+
+
+def test_a_compile_thread_that_fails_says_why_instead_of_compiling_for_good(tiny_model_dir, monkeypatch):
+    # The app showed "compiling 1:20…" with no compile thread left: nothing would ever end it.
+    from engine.fast import fused
+
+    def broken(self):
+        raise RuntimeError("an error nobody expected")
+
+    monkeypatch.setattr(compiled.CompiledDecode, "_build_steps", broken)
+    loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
+    fast = fused.for_model(loaded.model, compiled=True)
+    compile = compiled.CompiledDecode(fast, torch.float32)
+    heard: list[compiled.CompiledDecode] = []
+    compile.when_done(heard.append)  # the app's listener: the chat and the Phase panel
+    assert compile.wait_settled(30)
+    assert heard == [compile] and not compile.ready.is_set()
+    assert "the compile thread failed: RuntimeError: an error nobody expected" in compile.describe()
+
+
 def test_the_compile_child_starts_while_another_thread_is_inside_logging(monkeypatch):
     # The child was started with preexec_fn, which runs Python's at-fork hooks in the forking
     # thread; logging's waits for logging's lock. With the kernel build importing setuptools on
