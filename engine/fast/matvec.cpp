@@ -214,6 +214,18 @@ bool int8_rows(const float* x, const int8_t* w, float* out, int64_t rows, int64_
 bool int8_rows(const float*, const int8_t*, float*, int64_t, int64_t) { return false; }
 #endif
 
+// Whether W's rows are summed against x widened to float32 (rows_fma) rather than x as it is.
+template <typename W>
+constexpr bool kWidensX =
+#if defined(__AVX512BF16__)
+    !std::is_same_v<W, at::BFloat16> &&
+#endif
+#if defined(__AVX512F__)
+    true;
+#else
+    false;
+#endif
+
 template <typename W, typename X>
 void matvec_rows(const X* x, const W* w, X* out, int64_t in, int64_t begin, int64_t end,
                  const float* xf) {
@@ -244,7 +256,7 @@ void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
   const float* xf = nullptr;
   if constexpr (std::is_same_v<X, float>) {
     xf = xp;
-  } else {
+  } else if constexpr (kWidensX<W>) {
     widened.resize(in);
     for (int64_t k = 0; k < in; ++k) widened[k] = static_cast<float>(xp[k]);
     xf = widened.data();
