@@ -66,6 +66,18 @@ class ModelInfo:
     """Bytes of scale per token, head and K/V: 4 for an int8 cache (one float32), 0 for a float one."""
     default_cache_dtype: str = ""
     """The cache dtype the precision chose before any `--kv-cache` override ('' = cache_dtype)."""
+    context_limit: int | None = None
+    """The window this session keeps to where `--context` made it smaller than `context`."""
+
+    @property
+    def window(self) -> int | None:
+        """The context window a conversation must fit: `--context`'s, else the model's."""
+        return self.context_limit or self.context
+
+    def limited_to(self, tokens: int | None) -> ModelInfo:
+        """This info for a session that keeps to `tokens` (None: the model's whole window)."""
+        smaller = tokens is not None and self.context is not None and tokens < self.context
+        return dataclasses.replace(self, context_limit=tokens if smaller else None)
 
     @property
     def kv_bytes_per_token(self) -> int | None:

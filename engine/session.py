@@ -164,9 +164,10 @@ class ChatSession(Turns):
             self.kv_cache = None  # a new device that cannot hold it: the precision's own cache
         if self.kv_cache is not None:
             self.info = with_cache_precision(loaded.info, self.kv_cache)
+        self.info = self.info.limited_to(self._context_limit)
         self.cache = KVCache.for_model(self.info)
         self.namer = PieceNamer(self.tokenizer)
-        self.context = min(self._context_limit or self.info.context, self.info.context)
+        self.context = self.info.window
         self.stop_ids = self._stop_ids()
         self._no_ids = torch.empty(0, dtype=torch.long, device=self.device)
         self.fast = None
@@ -188,7 +189,7 @@ class ChatSession(Turns):
         if problem:
             raise ValueError(problem)
         self.kv_cache = precision
-        self.info = with_cache_precision(self.loaded.info, precision)
+        self.info = with_cache_precision(self.loaded.info, precision).limited_to(self._context_limit)
         self.cache = KVCache.for_model(self.info)
         if self.fast is not None and self.compile_wanted:
             self._compile_for_cache()

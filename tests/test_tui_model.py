@@ -99,6 +99,25 @@ def test_panels_show_what_the_real_engine_said(tiny_model_dir, tmp_path):
     run(scenario)
 
 
+def test_a_smaller_context_is_the_window_shown_from_the_start(tiny_model_dir, tmp_path):
+    """`--context 96` on a model of 512: the top line and the KV cache panel show 96 before any
+    turn (both showed the model's 512 until the first answer's cache arrived); the `ready` event
+    names both."""
+    recorder = Recorder()
+
+    async def scenario():
+        app = real_tiny_app(recorder, tiny_model_dir, tmp_path, {"temperature": 0}, context=96)
+        async with app.run_test(size=WIDE) as pilot:
+            await wait_for(pilot, lambda: app.turns.ready, timeout=60)
+            await pilot.pause(0.2)
+            info = recorder.of(ModelReady)[0].info
+            assert (info.context, info.context_limit, info.window) == (512, 96, 96)
+            assert "context 96 of 512" in widget_text(app.query_one(StatusBar))
+            assert "0 / 96 in the window" in widget_text(app.query_one(KVCachePanel))
+
+    run(scenario)
+
+
 def test_temperature_change_mid_answer_changes_the_next_tokens(tiny_model_dir, tmp_path):
     """At T=1 the tiny model's top choice has p >= 0.14; at T=5 the distribution flattens below 0.1."""
     recorder = Recorder(hold_at=3)

@@ -110,7 +110,6 @@ class RemoteSession(Turns):
     ):
         self.client = client
         self.server = server
-        self.info = info
         self.sampling = sampling or SamplingSettings()
         """Swapped whole, read when a request is built: a change applies from the next answer."""
         self.system_prompt = system_prompt
@@ -126,6 +125,7 @@ class RemoteSession(Turns):
         limits = [c for c in (context, server.context) if c]
         self.context = min(limits) if limits else None
         """The window a conversation must fit: the server's, or less if the user asked (--context)."""
+        self.info = info.limited_to(self.context)
         self._noted_unsupported: tuple[str, ...] = ()
         self.request_extra: dict[str, Any] = {}
         """More request fields for this server (the benchmark's `ignore_eos`)."""

@@ -59,6 +59,8 @@ def test_detects_the_server_and_the_model(llama_server):
     assert (info.layers, info.kv_heads, info.head_dim) == (30, 3, 64)
     assert info.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
     assert info.server.unreported  # and says what it cannot show
+    limited = connect(RemoteTarget(llama_server.url), GREEDY, context=300).info
+    assert (limited.context, limited.context_limit, limited.window) == (2048, 300, 300)
 
 
 def test_a_streamed_correct_answer(llama_server):

@@ -178,7 +178,7 @@ class ContextScreen(InstrumentScreen):
     def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
         super().__init__(link, step, answer)
         self.shape = shape_of(link.session)
-        self.window = link.session.info.context
+        self.window = link.session.info.window
         self.sizes: list[int] = []
         self.points: list[ContextPoint] = []
         self.running = False

@@ -143,7 +143,7 @@ class KVCachePanel(Widget):
             return Content.styled("no model loaded yet", "$text-muted")
         if self.info.server is not None:
             return Content("\n").join(self._server_lines())
-        capacity = self.cache.capacity if self.cache else self.info.context
+        capacity = self.cache.capacity if self.cache else self.info.window
         used = self.cache.tokens if self.cache else 0
         real = self.cache.bytes if self.cache else 0
         per_token = self.cache.bytes_per_token if self.cache else self.info.kv_bytes_per_token
@@ -167,7 +167,7 @@ class KVCachePanel(Widget):
         shape is known, the server-wide fill where its metrics tell, and what it does not report."""
         info, cache = self.info, self.cache
         used = cache.tokens if cache else None
-        capacity = cache.capacity if cache else info.context
+        capacity = cache.capacity if cache else info.window
         if used is not None and capacity:
             top = Content.assemble(gauge(used, capacity), f" {used / capacity:.1%} of the window")
         else:

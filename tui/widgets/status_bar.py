@@ -20,7 +20,7 @@ def describe(info: ModelInfo, width: int = 1000) -> str:
     if info.server is not None:
         return describe_server(info, width)
     head = f"{info.name} · {info.precision} · {info.device}"
-    weights, context = human_bytes(info.weight_bytes), f"{info.context:,}"
+    weights, context = human_bytes(info.weight_bytes), window(info)
     forms = (
         f"{head} · {info.parameters / 1e6:.1f}M params · weights {weights} · context {context}",
         f"{head} · {info.parameters / 1e6:.1f}M params · {weights} · {context} context",
@@ -36,7 +36,7 @@ def describe_server(info: ModelInfo, width: int = 1000) -> str:
     server = info.server
     where = [f"{server.kind} {server.version or '(version not reported)'}", server.url, info.name]
     details = [p for p in (server.parallelism, server.quantization) if p]
-    context = [f"context {info.context:,}"] if info.context else []
+    context = [f"context {window(info)}"] if info.context else []
     forms = (
         " · ".join(where + details + context),
         " · ".join(where + context),
@@ -45,6 +45,13 @@ def describe_server(info: ModelInfo, width: int = 1000) -> str:
     )
     form = next((form for form in forms if len(form) <= width), forms[-1])
     return visible_controls(form, one_line=True)  # the server's own words: shown, never obeyed
+
+
+def window(info: ModelInfo) -> str:
+    """The context window, and the model's where `--context` keeps the session to less."""
+    if info.context_limit:
+        return f"{info.context_limit:,} of {info.context:,}"
+    return f"{info.context:,}"
 
 
 def progress_bar(fraction: float, width: int = BAR_WIDTH) -> Content:
