@@ -409,6 +409,13 @@ def load_random(
     Speed does not depend on the weights' values, so this measures a model whose files are
     not on this machine. Built once into the cache dir, then loaded like any HF directory.
     """
+    loaded = load(str(random_weights_dir(spec)), precision, device, progress)
+    loaded.info = dataclasses.replace(loaded.info, spec=spec, name=f"{spec} (random weights)")
+    return loaded
+
+
+def random_weights_dir(spec: str) -> Path:
+    """The cache dir holding `spec`'s architecture with random weights, written if missing."""
     from transformers import AutoConfig, LlamaConfig
 
     if spec == DEFAULT_MODEL:
@@ -422,9 +429,7 @@ def load_random(
     target = Path(platformdirs.user_cache_dir("llmchat")) / "models" / f"random-{key}"
     if not (target / "config.json").is_file():
         _write_random(config, target)
-    loaded = load(str(target), precision, device, progress)
-    loaded.info = dataclasses.replace(loaded.info, spec=spec, name=f"{spec} (random weights)")
-    return loaded
+    return target
 
 
 def _write_random(config, target: Path) -> None:
