@@ -274,3 +274,25 @@ def test_a_changed_gguf_leaves_no_stale_conversion_behind(tmp_path, monkeypatch)
     assert models.convert_gguf(gguf, lambda *a: None) == current  # cached: nothing converted
     assert current.exists() and others.exists() and staging.exists()
     assert not before_reinstall.exists() and not made_by_an_older_llmchat.exists()
+
+
+def test_random_weights_keep_the_architecture_and_are_written_once(tiny_model_dir, tmp_path, monkeypatch):
+    """What `bench --random-weights` and gpu_check.sh measure: the model's shape, other weights,
+    written once into the cache dir and loaded from there after."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    directory = models.random_weights_dir(str(tiny_model_dir))
+    assert directory.is_relative_to(tmp_path) and (directory / "config.json").is_file()
+    written = (directory / "model.safetensors").stat().st_mtime_ns
+    assert models.random_weights_dir(str(tiny_model_dir)) == directory
+    assert (directory / "model.safetensors").stat().st_mtime_ns == written
+
+    random = models.load_random(str(tiny_model_dir), "fp32", "cpu")
+    tiny = models.load(str(tiny_model_dir), "fp32", "cpu")
+    assert random.info.name.endswith("(random weights)")
+    assert (random.info.layers, random.info.hidden_size, random.info.parameters) == (
+        tiny.info.layers,
+        tiny.info.hidden_size,
+        tiny.info.parameters,
+    )
+    embedding = random.model.get_input_embeddings().weight
+    assert not torch.equal(embedding, tiny.model.get_input_embeddings().weight)
