@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from engine import contention
+from engine import contention, models
 from engine.events import TurnFinished
 from engine.instruments import phases
 from engine.instruments.phases import (
@@ -19,6 +19,7 @@ from engine.instruments.phases import (
 )
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
+from tests.tiny import build_tiny_model
 from tui.screens.phases import machine_line, verdict
 
 
@@ -38,6 +39,22 @@ def test_the_tiny_config_as_counted(tiny_loaded):
     assert shape.layer_matmul_params == 36864
     assert shape.matmul_params == 73728
     assert shape.parameters == tiny_loaded.info.parameters  # the count covers every weight
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "w8", "w8a8"])
+def test_a_pass_reads_the_table_only_where_the_head_multiplies_by_it(tmp_path, precision):
+    """W, the weight bytes a pass reads, of a tied model: the whole table where the LM head
+    multiplies by it; at w8 and w8a8 the head is an int8 matrix of its own and the float table
+    is only looked up (W counted it, and F6 showed w8 decode at 194% of the bandwidth roof)."""
+    loaded = models.load(str(build_tiny_model(tmp_path, tied=True)), precision, "cpu")
+    ChatSession(loaded)  # the fast path re-homes the weights; the table must stay shared
+    shape = ModelShape.of(loaded)
+    table = loaded.model.get_input_embeddings().weight
+    assert shape.tied_embeddings and shape.parameters == loaded.info.parameters
+    quantized_head = precision in ("w8", "w8a8")
+    assert shape.head_reads_the_table is not quantized_head
+    looked_up = table.numel() * table.element_size() if quantized_head else 0
+    assert shape.streamed_weight_bytes == loaded.info.weight_bytes - looked_up
 
 
 def test_flops_match_a_hand_count(tiny_loaded):

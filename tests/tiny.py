@@ -18,8 +18,11 @@ CORPUS = [
 ] * 20
 
 
-def build_tiny_model(directory: Path, layers: int = 2, hidden: int = 64, seed: int = 0) -> Path:
-    """Write an HF model directory (config, random weights, tokenizer) and return it."""
+def build_tiny_model(
+    directory: Path, layers: int = 2, hidden: int = 64, seed: int = 0, tied: bool = False
+) -> Path:
+    """Write an HF model directory (config, random weights, tokenizer) and return it (`tied`: the
+    LM head is the embedding table, as SmolLM2's)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -53,7 +56,7 @@ def build_tiny_model(directory: Path, layers: int = 2, hidden: int = 64, seed: i
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     model = LlamaForCausalLM(config)
     # Random weights are near-uniform; sharpen them so top-k and greedy choices are distinct.
