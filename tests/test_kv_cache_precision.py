@@ -283,6 +283,19 @@ def test_context_budget_by_the_formula():
     assert kv_budget.LLAMA_2_70B.bytes_per_token("int8") == 2 * 80 * 8 * (128 + 4)
 
 
+def test_the_budget_table_keeps_its_columns_apart():
+    """F8's table for SmolLM2: 1,403,584 tokens of int8 cache ran into the bf16 column
+    ('23,040 → 745,65412,240 → 1,403,584')."""
+    from tests.tui_fakes import INFO
+    from tui.screens.precision import budget_lines
+
+    header, smollm2, seven, seventy = (line.plain for line in budget_lines(INFO)[:4])
+    cells = [part.strip() for part in smollm2.split("  ") if part.strip()]
+    assert cells == ["fake-135m", "46,080 → 372,827", "23,040 → 745,654", "12,240 → 1,403,584"]
+    ends = {len(line.rstrip()) for line in (header, smollm2, seven, seventy)}
+    assert len(ends) == 1  # every row as wide as the header: the columns line up
+
+
 def test_config_and_flags_name_the_engines_precisions(tmp_path, tiny_model_dir, monkeypatch):
     assert KV_CACHE_CHOICES == CACHE_PRECISIONS
     path = tmp_path / "config.json"

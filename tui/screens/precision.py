@@ -148,17 +148,19 @@ def budget_lines(info, gib: int = BUDGET_GIB) -> list[Content]:
     memory = gib * kv_budget.GIB
     shapes = [kv_budget.shape_of(info), *kv_budget.OTHERS]
     columns = {"fp32": "fp32", "bf16": "bf16/fp16", "int8": "int8"}
+    rows = [
+        [f"{shape.bytes_per_token(p):,} → {shape.tokens_in(memory, p):,}" for p in columns]
+        for shape in shapes
+    ]
+    # As wide as the widest cell: a small model's millions of tokens ran into the next column.
+    width = max(CELL_WIDTH, *(len(cell) + 2 for row in rows for cell in row))
     header = Content.assemble(
-        "".ljust(NAME_WIDTH), *((title.rjust(CELL_WIDTH), "bold") for title in columns.values())
+        "".ljust(NAME_WIDTH), *((title.rjust(width), "bold") for title in columns.values())
     )
     lines = [header]
-    for shape in shapes:
+    for shape, row in zip(shapes, rows):
         name = shape.name if len(shape.name) < NAME_WIDTH else shape.name[: NAME_WIDTH - 2] + "…"
-        cells = [
-            f"{shape.bytes_per_token(p):,} → {shape.tokens_in(memory, p):,}".rjust(CELL_WIDTH)
-            for p in columns
-        ]
-        lines.append(Content.assemble((name.ljust(NAME_WIDTH), "bold"), *cells))
+        lines.append(Content.assemble((name.ljust(NAME_WIDTH), "bold"), *(cell.rjust(width) for cell in row)))
     others = "; ".join(f"{s.name}: {s.source}" for s in kv_budget.OTHERS)
     lines.append(
         Content.styled(
