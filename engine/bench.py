@@ -25,7 +25,7 @@ from engine.events import TokenSampled, TurnFinished, contention_json
 from engine.fast import compiled as compiled_module
 from engine.fast import fused
 from engine.kvcache import CACHE_PRECISIONS, with_cache_precision
-from engine.models import LoadedModel
+from engine.models import LoadedModel, weights_read_per_token
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession, Message
 
@@ -353,18 +353,6 @@ def bench_multi_turn(loaded: LoadedModel, turns: int, answer_tokens: int = 32) -
         "ttft_ms_fresh": round(fresh_stats.ttft_s * 1000, 2),
         "speedup": round(fresh_stats.ttft_s / last.ttft_s, 2) if last.ttft_s else 0.0,
     }
-
-
-def weights_read_per_token(loaded: LoadedModel) -> int:
-    """Weight bytes one decode step reads: all of them but the input embedding table, of which
-    it reads one row, unless that table is also the LM head (tied: SmolLM2 at fp32 and 16-bit;
-    w8 and w8a8 quantize the head and keep the table in fp32, 113 MB never read whole)."""
-    model = loaded.model
-    table = model.get_input_embeddings().weight
-    head = getattr(model.get_output_embeddings(), "weight", None)
-    if head is not None and head.data_ptr() == table.data_ptr():
-        return loaded.info.weight_bytes
-    return loaded.info.weight_bytes - table.numel() * table.element_size()
 
 
 def bench_long_context(

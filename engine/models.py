@@ -401,6 +401,18 @@ CHATML = (
 )
 
 
+def weights_read_per_token(loaded: LoadedModel) -> int:
+    """Weight bytes one decode step reads: all of them but the input embedding table, of which
+    it reads one row, unless that table is also the LM head (tied: SmolLM2 at fp32 and 16-bit;
+    w8 and w8a8 quantize the head and keep the table in fp32, 113 MB never read whole)."""
+    model = loaded.model
+    table = model.get_input_embeddings().weight
+    head = getattr(model.get_output_embeddings(), "weight", None)
+    if head is not None and head.data_ptr() == table.data_ptr():
+        return loaded.info.weight_bytes
+    return loaded.info.weight_bytes - table.numel() * table.element_size()
+
+
 def load_random(
     spec: str, precision: str = "fp32", device: str = "auto", progress: Progress | None = None
 ) -> LoadedModel:

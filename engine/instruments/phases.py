@@ -53,7 +53,7 @@ import torch
 
 from engine.contention import ContentionMeter
 from engine.events import Contention, TurnStats
-from engine.models import LoadedModel
+from engine.models import LoadedModel, weights_read_per_token
 from engine.session import PREFILL_CHUNK
 
 Bound = Literal["compute", "memory"]
@@ -78,20 +78,16 @@ class ModelShape:
     vocab: int
     tied_embeddings: bool
     """The config ties the LM head to the embedding table (one matrix counted once)."""
-    head_reads_the_table: bool
-    """The loaded LM head multiplies by the embedding table's own memory. Not so where a
-    quantized head (w8, w8a8) left the float table for lookups only, tied or not."""
     weight_bytes: int
     """Bytes of all weights as loaded (at the loaded precision)."""
-    embedding_bytes: int
-    """Bytes of the input embedding table."""
+    streamed_weight_bytes: int
+    """W: weight bytes one forward pass reads (engine/models.py `weights_read_per_token`: all
+    but a table the LM head does not multiply by, of which a pass reads a row a token)."""
     kv_bytes_per_token: int
 
     @classmethod
     def of(cls, loaded: LoadedModel) -> ModelShape:
         config, info = loaded.model.config, loaded.info
-        embedding = loaded.model.get_input_embeddings().weight
-        head = getattr(loaded.model.get_output_embeddings(), "weight", None)
         return cls(
             layers=info.layers,
             hidden=info.hidden_size,
@@ -101,10 +97,8 @@ class ModelShape:
             head_dim=info.head_dim,
             vocab=info.vocab_size,
             tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            head_reads_the_table=isinstance(head, torch.Tensor)
-            and head.untyped_storage().data_ptr() == embedding.untyped_storage().data_ptr(),
             weight_bytes=info.weight_bytes,
-            embedding_bytes=embedding.numel() * embedding.element_size(),
+            streamed_weight_bytes=weights_read_per_token(loaded),
             kv_bytes_per_token=info.kv_bytes_per_token,
         )
 
@@ -130,12 +124,6 @@ class ModelShape:
         embedding = 0 if self.tied_embeddings else self.vocab * self.hidden
         norms = (2 * self.layers + 1) * self.hidden
         return self.matmul_params + self.head_params + embedding + norms
-
-    @property
-    def streamed_weight_bytes(self) -> int:
-        """W: weight bytes one forward pass reads (a table the LM head does not read is only
-        looked up: a row a token)."""
-        return self.weight_bytes - (0 if self.head_reads_the_table else self.embedding_bytes)
 
     # -- work per phase ---------------------------------------------------------------
     def attention_flops(self, new: int, reused: int) -> int:
