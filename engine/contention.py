@@ -48,11 +48,13 @@ def load_1m() -> float | None:
         return None
 
 
-def scheduled() -> tuple[float, float] | None:
-    """(seconds run, seconds waited on a run queue), summed over this process's threads; None
-    where the kernel does not keep schedstat."""
-    run = wait = 0
-    found = False
+Reading = dict[str, tuple[int, int]]
+"""Per thread id: (ns run, ns waited on a run queue)."""
+
+
+def scheduled() -> Reading | None:
+    """Each of this process's threads' schedstat; None where the kernel does not keep it."""
+    reading = {}
     try:
         tasks = list(_TASKS.iterdir())
     except OSError:
@@ -62,9 +64,22 @@ def scheduled() -> tuple[float, float] | None:
             fields = (task / "schedstat").read_text().split()
         except OSError:  # the thread ended meanwhile
             continue
-        run, wait, found = run + int(fields[0]), wait + int(fields[1]), True
-    if not found or run == 0:  # a kernel without schedstat reports zeros
+        reading[task.name] = (int(fields[0]), int(fields[1]))
+    if not any(run for run, _ in reading.values()):  # a kernel without schedstat reports zeros
         return None
+    return reading
+
+
+def grown(start: Reading, now: Reading) -> tuple[float, float]:
+    """(seconds run, seconds waited) between two readings: each thread's growth, a thread started
+    meanwhile whole. One that ended meanwhile adds nothing; the difference of two sums took its
+    earlier wait away from the others' instead (a bench's share came out at 118%)."""
+    run = wait = 0
+    for thread, (ran, waited) in now.items():
+        ran_before, waited_before = start.get(thread, (0, 0))
+        if ran < ran_before or waited < waited_before:  # the id now names a new thread
+            ran_before = waited_before = 0
+        run, wait = run + ran - ran_before, wait + waited - waited_before
     return run / 1e9, wait / 1e9
 
 
@@ -95,7 +110,7 @@ class ContentionMeter:
         now = scheduled()
         run = wait = 0.0
         if self._scheduled is not None and now is not None:
-            run, wait = now[0] - self._scheduled[0], now[1] - self._scheduled[1]
+            run, wait = grown(self._scheduled, now)
         if run + wait >= MIN_SCHEDSTAT_S:
             share, source = run / (run + wait), "schedstat"
         else:

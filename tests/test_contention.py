@@ -15,6 +15,9 @@ from engine.events import Contention, TurnFinished, to_json
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession, Message
 
+S = 10**9
+"""A second in schedstat's nanoseconds."""
+
 
 # -- the rule, with injected numbers ----------------------------------------------------------
 @pytest.mark.parametrize(
@@ -45,15 +48,28 @@ def test_a_busy_turn_says_so_in_words():
 
 
 def test_the_share_is_run_time_over_run_plus_run_queue_wait(monkeypatch):
-    readings = iter([(10.0, 1.0), (10.6, 1.6)])  # 0.6 s run, 0.6 s waited for a core
+    readings = iter([{"7": (10 * S, 1 * S)}, {"7": (10.6 * S, 1.6 * S)}])  # 0.6 s run, 0.6 s waited
     monkeypatch.setattr(contention, "scheduled", lambda: next(readings))
     monkeypatch.setattr(contention, "load_1m", lambda: 1.0)
     measured = ContentionMeter().stop()
     assert measured.cpu_share == pytest.approx(0.5) and measured.source == "schedstat" and measured.busy
 
 
+def test_a_thread_that_ended_or_started_meanwhile_cannot_lift_the_share_past_one(monkeypatch):
+    """Thread 8 had waited 1 s when the measurement started and ended before it stopped; 9 started
+    meanwhile. The difference of the sums gave run 1.0 s against wait -0.8 s: a share of 500%."""
+    start = {"7": (1 * S, S // 2), "8": (1 * S, 1 * S)}
+    now = {"7": (int(2.5 * S), int(0.6 * S)), "9": (S // 2, S // 10)}
+    readings = iter([start, now])
+    monkeypatch.setattr(contention, "scheduled", lambda: next(readings))
+    monkeypatch.setattr(contention, "load_1m", lambda: 0.5)
+    measured = ContentionMeter().stop()
+    assert measured.cpu_share == pytest.approx(2.0 / 2.2)  # 7: 1.5 s run, 0.1 waited; 9: 0.5, 0.1
+    assert measured.source == "schedstat" and not measured.busy
+
+
 def test_over_an_interval_too_short_for_schedstat_the_thread_time_stands_in(monkeypatch):
-    readings = iter([(10.0, 1.0), (10.0, 1.0)])  # not moved yet: the kernel adds run time at ticks
+    readings = iter([{"7": (10 * S, S)}] * 2)  # not moved yet: the kernel adds run time at ticks
     monkeypatch.setattr(contention, "scheduled", lambda: next(readings))
     meter = ContentionMeter()
     end = time.thread_time() + 0.01
