@@ -172,6 +172,8 @@ class Calibration:
     """The CPU share the calibration got (engine/contention.py); None where not measured."""
     busy: bool = False
     """It ran on a busy machine: the peaks are lower than the machine's own."""
+    bandwidth_read: str = ""
+    """How the bandwidth was read (engine/bench.py `BANDWIDTH_READ`); '' before it was named."""
 
     @property
     def balance(self) -> float:
@@ -265,13 +267,13 @@ def calibrate(
 ) -> Calibration:
     """Measure (a few seconds) or read back this machine's peak matmul FLOP/s and bandwidth:
     the median of `runs` runs of each, the runs kept for their spread."""
-    from engine.bench import measure_bandwidth
+    from engine.bench import BANDWIDTH_READ, measure_bandwidth
 
     path = path or calibration_path()
     key = _machine_key(device, dtype)
     saved = _read(path)
-    if key in saved and not refresh:
-        return Calibration.from_saved(saved[key])
+    if not refresh and (known := cached_calibration(device, dtype, path)) is not None:
+        return known
     size = size or (4096 if device == "cuda" else 1024)
     meter = ContentionMeter()
     matmul, bandwidth = measure_runs(
@@ -291,6 +293,7 @@ def calibrate(
         bandwidth_runs=tuple(bandwidth),
         cpu_share=contention.cpu_share,
         busy=contention.busy,
+        bandwidth_read=BANDWIDTH_READ,
     )
     saved[key] = asdict(result)
     _write(path, saved)
@@ -311,9 +314,14 @@ def measure_runs(
 
 
 def cached_calibration(device: str, dtype: torch.dtype, path: Path | None = None) -> Calibration | None:
-    """The saved calibration for this machine, or None (without measuring)."""
+    """The saved calibration for this machine, or None (without measuring; also where its
+    bandwidth was read another way than today's, which is then measured again)."""
+    from engine.bench import BANDWIDTH_READ
+
     saved = _read(path or calibration_path()).get(_machine_key(device, dtype))
-    return Calibration.from_saved(saved) if saved else None
+    if not isinstance(saved, dict) or saved.get("bandwidth_read") != BANDWIDTH_READ:
+        return None
+    return Calibration.from_saved(saved)
 
 
 def _read(path: Path) -> dict:
