@@ -182,10 +182,10 @@ def verdict(turn: TurnPhases, peaks: Calibration) -> list[Content]:
     out = [phase_verdict(m, peaks) for m in measures]
     far = [m for m in measures if m.limit(peaks) == "neither"]
     if far:
-        which = "Neither phase" if len(far) == len(measures) and len(far) > 1 else f"The {far[0].phase}"
+        which = "Both phases" if len(far) == len(measures) and len(far) > 1 else f"The {far[0].phase}"
         out.append(
             Content.styled(
-                f"{which} came within {FAR_FROM_ROOF:.0%} of either roof: the time goes to fixed costs per "
+                f"{which} stayed under {FAR_FROM_ROOF:.0%} of both roofs: the time goes to fixed costs per "
                 "pass (Python, launching each small op, the sampler, threads waking up) or to other work "
                 "on the machine, not to arithmetic or memory traffic. A bigger model or a longer prompt "
                 "does more work per pass and moves a phase toward its roof.",
