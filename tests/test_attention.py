@@ -1,9 +1,12 @@
 """The decode-attention kernel: the same attention as SDPA, over the cache as the step holds it."""
 
+import os
 import platform
 import shutil
 import subprocess
+import sys
 import sysconfig
+import textwrap
 
 import pytest
 import torch
@@ -81,3 +84,45 @@ def test_the_kernel_sources_compile_for_every_x86_cpu(cpu):
     result = subprocess.run(command, capture_output=True, text=True)
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert result.returncode == 0, "\n".join(errors[:5])
+
+
+def _in_a_fresh_process(code: str, **env: str) -> str:
+    """The last line `code` printed, run by this Python with `env` added."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_a_built_kernel_loads_without_the_builder_and_a_missing_one_is_not_built(kernel, tmp_path):
+    """`ask` takes the kernels an earlier run built (a dlopen) and never starts a build of seconds."""
+    code = """
+        import sys
+        from engine.fast import kernels
+        builder = "torch.utils.cpp_extension" in sys.modules
+        print(kernels.load_built("step"), kernels.is_loaded("step"), builder)
+    """
+    assert _in_a_fresh_process(code) == "True True False"
+    assert _in_a_fresh_process(code, XDG_CACHE_HOME=str(tmp_path)) == "False False False"
+    assert not list(tmp_path.rglob("*.so"))
+
+
+def test_ask_decodes_with_the_built_kernels(kernel, tiny_model_dir, tmp_path):
+    """Before, `ask` ran torch's ops though the app had built the kernels (w8: 19 tok/s, not 100)."""
+    code = f"""
+        import json
+        from typer.testing import CliRunner
+        from tui.cli import app
+        args = ["ask", "--json", "--no-save", "-n", "3", "-m", {str(tiny_model_dir)!r}, "hi"]
+        lines = CliRunner().invoke(app, args).output.splitlines()
+        print([json.loads(line)["attention"] for line in lines if '"decode_step"' in line])
+    """
+    data = str(tmp_path / "data")
+    assert _in_a_fresh_process(code, LLMCHAT_COMPILE="1", LLMCHAT_DATA_DIR=data) == "['kernel']"
+    off = _in_a_fresh_process(code, LLMCHAT_COMPILE="0", LLMCHAT_DATA_DIR=data)
+    assert off == "['SDPA']"  # --no-compile / LLMCHAT_COMPILE=0: torch's ops, as before

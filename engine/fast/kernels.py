@@ -151,6 +151,8 @@ def load(name: str) -> str | None:
     with _locks[name]:
         if _loaded[name].is_set() or name in _error:
             return _error.get(name)
+        if _load_built(name):
+            return None
         try:
             from torch.utils.cpp_extension import load as load_extension
 
@@ -173,6 +175,31 @@ def load(name: str) -> str | None:
             return _error[name]
         _loaded[name].set()
         return None
+
+
+def load_built(name: str) -> bool:
+    """Load the kernel `name` only where an earlier run built it for these sources (a dlopen,
+    under a millisecond, where the build itself takes seconds of both cores): for a one-shot
+    command such as `ask`. False where it is not built, or is being built now."""
+    with _locks[name]:
+        return _loaded[name].is_set() or (name not in _error and _load_built(name))
+
+
+def _load_built(name: str) -> bool:
+    """`load_built` for a caller holding the kernel's lock. The build directory is named by the
+    sources, flags, CPU and torch, so a library in it is this build; one a live build holds is
+    left alone (it may be half written), and one that cannot be loaded is built again by `load`."""
+    directory = _build_directory(name)
+    library = directory / f"llmchat_{name}.so"
+    if not library.is_file():
+        return False
+    try:
+        with _build_lock(directory, wait_s=0.0):
+            torch.ops.load_library(str(library))
+    except (BuildBusy, OSError, RuntimeError):
+        return False
+    _loaded[name].set()
+    return True
 
 
 def is_loaded(name: str) -> bool:

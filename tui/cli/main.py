@@ -565,7 +565,13 @@ def local_session(
         problem = cache_precision_problem(kv_cache, loaded.info.device)
         if problem:
             refuse(f"--kv-cache {kv_cache}: {problem}", as_json)
-    return ChatSession(loaded, sampling, system, context, kv_cache=kv_cache)
+    session = ChatSession(loaded, sampling, system, context, kv_cache=kv_cache)
+    if session.device.type == "cpu" and os.environ.get("LLMCHAT_COMPILE", "1") != "0":
+        from engine.fast import kernels
+
+        for name in kernels.KERNELS:  # built by an earlier run of the app: loaded in a millisecond
+            kernels.load_built(name)
+    return session
 
 
 def counted(value: int | None, what: str) -> str:
