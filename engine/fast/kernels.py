@@ -8,8 +8,9 @@
 
 They are compiled with the C++ compiler torch.compile needs anyway, once per machine, into
 llmchat's cache directory, by the background job that compiles the decode step
-(engine/fast/compiled.py). Until they are loaded, or where they cannot be built, torch's own
-ops do the same sums. The ops are declared here, not in the C++, so that job's child process
+(engine/fast/compiled.py); `ask`, which compiles nothing, loads a finished build only
+(`load_built`). Until they are loaded, or where they cannot be built, torch's own ops do the
+same sums. The ops are declared here, not in the C++, so that job's child process
 can trace a step calling them while the kernels are still building (`stand_in`).
 
 torch's builder guards the directory with a `lock` file that only the build that made it
@@ -203,7 +204,7 @@ def _load_built(name: str) -> bool:
 
 
 def is_loaded(name: str) -> bool:
-    """The kernel `name` is built and loaded (by the background compile job)."""
+    """The kernel `name` is built and loaded (by the background compile job, or `load_built`)."""
     return _loaded[name].is_set()
 
 
