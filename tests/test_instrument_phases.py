@@ -188,7 +188,9 @@ def test_a_phase_near_its_roof_is_limited_by_it_and_a_busy_turn_says_so():
     busy = contention.contention(0.45, 3.1, 2)
     text = "\n".join(line.plain for line in verdict(TurnPhases(None, decode, busy), PEAKS))
     assert "80.0% of it: near the roof: this roof is what limits it." in text
-    assert "Neither phase" not in text and "far from both" not in text
+    assert "Both phases" not in text and "far from both" not in text
+    above = "\n".join(line.plain for line in verdict(TurnPhases(None, _decode_at(1.1)), PEAKS))
+    assert "110.0% of it: above the measured roof: part of what it read came from the chip's caches" in above
     assert "This turn ran on a busy machine (CPU share 45%, load 3.1 on 2 cores)" in text
     middle = PhaseMeasure("decode", 30, 0.05, flops=int(0.3 * 10e9 * 0.05 / 2), bytes=int(0.3 * 10e9 * 0.05))
     assert middle.limit(PEAKS) == "below"

@@ -169,6 +169,14 @@ def phase_verdict(m: PhaseMeasure, peaks: Calibration) -> Content:
         "below": "well under the roof: the roof is not what limits it yet.",
         "neither": "far from both roofs: neither arithmetic nor memory limits it.",
     }[m.limit(peaks)]
+    if m.roof_use(peaks) > 1:  # w8's 129 MiB a step can come partly from a large last-level cache
+        how = (
+            "above the measured roof: part of what it read came from the chip's caches, which are "
+            "faster than memory (or the calibration ran slow: c measures again)."
+            if m.bound(peaks) == "memory"
+            else f"above the measured roof: faster than the calibration's {peaks.dtype} matmul ran "
+            "(another kernel or number type computes more a second; c measures again)."
+        )
     return Content.assemble(
         (f"{name}: ", "bold"),
         f"{m.intensity:,.1f} FLOP/B {side} balance {peaks.balance:,.1f}, so {roof}, ",
