@@ -189,6 +189,9 @@ def test_a_phase_near_its_roof_is_limited_by_it_and_a_busy_turn_says_so():
     text = "\n".join(line.plain for line in verdict(TurnPhases(None, decode, busy), PEAKS))
     assert "80.0% of it: near the roof: this roof is what limits it." in text
     assert "Both phases" not in text and "far from both" not in text
+    eager = "\n".join(line.plain for line in verdict(TurnPhases(None, decode, step_path="fused"), PEAKS))
+    assert "⚠ This answer was decoded on the eager step, not the compiled step" in eager
+    assert "decoded on" not in text  # the turn above says nothing of its step: none slower named
     above = "\n".join(line.plain for line in verdict(TurnPhases(None, _decode_at(1.1)), PEAKS))
     assert "110.0% of it: above the measured roof: part of what it read came from the chip's caches" in above
     assert "This turn ran on a busy machine (CPU share 45%, load 3.1 on 2 cores)" in text

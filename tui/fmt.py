@@ -117,3 +117,8 @@ def sparkline(values: Sequence[float], width: int) -> str:
         return " " * width
     bars = "".join(SPARK[max(1, round(v / top * (len(SPARK) - 1)))] for v in values)
     return bars.rjust(width)
+
+
+SLOWER_STEPS = {"fused": "eager step", "reference": "HF forward"}
+"""A turn decoded on a slower step than the compiled one says which beside its speed (the
+eager step serves while the compiled one builds, or for a model it cannot compile)."""

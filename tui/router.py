@@ -27,7 +27,7 @@ from engine.events import (
     TokenSampled,
     TurnStats,
 )
-from tui.fmt import count, ms
+from tui.fmt import SLOWER_STEPS, count, ms
 from tui.widgets.chat_log import ChatLog
 from tui.widgets.kv_cache import KVCachePanel
 from tui.widgets.phase import PhasePanel
@@ -47,11 +47,6 @@ STOPS = {
     "context": "stopped: the context window is full",
     "error": "stopped by an error",
 }
-
-
-SLOWER_STEPS = {"fused": "eager step", "reference": "HF forward"}
-"""A turn decoded on a slower step than the compiled one says which beside its speed (the
-eager step serves while the compiled one builds, or for a model it cannot compile)."""
 
 
 def turn_summary(stats: TurnStats, error: str = "") -> str:

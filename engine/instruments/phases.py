@@ -405,6 +405,8 @@ class TurnPhases:
     """None with fewer than two tokens (no inter-token latency yet), and for a speculative answer."""
     contention: Contention | None = None
     """The CPU share the turn was measured at (engine/contention.py)."""
+    step_path: str | None = None
+    """The step that decoded it (TurnStats.step_path): 'compiled', 'fused' (the eager step), ..."""
 
 
 def turn_phases(shape: ModelShape, stats: TurnStats) -> TurnPhases:
@@ -425,4 +427,4 @@ def turn_phases(shape: ModelShape, stats: TurnStats) -> TurnPhases:
         decode = PhaseMeasure(
             "decode", steps, stats.itl_p50_s, shape.decode_flops(context), shape.decode_bytes(context)
         )
-    return TurnPhases(prefill, decode, stats.contention)
+    return TurnPhases(prefill, decode, stats.contention, stats.step_path)

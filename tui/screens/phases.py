@@ -28,7 +28,7 @@ from engine.instruments.phases import (
     turn_phases,
 )
 from engine.instruments.verify_cost import measured_rounds
-from tui.fmt import human_bytes, ms
+from tui.fmt import SLOWER_STEPS, human_bytes, ms
 from tui.screens.instrument import InstrumentScreen
 from tui.screens.phases_verify import verify_lines
 
@@ -198,6 +198,15 @@ def verdict(turn: TurnPhases, peaks: Calibration) -> list[Content]:
                 "on the machine, not to arithmetic or memory traffic. A bigger model or a longer prompt "
                 "does more work per pass and moves a phase toward its roof.",
                 "$text-muted",
+            )
+        )
+    if turn.decode is not None and turn.step_path in SLOWER_STEPS:
+        out.append(
+            Content.styled(
+                f"⚠ This answer was decoded on the {SLOWER_STEPS[turn.step_path]}, not the compiled "
+                "step (still being built, turned off, or not for this model): decode's rates are "
+                "that slower step's.",
+                "bold $text-warning",
             )
         )
     contention = turn.contention
