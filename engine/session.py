@@ -167,7 +167,6 @@ class ChatSession(Turns):
         self.info = self.info.limited_to(self._context_limit)
         self.cache = KVCache.for_model(self.info)
         self.namer = PieceNamer(self.tokenizer)
-        self.context = self.info.window
         self.stop_ids = self._stop_ids()
         self._no_ids = torch.empty(0, dtype=torch.long, device=self.device)
         self.fast = None
@@ -178,6 +177,11 @@ class ChatSession(Turns):
             self.fast = fused.for_model(self.model, compiled=self.compile_wanted)
             if self.compile_wanted:
                 self.compiled = compiled_decode(self.fast, self.info)
+
+    @property
+    def context(self) -> int:
+        """The window a conversation must fit: `--context`'s, else the model's (`info.window`)."""
+        return self.info.window
 
     def set_cache_precision(self, precision: str) -> str:
         """Keep the KV cache at `precision` from the next turn (ValueError, with the reason, where

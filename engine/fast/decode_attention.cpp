@@ -148,9 +148,9 @@ void block_values(const float* scores, int64_t G, int64_t D, const T* values, co
 // (rows contiguous; heads may be strided, e.g. views of a larger buffer) with positions
 // 0..position valid, stored as float32, bfloat16, float16, or int8 with one float32 scale per
 // row (ks, vs [H, C]: token t of head h is k[h, t] * ks[h, t]). Each (head, block of at most
-// kBlock keys; a head's blocks of equal length) is one task on torch's thread pool (on the calling thread alone for a short cache): scores, a
-// softmax local to the block and a partial output; the partials are then merged with their
-// max-and-sum weights (flash-decoding). K and V are each read once, as stored: a row is widened
+// kBlock keys; a head's blocks of equal length) is one task on torch's thread pool (on the
+// calling thread alone for a short cache): scores, a softmax local to the block and a partial
+// output; the partials are then merged with their max-and-sum weights (flash-decoding). K and V are each read once, as stored: a row is widened
 // to float32 once (into vector registers, or a buffer of D floats) and the G query heads then
 // share it, and an int8 row's scale multiplies its dot product (K) or its softmax weight (V),
 // never the row, so no dequantized copy of the cache is ever made.
