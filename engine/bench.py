@@ -223,10 +223,10 @@ def measure_step(
     session = _greedy(loaded, new_tokens, compile)
     with torch.inference_mode():
         started = time.perf_counter()
-        session._forward(ids)
+        session.forward(ids)
         times = [time.perf_counter()]
         for _ in range(new_tokens):
-            session._forward(ids[-1:])  # the step's cost does not depend on which token
+            session.forward(ids[-1:])  # the step's cost does not depend on which token
             times.append(time.perf_counter())
     return times[0] - started, [b - a for a, b in zip(times, times[1:])][1:]
 
@@ -391,7 +391,7 @@ def bench_kv_cache(
     ids = prompt_ids(loaded.tokenizer, context)
     with torch.inference_mode():
         for start in range(0, len(ids) - 1, 512):
-            session._forward(ids[start : min(start + 512, len(ids) - 1)])
+            session.forward(ids[start : min(start + 512, len(ids) - 1)])
     filled = session.cache
     caches = {p: filled.converted(p) for p in precisions}
     for precision in precisions if compile else ():  # each float cache's step built before any is timed

@@ -12,16 +12,18 @@ ids already in the cache, prefills only the rest, then decodes one token at a ti
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generator, Iterator
+from typing import Generator, Iterator, Protocol
 
 import torch
 
+from engine.answer_stream import AnswerStream
 from engine.contention import ContentionMeter
+from engine.conversation import Message, Turns
 from engine.detok import PieceNamer, StreamingDetokenizer
 from engine.events import (
     CacheChanged,
@@ -35,7 +37,6 @@ from engine.events import (
     PromptTokens,
     StepPaused,
     StopReason,
-    TokenSampled,
     TurnFinished,
     TurnStats,
 )
@@ -47,67 +48,24 @@ from engine.instruments.trace import AnswerTrace, forced_step
 from engine.kvcache import KVCache, cache_precision_of, cache_precision_problem, with_cache_precision
 from engine.models import LoadedModel
 from engine.sampling import Draw, Sampler, SamplingSettings
-from engine.text import utf8_problem
 
-if TYPE_CHECKING:
-    from engine.instruments.attention import AttentionProbe
-    from engine.spec.loop import Speculation
+
+class DecodeStrategy(Protocol):
+    """Another way to decode than one token a forward (engine/spec/loop.py `Speculation`), given
+    to the session; `decode` takes the arguments of `ChatSession.decode_plain`."""
+
+    @property
+    def label(self) -> str:
+        """How an answer's figures name it (TurnStats.speculative), e.g. 'lookup, K 4'."""
+        ...
+
+    def decode(
+        self, session: ChatSession, *args: object
+    ) -> Generator[Event, None, tuple[str, list[float], StopReason]]: ...
+
 
 PREFILL_CHUNK = 512
 """Prompt tokens per forward pass in prefill: bounds memory and lets progress and Esc through."""
-
-
-@dataclass(frozen=True)
-class Message:
-    role: str
-    content: str
-    trace: AnswerTrace | None = field(default=None, compare=False, repr=False)
-    """For an answer generated in this session: its steps, for the token inspector."""
-    saved_id: int | None = field(default=None, compare=False)
-    """Its id in the conversation store, once saved: trimming, forks and refusals drop it with
-    the message, so the ids of a conversation never fall out of step with its messages."""
-
-
-class Turns:
-    """Send, regenerate and edit over `messages`: the same for the local and the remote session
-    (engine/remote/session.py); each brings `messages`, `system_prompt` and `answer()`."""
-
-    messages: list[Message]
-    system_prompt: str | None
-
-    def send(self, text: str) -> Iterator[Event]:
-        """Add a user message and answer it; text no tokenizer can take is refused (Failed)."""
-        system = self.system_prompt or ""
-        problem = utf8_problem(text, "the message") or utf8_problem(system, "the system prompt")
-        if problem:
-            yield Failed(problem)
-            return
-        self.messages.append(Message("user", text))
-        yield from self.answer()
-
-    def regenerate(self) -> Iterator[Event]:
-        """Drop the last answer and answer the last user message again."""
-        while self.messages and self.messages[-1].role == "assistant":
-            self.messages.pop()
-        if not self.messages:
-            yield Failed("nothing to regenerate yet")
-            return
-        yield from self.answer()
-
-    def edit(self, index: int, text: str) -> Iterator[Event]:
-        """Replace user message `index`, forget what followed it, and answer again."""
-        if not self.is_user_message(index):
-            yield Failed(f"message {index} is not a user message")
-            return
-        del self.messages[index:]
-        yield from self.send(text)
-
-    def is_user_message(self, index: int) -> bool:
-        return 0 <= index < len(self.messages) and self.messages[index].role == "user"
-
-    def last_answer_index(self) -> int:
-        """The index of the newest answer in `messages`, -1 if there is none."""
-        return max((i for i, m in enumerate(self.messages) if m.role == "assistant"), default=-1)
 
 
 class ChatSession(Turns):
@@ -143,10 +101,8 @@ class ChatSession(Turns):
         """Step mode: when enabled, each drawn token waits for the caller's choice."""
         self.trace: AnswerTrace | None = None
         """The steps of the answer in progress, or of the last one."""
-        self.speculation: Speculation | None = None
+        self.speculation: DecodeStrategy | None = None
         """Speculative decoding (engine/spec/): off (None) keeps the plain loop below."""
-        self.attention_probe: AttentionProbe | None = None
-        """The attention view's hooks, made on first use (engine/instruments/attention.py `probe_of`)."""
         if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
             raise ValueError(f"context must be a positive number of tokens, got {context!r}")
         self._context_limit = context
@@ -338,11 +294,11 @@ class ChatSession(Turns):
             if self.cancel.is_set():
                 return None
             chunk = new_ids[start : start + PREFILL_CHUNK]
-            logits = self._forward(chunk)
+            logits = self.forward(chunk)
             yield PrefillProgress(start + len(chunk), len(new_ids))
         return logits
 
-    def _forward(self, ids: list[int], cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, ids: list[int], cache: KVCache | None = None) -> torch.Tensor:
         """One forward pass over `ids` with the cache (the chat's, or another an instrument
         fills with the very same forward: engine/instruments/context_sweep.py); the last position's logits."""
         cache = self.cache if cache is None else cache
@@ -373,21 +329,33 @@ class ChatSession(Turns):
         first: int = 0,
         detok: StreamingDetokenizer | None = None,
     ) -> Generator[Event, None, tuple[str, list[float], StopReason]]:
-        """Sample, emit, and feed tokens until a stop; returns (text, latencies, stop reason)."""
+        """Decode until a stop with the strategy in force: speculation where it is set (step mode
+        draws one token at a time, so it decodes plainly); returns (text, latencies, stop reason)."""
         self.decoded_by = self._decoding()
+        decode = self.decode_plain
         if self.speculation is not None and not self.step_gate.enabled:
-            from engine.spec import loop
+            decode = functools.partial(self.speculation.decode, self)
+        return (yield from decode(logits, prompt_ids, started, stop_at_eos, first, detok))
 
-            return (yield from loop.decode(self, logits, prompt_ids, started, stop_at_eos, first, detok))
+    def decode_plain(
+        self,
+        logits: torch.Tensor,
+        prompt_ids: list[int],
+        started: float,
+        stop_at_eos: bool,
+        first: int = 0,
+        detok: StreamingDetokenizer | None = None,
+    ) -> Generator[Event, None, tuple[str, list[float], StopReason]]:
+        """Sample, emit, and feed one token at a time until a stop."""
         sampler = Sampler(self.sampling, self.show_top_k)
         context_ids = list(prompt_ids)  # what the repetition penalty looks at
         detok = detok if detok is not None else StreamingDetokenizer(self.tokenizer)
-        out = _AnswerStream(self, detok, started)
+        out = AnswerStream(self, detok, started)
         index = first
         while True:
             draw = yield from self._draw(sampler, logits, context_ids, index, out)
             finished = stop_at_eos and draw.id in self.stop_ids
-            stop = self._stop_reason(finished, index + 1)
+            stop = self.stop_reason(finished, index + 1)
             yield out.token(index, draw, finished, stop)
             if index == first:
                 yield PhaseChanged("decode")
@@ -396,16 +364,16 @@ class ChatSession(Turns):
                 stop = "cancelled"  # held-back bytes of a split character are dropped, as never shown
             if stop:
                 return out.text(), out.latencies, stop
-            logits = self._forward([draw.id])
+            logits = self.forward([draw.id])
             context_ids.append(draw.id)
             yield self.cache_event()
 
     def _draw(
-        self, sampler: Sampler, logits: torch.Tensor, context_ids: list[int], index: int, out: _AnswerStream
+        self, sampler: Sampler, logits: torch.Tensor, context_ids: list[int], index: int, out: AnswerStream
     ) -> Generator[Event, None, Draw]:
         """The next token: sampled with the current settings, or chosen by the student in step mode."""
         sampler.settings = self.sampling
-        seen = self._seen(context_ids, sampler.settings)
+        seen = self.repetition_ids(context_ids, sampler.settings)
         draw = sampler.sample(logits, seen)
         if self.step_gate.enabled:
             draw, waited = yield from self._step(index, draw, logits, seen)
@@ -436,7 +404,7 @@ class ChatSession(Turns):
         self.paused_s += waited
         return chosen, waited
 
-    def _stop_reason(
+    def stop_reason(
         self, sampled_eos: bool, generated: int, position: int | None = None
     ) -> StopReason | None:
         if sampled_eos:
@@ -449,7 +417,7 @@ class ChatSession(Turns):
             return "context"
         return None
 
-    def _seen(self, context_ids: list[int], settings: SamplingSettings) -> torch.Tensor:
+    def repetition_ids(self, context_ids: list[int], settings: SamplingSettings) -> torch.Tensor:
         """Token ids for the repetition penalty; built only when the penalty is on."""
         if settings.repetition_penalty == 1.0:
             return self._no_ids
@@ -524,7 +492,7 @@ class ChatSession(Turns):
             return None, "step mode"
         path = "reference" if self.fast is None else "fused"
         if self.speculation is not None:  # a round's verify pass runs the eager fast path
-            return f"{self.speculation.drafter.name}, K {self.speculation.k}", path
+            return self.speculation.label, path
         if self.compiled_serves:  # not for a cache of another precision than it was built for
             path = "compiled"
         return None, path
@@ -563,47 +531,3 @@ def _percentile(values: list[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-class _AnswerStream:
-    """What the decode loop emits per token: the text so far, the latencies, the token events
-    (also kept in the answer's trace for the inspector)."""
-
-    def __init__(self, session: ChatSession, detok: StreamingDetokenizer, started: float):
-        self.session, self.detok = session, detok
-        self.steps = session.trace.steps if session.trace is not None else []
-        self.pieces: list[str] = []
-        self.latencies: list[float] = []
-        self.last = started
-
-    def waited(self, seconds: float) -> None:
-        self.last += seconds  # time spent waiting for the student is not latency
-
-    def token(
-        self, index: int, draw: Draw, finished: bool, stop: StopReason | None, position: int | None = None
-    ) -> TokenSampled:
-        text = "" if finished else self.detok.add(draw.id)
-        if stop:  # the last token carries any bytes still held back, so the stream is whole
-            text += self.detok.flush()
-        now = time.perf_counter()
-        self.latencies.append(now - self.last)
-        self.last = now
-        self.pieces.append(text)
-        session = self.session
-        event = TokenSampled(
-            index=index,
-            id=draw.id,
-            piece=session.namer.piece(draw.id),
-            text=text,
-            logprob=draw.logprob,
-            top_k=session.candidates(draw),
-            latency_s=self.latencies[-1],
-            position=len(session.cache) if position is None else position,
-            entropy=draw.entropy,
-            rank=draw.rank,
-        )
-        self.steps.append(event)
-        return event
-
-    def text(self) -> str:
-        return "".join(self.pieces)

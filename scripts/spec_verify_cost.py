@@ -23,7 +23,7 @@ def main() -> None:
     session = ChatSession(loaded, SamplingSettings(temperature=0), compile=False)
     times: dict[int, list[float]] = {n: [] for n in ROWS}
     with torch.inference_mode():
-        session._forward(list(range(100, 200)))  # 100 tokens of context
+        session.forward(list(range(100, 200)))  # 100 tokens of context
         for _ in range(5):
             for n in ROWS:
                 started = time.perf_counter()

@@ -6,7 +6,14 @@ import threading
 import pytest
 
 from engine.events import StepPaused, TokenSampled, TurnFinished
-from engine.instruments.attention import AttentionProbe, enable_and_view, enabled_view, probe_of, switch_off
+from engine.instruments.attention import (
+    AttentionProbe,
+    enable_and_view,
+    enabled_view,
+    existing_probe,
+    probe_of,
+    switch_off,
+)
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 from engine.worker import InferenceWorker
@@ -126,7 +133,7 @@ def test_the_views_calls_reach_one_probe_per_session_through_the_worker(tiny_mod
             worker.call_at_gate(lambda s: enabled_view(s, None, None))
         view = worker.call(lambda s: enable_and_view(s, 0, None)).result(60)
         assert view.layer == 0 and view.ids == tuple(session.cache.ids)
-        probe = session.attention_probe
+        probe = existing_probe(session)
         assert probe.enabled and worker.call(probe_of).result(60) is probe
         worker.call(switch_off).result(60)
         assert not probe.enabled and session.model.config._attn_implementation == "sdpa"
@@ -139,7 +146,7 @@ def test_the_views_calls_reach_one_probe_per_session_through_the_worker(tiny_mod
         session.step_gate.take()
         event = paused.get(timeout=60)
         view = worker.call_at_gate(lambda s: enabled_view(s, None, None))
-        assert len(view.ids) == event.position and session.attention_probe is probe
+        assert len(view.ids) == event.position and existing_probe(session) is probe
         session.step_gate.resume()
         assert finished.wait(60)
     finally:

@@ -5,7 +5,7 @@ import torch
 
 from engine import models
 from engine.instruments import attention_matrix
-from engine.instruments.attention import AttentionProbe, enable_and_view, kv_groups, kv_head_of, probe_of
+from engine.instruments.attention import enable_and_view, kv_groups, kv_head_of, probe_of
 from engine.instruments.attention_matrix import is_sink, layer_weights, prefill_matrix
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -107,8 +107,7 @@ def test_the_sink_share_is_the_mean_of_column_zero(tiny_loaded):
 
 def test_a_long_context_is_cut_to_its_first_rows_and_the_newest_row_stays_right(tiny_loaded, monkeypatch):
     session = answered(tiny_loaded)
-    probe = AttentionProbe(session)
-    session.attention_probe = probe
+    probe = probe_of(session)
     probe.enable()
     try:
         newest = enable_and_view(session, 0, 0)

@@ -33,6 +33,7 @@ from engine.events import (
 )
 from engine.fast import fused, kernels, matvec
 from engine.instruments import phases, precision_compare
+from engine.instruments.attention import existing_probe
 from engine.instruments.explain import explain
 from engine.instruments.phases import Calibration, ModelShape, turn_phases
 from engine.instruments.precision_compare import compare_turn
@@ -459,7 +460,7 @@ def test_attention_view_uses_eager_attention_only_while_open(tiny_model_dir, tmp
                 timeout=30,
             )
             view = app.screen.view
-            expected = await on_engine(app, lambda s: s.attention_probe.view(0, 0))
+            expected = await on_engine(app, lambda s: existing_probe(s).view(0, 0))
             assert view.weights == expected.weights and len(view.ids) == len(session.cache)
             shown = screen_text(app)
             for span in expected.spans:
@@ -479,7 +480,7 @@ def test_attention_view_uses_eager_attention_only_while_open(tiny_model_dir, tmp
             )
             await pilot.press("escape")
             await wait_for(pilot, lambda: session.model.config._attn_implementation == "sdpa", timeout=30)
-            assert session.fast is fast and not session.attention_probe.enabled
+            assert session.fast is fast and not existing_probe(session).enabled
 
     run(scenario)
 

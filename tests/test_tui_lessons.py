@@ -242,13 +242,13 @@ class WorkClock:
 
 def fixed_clock(monkeypatch) -> None:
     clock = WorkClock()
-    forward = ChatSession._forward
+    forward = ChatSession.forward
 
     def timed(self, ids, cache=None):
         clock.fed(len(ids), len(self.cache if cache is None else cache))
         return forward(self, ids, cache)
 
-    monkeypatch.setattr(ChatSession, "_forward", timed)
+    monkeypatch.setattr(ChatSession, "forward", timed)
     monkeypatch.setattr(context_sweep, "time", clock)
     monkeypatch.setattr(context_screen, "time", clock)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)

@@ -1,6 +1,6 @@
 """Which code runs a decode step now, and why: what the Phase panel and `--json` show.
 
-`ChatSession._forward` takes the compiled step once it is ready, else the eager fused fast
+`ChatSession.forward` takes the compiled step once it is ready, else the eager fused fast
 path, else the transformers forward; this says the same in words, so a projected ITL is
 never read as the compiled step's while the eager one is running.
 """

@@ -13,6 +13,7 @@ Call `enable` and `disable` on the thread that owns the model, between forward p
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -158,11 +159,20 @@ class AttentionProbe:
 
 # -- the view's calls: run them on the thread that owns the model (`engine.call`), or at the
 # -- step gate (`engine.call_at_gate`), where that thread waits between two forward passes.
+_PROBES: weakref.WeakKeyDictionary[ChatSession, AttentionProbe] = weakref.WeakKeyDictionary()
+"""Each session's probe: the instrument's state, kept here so the session need not know of it."""
+
+
 def probe_of(session: ChatSession) -> AttentionProbe:
     """The session's one probe, made when the view first opens."""
-    if session.attention_probe is None:
-        session.attention_probe = AttentionProbe(session)
-    return session.attention_probe
+    if session not in _PROBES:
+        _PROBES[session] = AttentionProbe(session)
+    return _PROBES[session]
+
+
+def existing_probe(session: ChatSession) -> AttentionProbe | None:
+    """The session's probe if the view has opened, else None."""
+    return _PROBES.get(session)
 
 
 def enabled_view(session: ChatSession, layer: int | None, head: int | None) -> AttentionView | None:
@@ -190,5 +200,6 @@ def rerun_last_pass(session: ChatSession) -> None:
 
 def switch_off(session: ChatSession) -> None:
     """Back to the model's own attention and the session's fast path (nothing if the view never opened)."""
-    if session.attention_probe is not None:
-        session.attention_probe.disable()
+    probe = existing_probe(session)
+    if probe is not None:
+        probe.disable()

@@ -25,6 +25,7 @@ from engine.instruments.attention import (
     AttentionView,
     SpanWeight,
     attention_modules,
+    existing_probe,
     kv_head_of,
     probe_of,
 )
@@ -124,7 +125,7 @@ def layer_weights(session: ChatSession, ids: tuple[int, ...], layer: int) -> tor
         kept["weights"] = output[1][0].detach().float().cpu()
         raise _Stop
 
-    probe = session.attention_probe
+    probe = existing_probe(session)
     previous = model.config._attn_implementation
     hook = modules[layer].register_forward_hook(keep)
     try:

@@ -1,7 +1,7 @@
 """Context length is not free: prefill n tokens and decode at context n, for n = 16, 32, ... 2,048.
 
 Each size is one point, measured on the inference thread with the chat's own forward
-(`ChatSession._forward`: the eager fast path for prefill; decode on the compiled step once it
+(`ChatSession.forward`: the eager fast path for prefill; decode on the compiled step once it
 is ready, else the eager fast path) into a cache of its own, so the chat's cache and turn stay
 exactly as they were:
 
@@ -216,8 +216,8 @@ class ContextSweep:
         """One small untimed prefill and step the first time (thread pools, first-call allocations),
         then room in the cache's buffers for the whole point: growing them would be timed."""
         if not _initialized(cache):
-            logits = session._forward(self._prompt[:SMALLEST], cache)
-            session._forward([int(torch.argmax(logits))], cache)
+            logits = session.forward(self._prompt[:SMALLEST], cache)
+            session.forward([int(torch.argmax(logits))], cache)
         cache.clear()
         for layer in cache.layers:
             layer.buffers_with_room(len(self._prompt) + self.steps + 1)
@@ -233,7 +233,7 @@ class ContextSweep:
         for start in range(0, len(prompt), PREFILL_CHUNK):
             if cancel.is_set():
                 return 0.0, None
-            logits = session._forward(prompt[start : start + PREFILL_CHUNK], cache)
+            logits = session.forward(prompt[start : start + PREFILL_CHUNK], cache)
         first = int(torch.argmax(logits))  # reading the value waits for the device
         return time.perf_counter() - started, first
 
@@ -246,7 +246,7 @@ class ContextSweep:
             if cancel.is_set():
                 return None
             started = time.perf_counter()
-            token = int(torch.argmax(session._forward([token], cache)))
+            token = int(torch.argmax(session.forward([token], cache)))
             itls.append(time.perf_counter() - started)
         return itls
 

@@ -19,13 +19,13 @@ from collections.abc import Sequence, Set
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from engine.conversation import Message
     from engine.detok import PieceNamer
     from engine.events import ModelInfo
     from engine.instruments.stepping import StepGate
     from engine.instruments.trace import AnswerTrace
     from engine.models import LoadedModel
     from engine.sampling import SamplingSettings
-    from engine.session import Message
 
 
 class SessionView(Protocol):

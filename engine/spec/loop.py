@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Generator, Protocol
 
 import torch
 
+from engine.answer_stream import AnswerStream
 from engine.detok import StreamingDetokenizer
 from engine.events import DraftRound, Event, PhaseChanged, StopReason
 from engine.sampling import Draw, Sampler
@@ -68,8 +69,19 @@ class Speculation:
     def __post_init__(self) -> None:
         check_draft_tokens(self.k)
 
+    @property
+    def label(self) -> str:
+        return f"{self.drafter.name}, K {self.k}"
 
-def decode(
+    def decode(
+        self, session: ChatSession, *args
+    ) -> Generator[Event, None, tuple[str, list[float], StopReason]]:
+        """The session's decode strategy while this setting is on (ChatSession._decode chooses)."""
+        return speculative_decode(self, session, *args)
+
+
+def speculative_decode(
+    spec: Speculation,
     session: ChatSession,
     logits: torch.Tensor,
     prompt_ids: list[int],
@@ -78,22 +90,19 @@ def decode(
     first: int,
     detok: StreamingDetokenizer | None,
 ) -> Generator[Event, None, tuple[str, list[float], StopReason]]:
-    """Speculative `ChatSession._decode`: the same tokens (temperature 0) or distribution, in rounds."""
-    from engine.session import _AnswerStream
-
-    spec = session.speculation
+    """Speculative `ChatSession.decode_plain`: the same tokens (temperature 0) or distribution, in rounds."""
     spec.stats = SpecStats()
     sampler = Sampler(session.sampling, session.show_top_k)
     context = list(prompt_ids)
     detok = detok if detok is not None else StreamingDetokenizer(session.tokenizer)
-    out = _AnswerStream(session, detok, started)
+    out = AnswerStream(session, detok, started)
     index = first
-    draws = [sampler.sample(logits, session._seen(context, session.sampling))]
+    draws = [sampler.sample(logits, session.repetition_ids(context, session.sampling))]
     while True:
         for draw in draws:
             position = len(context)  # where plain decoding would have this token
             finished = stop_at_eos and draw.id in session.stop_ids
-            stop = session._stop_reason(finished, index + 1, position)
+            stop = session.stop_reason(finished, index + 1, position)
             yield out.token(index, draw, finished, stop, position)
             if index == first:
                 yield PhaseChanged("decode")
@@ -119,7 +128,9 @@ def _round(
     base = len(context) - 1  # the cache holds all but the last emitted token
     fed = [context[-1], *drafts.ids]
     scores = forward_all(session, fed)
-    accepted, draws = verify(sampler, scores, drafts, lambda kept: session._seen(context + kept, settings))
+    accepted, draws = verify(
+        sampler, scores, drafts, lambda kept: session.repetition_ids(context + kept, settings)
+    )
     session.cache.crop(base + 1 + accepted)
     t2 = time.perf_counter()
     s = spec.stats
