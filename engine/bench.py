@@ -26,19 +26,9 @@ from engine.fast import compiled as compiled_module
 from engine.fast import fused
 from engine.kvcache import CACHE_PRECISIONS, with_cache_precision
 from engine.models import LoadedModel, weights_read_per_token
+from engine.prompts import FILLER, QUESTIONS
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession, Message
-
-FILLER = (
-    "The history of computing is a story of abstraction layered on abstraction, from switches and "
-    "vacuum tubes to transistors, integrated circuits, operating systems, compilers and networks. "
-)
-QUESTIONS = (
-    "What is the capital of France?",
-    "Name three rivers in Europe.",
-    "Why is the sky blue? Answer briefly.",
-    "What is two plus two?",
-)
 
 Report = Callable[[str], None]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from engine.kvcache import PreallocatedLayer
+from engine.kvcache_layers import PreallocatedLayer
 
 
 class BridgeLayer(DynamicLayer):

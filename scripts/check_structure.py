@@ -118,9 +118,8 @@ def check(report: bool) -> list[str]:
         sizes = sorted(size for size, _, _ in lengths)
         p90 = sizes[int(0.9 * (len(sizes) - 1))]
         if report:
-            print(
-                f"{top}: {len(sizes)} functions, median {statistics.median(sizes):g}, p90 {p90}, max {sizes[-1]}"
-            )
+            median = statistics.median(sizes)
+            print(f"{top}: {len(sizes)} functions, median {median:g}, p90 {p90}, max {sizes[-1]}")
         if p90 > limit:
             problems.append(f"{top}/: p90 function length {p90} lines (target ≤ {limit})")
         for name, path in found.items():

@@ -12,7 +12,7 @@ import torch
 from engine import models
 from engine.events import TokenSampled
 from engine.fast import compiled, gemm, matvec, steps
-from engine.kvcache import PreallocatedLayer
+from engine.kvcache_layers import PreallocatedLayer
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 

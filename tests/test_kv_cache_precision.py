@@ -17,7 +17,8 @@ from engine.events import CachePrecisionChanged, Failed, ModelReady, PhaseChange
 from engine.fast import attention, kernels
 from engine.instruments import kv_budget
 from engine.instruments.precision_compare import compare_kv_cache
-from engine.kvcache import CACHE_PRECISIONS, KVCache, QuantizedLayer, dequantize, quantize
+from engine.kvcache import CACHE_PRECISIONS, KVCache
+from engine.kvcache_layers import QuantizedLayer, dequantize, quantize
 from engine.sampling import SamplingSettings
 from engine.saved.cache_file import load_cache, save_cache
 from engine.session import ChatSession

@@ -5,7 +5,8 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from engine import models
-from engine.kvcache import KVCache, PreallocatedLayer, common_prefix
+from engine.kvcache import KVCache, common_prefix
+from engine.kvcache_layers import PreallocatedLayer
 
 PROMPT = [1, 87, 85, 267, 201, 262, 78, 78, 81, 2, 201, 1, 67, 85]
 

@@ -122,3 +122,11 @@ def sparkline(values: Sequence[float], width: int) -> str:
 SLOWER_STEPS = {"fused": "eager step", "reference": "HF forward"}
 """A turn decoded on a slower step than the compiled one says which beside its speed (the
 eager step serves while the compiled one builds, or for a model it cannot compile)."""
+
+
+def si(value: float, unit: str) -> str:
+    """1.2e9 -> '1.20 G' + unit."""
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.2f} {prefix}{unit}"
+    return f"{value:.2f} {unit}"

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.fast import attention, gemm, matvec, pages
-from engine.kvcache import KVCache, QuantizedKV, quantize
+from engine.kvcache import KVCache
+from engine.kvcache_layers import QuantizedKV, quantize
 from engine.quant.int8 import Int8Linear
 from engine.quant.precision import cpu_matmul_native
 from engine.quant.w8 import W8Linear

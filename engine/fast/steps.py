@@ -32,7 +32,7 @@ import torch
 
 from engine.fast import matvec
 from engine.fast.fused import FastLlama
-from engine.kvcache import SCALE_DTYPE, PreallocatedLayer
+from engine.kvcache_layers import SCALE_DTYPE, PreallocatedLayer
 
 KINDS = ("regional", "whole")
 """In the order the background build makes them: quick to compile first, fastest second."""

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import statistics
 
-from engine.bench import FILLER
 from engine.events import TurnFinished, TurnStats
 from engine.models import LoadedModel
+from engine.prompts import FILLER
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 from engine.spec.loop import SpecStats, Speculation, make_speculation

@@ -28,7 +28,7 @@ from engine.instruments.phases import (
     turn_phases,
 )
 from engine.instruments.verify_cost import measured_rounds
-from tui.fmt import SLOWER_STEPS, human_bytes, ms
+from tui.fmt import SLOWER_STEPS, human_bytes, ms, si
 from tui.screens.instrument import InstrumentScreen
 from tui.screens.phases_verify import verify_lines
 
@@ -37,14 +37,6 @@ if TYPE_CHECKING:
 
 SCALE = (0.1, 10_000.0)
 """FLOPs per byte at the two ends of the intensity axis (log scale)."""
-
-
-def si(value: float, unit: str) -> str:
-    """1.2e9 -> '1.20 G' + unit."""
-    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.2f} {prefix}{unit}"
-    return f"{value:.2f} {unit}"
 
 
 def axis_column(intensity: float, width: int) -> int:

@@ -13,7 +13,7 @@ from engine.events import TurnStats
 from engine.instruments.phases import ModelShape
 from engine.instruments.verify_cost import MeasuredRounds, verify_cost
 from engine.spec.speedup import PlainRun
-from tui.fmt import human_bytes, ms
+from tui.fmt import human_bytes, ms, si
 
 WIDTH = 26
 
@@ -30,8 +30,6 @@ def verify_lines(
     plain: PlainRun | None,
 ) -> list[Content]:
     """The verify pass of the measured K (else the setting's) at the last turn's mean context."""
-    from tui.screens.phases import si  # the phases screen's number format; imported late: it imports us
-
     k = rounds.k if rounds is not None else k
     context = stats.prompt_tokens + stats.generated_tokens // 2 if stats and stats.prompt_tokens else 0
     cost = verify_cost(shape, k, context)
