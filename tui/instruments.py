@@ -42,6 +42,13 @@ class Instrument:
     title: str
     help: str
     """One line for the command palette."""
+    guide: str
+    """Its row in F1 help (Markdown)."""
+    screen: str | None
+    """Its screen as `module:Class`, taking `(link, step=None, answer=None)`; None for step mode,
+    whose key toggles the gate (the gate opens `StepScreen` when it pauses)."""
+    remote: bool = False
+    """It works from what a server sent (the rest need the weights or the decode loop)."""
 
 
 INSTRUMENTS = (
@@ -51,6 +58,10 @@ INSTRUMENTS = (
         "Inspect",
         "Token inspector",
         "Every step of an answer: ID, bytes, logprob, rank, entropy, KV slot, alternatives; fork from one",
+        "token inspector: every step of any answer (←→, or click a chip in Tokens); **f** forks from "
+        "the highlighted alternative",
+        "tui.screens.inspector:InspectorScreen",
+        remote=True,
     ),
     Instrument(
         "step",
@@ -58,6 +69,9 @@ INSTRUMENTS = (
         "Step mode",
         "Step mode (toggle)",
         "Pause before each token and choose it: sampled, greedy or any alternative",
+        "step mode on/off: each token waits; **s** sampled, **g** greedy, **1–9** an alternative, **r** "
+        "resume",
+        None,
     ),
     Instrument(
         "stages",
@@ -65,6 +79,8 @@ INSTRUMENTS = (
         "Stages",
         "Sampler stages",
         "How penalty, temperature, top-k, top-p and min-p reshape one step's distribution",
+        "sampler stages: how penalty, temperature, top-k, top-p, min-p reshape the step's distribution",
+        "tui.screens.stages:StagesScreen",
     ),
     Instrument(
         "tokenizer",
@@ -73,6 +89,9 @@ INSTRUMENTS = (
         "Tokenizer view",
         "Prompt and answer as pieces with IDs, the chat template, cached vs new; "
         "compare the cost of two texts",
+        "tokenizer view: pieces and IDs, chat template, cached vs new; compare the cost of two texts",
+        "tui.screens.tokenizer:TokenizerScreen",
+        remote=True,
     ),
     Instrument(
         "phases",
@@ -80,6 +99,8 @@ INSTRUMENTS = (
         "Phases",
         "Two phases, measured",
         "Prefill vs decode: FLOP/s, bytes/s and arithmetic intensity against this machine's peaks",
+        "two phases measured: FLOP/s, bytes/s, arithmetic intensity against this machine's peaks",
+        "tui.screens.phases:PhasesScreen",
     ),
     Instrument(
         "attention",
@@ -87,6 +108,9 @@ INSTRUMENTS = (
         "Attention",
         "Attention view",
         "Where the newest token looks, per layer and head, summed per message (slows decoding while open)",
+        "attention view by layer and head, query heads grouped under their K/V head; **m** the whole "
+        "prompt's causal matrix, ↑↓ choose the query row (slows decoding while open)",
+        "tui.screens.attention:AttentionScreen",
     ),
     Instrument(
         "precision",
@@ -94,6 +118,8 @@ INSTRUMENTS = (
         "Precision",
         "Precision compare",
         "The last turn at two precisions: top-1 agreement, KL, first divergent token, speed and memory",
+        "precision compare: the last turn at two precisions",
+        "tui.screens.precision:PrecisionScreen",
     ),
     Instrument(
         "lab",
@@ -101,6 +127,8 @@ INSTRUMENTS = (
         "Lab",
         "Serving lab",
         "Continuous batching over a paged KV cache: three policies on one workload, a decode sweep over B",
+        "serving lab: continuous batching over a paged KV cache, three policies and a decode sweep",
+        "tui.screens.lab:LabScreen",
     ),
 )
 LESSONS = (
@@ -110,6 +138,9 @@ LESSONS = (
         "Context",
         "Context length is not free",
         "Prefill and decode at 16 ... 2,048 tokens: TTFT, ITL and when the KV cache outweighs the weights",
+        "context length is not free: TTFT and ITL measured at 16 … 2,048 tokens, and when the KV cache "
+        "outweighs the weights",
+        "tui.screens.context:ContextScreen",
     ),
     Instrument(
         "embeddings",
@@ -117,12 +148,13 @@ LESSONS = (
         "Embeddings",
         "Embeddings",
         "A token's embedding row: its norm, its nearest tokens by cosine, and what RoPE does to it",
+        "embeddings: the token's embedding row, its nearest tokens, what RoPE does to it",
+        "tui.screens.embeddings:EmbeddingsScreen",
     ),
 )
 """Views without an F-key of their own: opened from another instrument (`key` says where) or Ctrl+P."""
 BY_NAME = {i.name: i for i in INSTRUMENTS + LESSONS}
-REMOTE = {"inspector", "tokenizer"}
-"""Instruments that work from what a server sent (the rest need the weights or the decode loop)."""
+REMOTE = {i.name for i in INSTRUMENTS + LESSONS if i.remote}
 SHOWN: set[str] = set()
 """Instruments whose key the main footer shows (the 80-column footer is full: all are in
 F1 help and Ctrl+P)."""
@@ -134,19 +166,19 @@ INSTRUMENT_BINDINGS = [
 ]
 
 
-SCREENS = {
-    "inspector": ("tui.screens.inspector", "InspectorScreen"),
-    "stages": ("tui.screens.stages", "StagesScreen"),
-    "tokenizer": ("tui.screens.tokenizer", "TokenizerScreen"),
-    "phases": ("tui.screens.phases", "PhasesScreen"),
-    "attention": ("tui.screens.attention", "AttentionScreen"),
-    "precision": ("tui.screens.precision", "PrecisionScreen"),
-    "context": ("tui.screens.context", "ContextScreen"),
-    "embeddings": ("tui.screens.embeddings", "EmbeddingsScreen"),
-    "lab": ("tui.screens.lab", "LabScreen"),
-}
-"""Each instrument's screen: module and class, each taking `(link, step=None, answer=None)`.
-Step mode has none: its key toggles the gate, and the gate opens `StepScreen` when it pauses."""
+SCREENS = {i.name: tuple(i.screen.split(":")) for i in INSTRUMENTS + LESSONS if i.screen}
+
+
+def help_table() -> str:
+    """F1 help's table of the instruments, from their records."""
+    rows = [f"| {_key_markdown(i.key)} | {i.guide} |" for i in INSTRUMENTS + LESSONS]
+    return "\n".join(["| Key | Instrument |", "|---|---|", *rows])
+
+
+def _key_markdown(key: str) -> str:
+    """`f2` -> **F2**; `x in F6` -> **x** in F6."""
+    first, _, rest = key.partition(" ")
+    return f"**{first.upper() if first.startswith('f') else first}**" + (f" {rest}" if rest else "")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Markdown, Static
 
 from engine.instruments.explain import explain
+from tui.instruments import help_table
 from tui.widgets.explanation import explanation_content
 from tui.widgets.token_stream import NEW, REUSED, legend
 
@@ -48,24 +49,9 @@ HELP = """\
   or prefilled now, then each generated token with its ID, coloured by its probability.
   The colours, as this theme draws them:
 """
-INSTRUMENTS = """\
+INSTRUMENTS = f"""\
 ## Instruments (each also in Ctrl+P; **?** inside one opens its explanation, Esc closes it)
-| Key | Instrument |
-|---|---|
-| **F2** | token inspector: every step of any answer (←→, or click a chip in Tokens); \
-**f** forks from the highlighted alternative |
-| **F3** | step mode on/off: each token waits; **s** sampled, **g** greedy, **1–9** an alternative, \
-**r** resume |
-| **F4** | sampler stages: how penalty, temperature, top-k, top-p, min-p reshape the step's distribution |
-| **F5** | tokenizer view: pieces and IDs, chat template, cached vs new; compare the cost of two texts |
-| **F6** | two phases measured: FLOP/s, bytes/s, arithmetic intensity against this machine's peaks |
-| **F7** | attention view by layer and head, query heads grouped under their K/V head; **m** the whole \
-prompt's causal matrix, ↑↓ choose the query row (slows decoding while open) |
-| **F8** | precision compare: the last turn at two precisions |
-| **F9** | serving lab: continuous batching over a paged KV cache, three policies and a decode sweep |
-| **x** in F6 | context length is not free: TTFT and ITL measured at 16 … 2,048 tokens, \
-and when the KV cache outweighs the weights |
-| **e** in F2 | embeddings: the token's embedding row, its nearest tokens, what RoPE does to it |
+{help_table()}
 
 Press **Esc** to close.
 """
