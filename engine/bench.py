@@ -102,7 +102,7 @@ class PrecisionResult:
     long_context: dict = field(default_factory=dict)
     quality: dict = field(default_factory=dict)
     speculative: dict = field(default_factory=dict)
-    """Speculative against plain decoding (engine/spec/bench.py), when asked for."""
+    """Speculative against plain decoding (engine/speculative/bench.py), when asked for."""
     kv_cache: dict = field(default_factory=dict)
     """Per KV cache precision: bytes per token, bytes a step reads and ITL at long context."""
     contention: dict = field(default_factory=dict)
@@ -617,7 +617,7 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
                 loaded, config.long_context, result.read_bytes_per_token, compile=use_compiled
             )
         if config.speculative:
-            from engine.spec.bench import bench_speculative
+            from engine.speculative.bench import bench_speculative
 
             report(f"[{precision}] speculative ({config.speculative}, K={config.draft_tokens}) against plain")
             result.speculative = bench_speculative(

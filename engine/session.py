@@ -51,7 +51,7 @@ from engine.sampling import Draw, Sampler, SamplingSettings
 
 
 class DecodeStrategy(Protocol):
-    """Another way to decode than one token a forward (engine/spec/loop.py `Speculation`), given
+    """Another way to decode than one token a forward (engine/speculative/loop.py `Speculation`), given
     to the session; `decode` takes the arguments of `ChatSession.decode_plain`."""
 
     @property
@@ -102,7 +102,7 @@ class ChatSession(Turns):
         self.trace: AnswerTrace | None = None
         """The steps of the answer in progress, or of the last one."""
         self.speculation: DecodeStrategy | None = None
-        """Speculative decoding (engine/spec/): off (None) keeps the plain loop below."""
+        """Speculative decoding (engine/speculative/): off (None) keeps the plain loop below."""
         if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
             raise ValueError(f"context must be a positive number of tokens, got {context!r}")
         self._context_limit = context

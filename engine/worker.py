@@ -190,7 +190,7 @@ class InferenceWorker:
         self.commands.put(Send(text))
 
     def set_speculation(self, choice: str | None, k: int = 4) -> None:
-        """Speculative decoding from the next answer on (engine/spec/); None turns it off."""
+        """Speculative decoding from the next answer on (engine/speculative/); None turns it off."""
         self.commands.put(SetSpeculation(choice, k))
 
     def set_cache_precision(self, precision: str) -> None:
@@ -327,7 +327,7 @@ class InferenceWorker:
 
     def _set_speculation(self, command: SetSpeculation) -> Iterator[Event]:
         """A setting that cannot be used says why; the previous one stays."""
-        from engine.spec.loop import make_speculation
+        from engine.speculative.loop import make_speculation
 
         if not isinstance(self.session, ChatSession):  # a server decides how it decodes
             yield Failed("speculative decoding needs the local engine, not a server")

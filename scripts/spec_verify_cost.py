@@ -13,7 +13,7 @@ import torch
 from engine import models
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
-from engine.spec.loop import forward_all
+from engine.speculative.loop import forward_all
 
 ROWS = (1, 2, 3, 5, 9)
 

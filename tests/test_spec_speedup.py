@@ -13,9 +13,9 @@ from engine.instruments.phases import ModelShape, turn_phases
 from engine.instruments.verify_cost import measured_rounds, verify_cost
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
-from engine.spec.drafters import PromptLookup
-from engine.spec.loop import Speculation
-from engine.spec.speedup import PlainBaseline
+from engine.speculative.drafters import PromptLookup
+from engine.speculative.loop import Speculation
+from engine.speculative.speedup import PlainBaseline
 from tests.test_speculative import PROMPTS
 from tests.test_tui_model import WIDE, Recorder, turns_done
 from tests.tui_fakes import real_tiny_app
@@ -161,7 +161,7 @@ def test_the_app_shows_the_speed_up_and_f6_the_verify_pass(tiny_model_dir, tmp_p
 
 
 def test_bench_speculative_reports_a_plain_step_beside_the_verify_round(tiny_loaded):
-    from engine.spec.bench import bench_speculative
+    from engine.speculative.bench import bench_speculative
 
     result = bench_speculative(tiny_loaded, "lookup", 4, tokens=12, repeats=1, compile=False)
     assert result["identical"]

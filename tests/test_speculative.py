@@ -1,4 +1,4 @@
-"""Speculative decoding (engine/spec/): same answers as plain decoding at temperature 0, the model's
+"""Speculative decoding (engine/speculative/): same answers as plain decoding at temperature 0, the model's
 own distribution above it, and the draft events."""
 
 import pytest
@@ -8,9 +8,9 @@ from engine import models
 from engine.events import CacheChanged, DraftRound, TokenSampled, to_json
 from engine.sampling import Sampler, SamplingSettings
 from engine.session import ChatSession
-from engine.spec.drafters import DraftModel, Drafts, PromptLookup, check_draft_tokens, lookup
-from engine.spec.loop import Speculation
-from engine.spec.verify import verify
+from engine.speculative.drafters import DraftModel, Drafts, PromptLookup, check_draft_tokens, lookup
+from engine.speculative.loop import Speculation
+from engine.speculative.verify import verify
 from tests.tiny import build_tiny_model
 
 TEXT = "the cat sat on the mat. the dog sat on the log. the cat saw the dog and the dog saw the cat."

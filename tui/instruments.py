@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterable
 from textual.binding import Binding
 
 from engine.events import DraftRound, Event, Forked, PhaseChanged, StepPaused, TurnFinished, TurnStats
-from engine.spec.speedup import PlainBaseline, SpeedUp
+from engine.speculative.speedup import PlainBaseline, SpeedUp
 
 if TYPE_CHECKING:
     from textual.app import SystemCommand

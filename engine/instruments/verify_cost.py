@@ -1,6 +1,6 @@
 """Why speculative decoding pays: a verify pass over K+1 tokens moves about one decode step's bytes.
 
-A round feeds [the last token, K drafts] in one forward pass over the cache (engine/spec/loop.py),
+A round feeds [the last token, K drafts] in one forward pass over the cache (engine/speculative/loop.py),
 keeping the logits of every position (each draft is checked against the model's distribution
 before it). Counted as engine/instruments/phases.py counts a phase, at context c:
 

@@ -90,7 +90,7 @@ def speculation_for(choice: str, k: int, loaded, as_json: bool):
         return None
     from engine.models import ModelError
     from engine.quant.precision import PrecisionError
-    from engine.spec.loop import make_speculation
+    from engine.speculative.loop import make_speculation
 
     try:
         return make_speculation(choice, k, loaded)

@@ -12,7 +12,7 @@ from textual.content import Content
 from engine.events import TurnStats
 from engine.instruments.phases import ModelShape
 from engine.instruments.verify_cost import MeasuredRounds, verify_cost
-from engine.spec.speedup import PlainRun
+from engine.speculative.speedup import PlainRun
 from tui.fmt import human_bytes, ms, si
 
 WIDTH = 26

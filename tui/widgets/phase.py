@@ -15,7 +15,7 @@ from textual.timer import Timer
 from textual.widget import Widget
 
 from engine.events import DecodeStep, DraftRound, PhaseChanged, PrefillProgress, TokenSampled, TurnStats
-from engine.spec.speedup import SpeedUp
+from engine.speculative.speedup import SpeedUp
 from tui.fmt import count, ms, sparkline
 
 BADGES = {

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from engine.sampling import Draw, Sampler
-from engine.spec.drafters import Drafts
+from engine.speculative.drafters import Drafts
 
 Seen = Callable[[list[int]], torch.Tensor]
 """The ids the repetition penalty looks at, given the drafted ids kept so far."""

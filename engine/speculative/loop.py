@@ -3,7 +3,7 @@
     x = the last token emitted (not yet fed)
     round: drafts = drafter(context, K)               -> draft time
            logits = forward([x, *drafts])             -> one pass over the cache: verify time
-           kept, draws = verify(logits, drafts)       (engine/spec/verify.py)
+           kept, draws = verify(logits, drafts)       (engine/speculative/verify.py)
            cache.crop(to x and the kept drafts)       the rejected drafts' K/V go
            emit the kept drafts and the correction, one `token` event each, as plain would
 
@@ -23,8 +23,8 @@ from engine.answer_stream import AnswerStream
 from engine.detok import StreamingDetokenizer
 from engine.events import DraftRound, Event, PhaseChanged, StopReason
 from engine.sampling import Draw, Sampler
-from engine.spec.drafters import Drafts, check_draft_tokens
-from engine.spec.verify import verify
+from engine.speculative.drafters import Drafts, check_draft_tokens
+from engine.speculative.verify import verify
 
 if TYPE_CHECKING:
     from engine.session import ChatSession
@@ -171,7 +171,7 @@ def make_speculation(choice: str, k: int, target, progress=None) -> Speculation:
     target's device, at w8 on a CPU (the cheap copy) or the target's precision on a GPU.
     Raises ValueError (bad K, another tokenizer) or the loader's one-line errors."""
     from engine import models
-    from engine.spec.drafters import DraftModel, PromptLookup
+    from engine.speculative.drafters import DraftModel, PromptLookup
 
     check_draft_tokens(k)
     if choice == "lookup":

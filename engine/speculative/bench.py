@@ -13,7 +13,7 @@ from engine.models import LoadedModel
 from engine.prompts import FILLER
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
-from engine.spec.loop import SpecStats, Speculation, make_speculation
+from engine.speculative.loop import SpecStats, Speculation, make_speculation
 
 PROMPTS = (
     ("repeat", "Repeat this text exactly, word for word:\n\n" + (FILLER * 2).strip()),
