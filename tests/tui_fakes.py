@@ -33,7 +33,7 @@ from engine.events import (
 )
 
 COMPILE_OFF = DecodeStep("eager", "SDPA", "off", "compile off: --no-compile / LLMCHAT_COMPILE=0")
-"""What the worker says after a load in tests (LLMCHAT_COMPILE=0), as engine/fast/which.py words it."""
+"""What the worker says after a load in tests (LLMCHAT_COMPILE=0), as engine/fast/step_path.py words it."""
 
 INFO = ModelInfo(
     spec="fake-135m",

@@ -109,7 +109,7 @@ _IGNORED = object()
 
 def _checked(key: str, value: Any) -> tuple[Any, list[str]]:
     """The value to use for config key `key` (_IGNORED: the default) and what is wrong in it."""
-    from engine.text import utf8_problem  # torch-free
+    from engine.utf8 import utf8_problem  # torch-free
 
     if key == "sampling":
         if not isinstance(value, dict):

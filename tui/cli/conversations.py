@@ -17,7 +17,7 @@ from typing import NoReturn, Optional
 import typer
 
 from engine.saved.store import ConversationSummary, SearchHit, Store, StoreError
-from engine.text import utf8_problem
+from engine.utf8 import utf8_problem
 from tui.fmt import visible_controls
 
 conversations_app = typer.Typer(

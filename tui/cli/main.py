@@ -26,9 +26,7 @@ app.add_typer(lab_app, name="lab")
 ModelOpt = typer.Option(
     DEFAULT_MODEL, "--model", "-m", help="smollm2-135m, an HF model directory, a .gguf file or a hub id."
 )
-PrecisionOpt = typer.Option(
-    "fp32", "--precision", "-p", help=precision_help() + "."
-)
+PrecisionOpt = typer.Option("fp32", "--precision", "-p", help=precision_help() + ".")
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu or cuda.")
 TemperatureOpt = typer.Option(None, "--temperature", "-t", help="0 is greedy.")
 TopKOpt = typer.Option(None, "--top-k", help="Keep the k most probable tokens (0 = all).")
@@ -106,7 +104,7 @@ def check_context(context: int | None) -> None:
 
 def text_problem(system: str | None, prompts: list[str] = ()) -> str | None:
     """Why the system prompt or a prompt cannot be sent (not UTF-8: bytes from argv), or None."""
-    from engine.text import utf8_problem
+    from engine.utf8 import utf8_problem
 
     named = [(system, "--system")] if system is not None else []
     single = len(prompts) == 1
@@ -341,7 +339,7 @@ def ask(
         )
     emit(ModelReady(session.info))
     if server is None and as_json:
-        from engine.fast.which import decode_step
+        from engine.fast.step_path import decode_step
 
         emit(decode_step(session, off=ASK_DECODES))
     if speculative is not None:
