@@ -8,12 +8,17 @@ once into a cached HF directory, so later starts take about a second instead of 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import functools
 import hashlib
 import importlib.metadata
+import json
 import logging
+import math
 import os
 import re
 import shutil
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -114,11 +119,17 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
     if (target / "config.json").is_file():
         _drop_older_conversions(gguf, target)
         return target
+    check_writable(target.parent)  # before the ~30 s read, not after it
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     progress("first start: reading the GGUF tokenizer (one-time)", 0.05)
-    os.environ["TQDM_DISABLE"] = "1"  # gguf's dequantizer draws its own progress bar on stderr
+    # transformers' GGUF reader draws a tqdm bar on stderr (over the app's screen); tqdm reads
+    # TQDM_DISABLE when it is imported, so the reader's own name for it is the one to quiet.
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+
+    bar = gguf_reader.tqdm
+    gguf_reader.tqdm = functools.partial(bar, disable=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         progress("first start: dequantizing the GGUF weights (one-time, ~30 s)", 0.25)
@@ -126,20 +137,25 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
             str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
         )
     except Exception as e:  # gguf raises many types for a damaged file
+        if out_of_memory(e):
+            raise  # `load` says so
         raise ModelError(f"cannot read GGUF {gguf}: {one_line(e)}") from None
     finally:
-        os.environ.pop("TQDM_DISABLE", None)
+        gguf_reader.tqdm = bar
     progress("first start: saving a converted copy for fast later starts", 0.6)
     # The dequantized weights are plain tensors; drop the GGUF marker so they can be saved.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    (staging / SOURCE_FILE).write_text(str(gguf.resolve()))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / SOURCE_FILE).write_text(str(gguf.resolve()))
+    except OSError as e:  # the disk filled up, or the folder became read-only meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ModelError(cannot_write(target.parent, e)) from None
     try:
         os.replace(staging, target)  # atomic: a crash never leaves a half-written model
     except OSError:
@@ -147,6 +163,23 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
     del model
     _drop_older_conversions(gguf, target)
     return target
+
+
+def check_writable(folder: Path) -> None:
+    """Raise ModelError, saying so, unless a file can be written in `folder` (made if missing): a
+    read-only cache dir was reported as "cannot read GGUF" after the whole read."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ModelError(cannot_write(folder, e)) from None
+
+
+def cannot_write(folder: Path, error: OSError) -> str:
+    """The one line for a cache `folder` that cannot be written."""
+    reason = error.strerror or one_line(error)
+    return f"cannot write the cache at {folder} ({reason}); set XDG_CACHE_HOME to a writable folder"
 
 
 SOURCE_FILE = "gguf-source.txt"
@@ -185,10 +218,22 @@ def load(
     bitsandbytes), so a Llama checkpoint on a CPU is read without transformers where
     engine/fast/checkpoint.py covers it (~2 s sooner); anything else loads as usual."""
     progress = progress or (lambda stage, fraction: None)
-    started = time.perf_counter()
     device = resolve_device(device)
     prec = precision_for(precision, device)
     source = resolve(spec)
+    try:
+        return _load(spec, source, prec, device, progress, fast_only)
+    except Exception as e:
+        if not out_of_memory(e, device):
+            raise
+        raise ModelError(not_enough_memory(source, prec)) from None
+
+
+def _load(
+    spec: str, source: ModelSource, prec: Precision, device: str, progress: Progress, fast_only: bool
+) -> LoadedModel:
+    """`load` once the spec is resolved and the precision chosen."""
+    started = time.perf_counter()
     progress(f"resolving {spec}", 0.0)
     if source.kind == "gguf":
         directory = str(convert_gguf(Path(source.location), progress))
@@ -207,6 +252,54 @@ def load(
     progress("ready", 1.0)
     info = describe(model, spec, display_name(source), prec, device, time.perf_counter() - started)
     return LoadedModel(model, tokenizer, info, prec)
+
+
+def out_of_memory(error: BaseException, device: str = "cpu") -> bool:
+    """`error` says memory ran out: a MemoryError, an mmap or allocation refused (`ulimit -v`). A
+    GPU's own out-of-memory is left to the caller, which suggests a smaller precision there."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return device == "cpu"
+    if isinstance(error, MemoryError) or (isinstance(error, OSError) and error.errno == errno.ENOMEM):
+        return True
+    text = str(error)
+    refused = "Cannot allocate memory" in text or "not enough memory" in text  # mmap; torch's allocator
+    return isinstance(error, RuntimeError) and refused
+
+
+def not_enough_memory(source: ModelSource, prec: Precision) -> str:
+    """The one line for a model that did not fit, with what its weights take at `prec`."""
+    parameters = parameters_on_disk(Path(source.location)) if source.kind != "hub" else None
+    if parameters is not None:
+        need = f" (needs ~{math.ceil(parameters * prec.bits / 8 / 2**20)} MiB)"
+    elif source.kind == "gguf":  # unreadable header: its size, a floor
+        need = f" (needs more than {math.ceil(Path(source.location).stat().st_size / 2**20)} MiB)"
+    else:
+        need = ""
+    return (
+        f"not enough memory for this model at this precision{need}: {display_name(source)} at {prec.name}; "
+        "free some memory, raise the limit (ulimit -v) or choose a smaller precision"
+    )
+
+
+def parameters_on_disk(location: Path) -> int | None:
+    """The parameters a model holds, from its files' headers alone (a GGUF, or an HF directory's
+    safetensors): what a load that ran out of memory can still say. None where unknown."""
+    try:
+        if location.is_file():
+            from gguf import GGUFReader
+
+            return sum(int(tensor.n_elements) for tensor in GGUFReader(location).tensors)
+        return sum(_safetensors_elements(file) for file in sorted(location.glob("*.safetensors"))) or None
+    except Exception:  # a header that cannot be read (or read in the memory left) says nothing
+        return None
+
+
+def _safetensors_elements(file: Path) -> int:
+    """The elements of every tensor in a safetensors file, from its JSON header."""
+    with open(file, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+    return sum(math.prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
 
 
 def _read_for_fast_path(directory: Path, prec: Precision, device: str, progress: Progress):
@@ -264,6 +357,8 @@ def _load_with_transformers(
     except ModelError:
         raise
     except OSError as e:
+        if out_of_memory(e, device):
+            raise  # `load` says so
         if offline:
             raise ModelError(
                 f"cannot fetch {spec}: the Hugging Face hub ({_hub_address()[0]}) cannot be reached "
@@ -275,6 +370,8 @@ def _load_with_transformers(
             ) from None
         raise ModelError(f"cannot load {spec}: {one_line(e)}") from None
     except Exception as e:
+        if out_of_memory(e, device):
+            raise  # `load` says so
         raise ModelError(f"cannot load {spec} at {prec.name}: {one_line(e)}") from None
     if quant is None:
         model.to(device)
@@ -438,6 +535,7 @@ def random_weights_dir(spec: str) -> Path:
     key = hashlib.sha256(config.to_json_string().encode()).hexdigest()[:16]
     target = Path(platformdirs.user_cache_dir("llmchat")) / "models" / f"random-{key}"
     if not (target / "config.json").is_file():
+        check_writable(target.parent)
         _write_random(config, target)
     return target
 

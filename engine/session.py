@@ -46,7 +46,7 @@ from engine.fast.compiled import supports as supports_compiled
 from engine.instruments.stepping import PendingStep, StepGate
 from engine.instruments.trace import AnswerTrace, forced_step
 from engine.kvcache import KVCache, cache_precision_of, cache_precision_problem, with_cache_precision
-from engine.models import LoadedModel
+from engine.models import LoadedModel, ModelError, not_enough_memory, out_of_memory, resolve
 from engine.sampling import Draw, Sampler, SamplingSettings
 
 
@@ -130,7 +130,12 @@ class ChatSession(Turns):
         self.decoded_by: tuple[str | None, str] = (None, "")
         """How the last answer was decoded (`_decoding`)."""
         if self.fast_path_wanted and fused.supports(self.model) is None:
-            self.fast = fused.for_model(self.model, compiled=self.compile_wanted)
+            try:
+                self.fast = fused.for_model(self.model, compiled=self.compile_wanted)
+            except Exception as e:  # its fused copies of the weights did not fit (`ulimit -v`)
+                if not out_of_memory(e, self.device.type):
+                    raise
+                raise ModelError(not_enough_memory(resolve(self.info.spec), self.loaded.precision)) from None
             if self.compile_wanted:
                 self.compiled = compiled_decode(self.fast, self.info)
 

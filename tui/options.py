@@ -20,6 +20,9 @@ class AppOptions:
     system: str | None = None
     context: int | None = None
     theme: str = "llmchat-dark"
+    theme_from_flag: bool = False
+    """The theme came from `--theme`, so it is saved at start; one from the config file is never
+    written back (a wrong-typed one there stays as the user wrote it)."""
     config_path: Path | None = None
     """Where the theme choice is saved; None means the user's config file."""
     cursor_blink: bool = True
@@ -71,6 +74,7 @@ def options_from(config: Config, config_path: Path | None = None, **flags: Any) 
             "api_key_env",
         )
     }
+    chosen["theme_from_flag"] = flags.get("theme") is not None
     if flags.get("read_timeout") is not None:
         chosen["read_timeout_s"] = flags["read_timeout"]
     return AppOptions(sampling=sampling, config_path=config_path, resume=flags.get("resume"), **chosen)

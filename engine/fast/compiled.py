@@ -40,7 +40,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -54,7 +53,7 @@ import torch
 
 from engine.errors import one_line
 from engine.events import ModelInfo
-from engine.fast import graphed, kernels, matvec, steps
+from engine.fast import child_sessions, graphed, kernels, matvec, steps
 from engine.fast.fused import FastLlama
 from engine.kvcache import KVCache
 from engine.quant.int8 import Int8Linear
@@ -128,6 +127,11 @@ class CompiledDecode:
         self._thread = threading.Thread(target=self._warm_up, name="llmchat-compile", daemon=True)
         _compiling[:] = [t for t in _compiling if t.is_alive()] + [self._thread]
         self._thread.start()
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped for a model no longer in use (a stopped build is started afresh when wanted)."""
+        return self._stopped
 
     def _warm_up(self) -> None:
         """`_build_steps` on this thread. An error it does not expect leaves eager serving and
@@ -376,7 +380,7 @@ def _compile_in_a_subprocess(
         # Not preexec_fn: it runs Python's at-fork hooks in the forking thread, and logging's
         # waits for its lock; with another thread inside logging (the kernel build's imports)
         # the start hung for good. The child is made lowest-priority once it exists.
-        child = subprocess.Popen(
+        child = child_sessions.start(
             _child_command(spec, precision, kind, cache_dtype),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -402,34 +406,16 @@ def _compile_in_a_subprocess(
 
 
 def _kill(child: subprocess.Popen) -> None:
-    """Kill the compile child and what it started (ninja, the C++ compiler, Inductor's workers,
-    which would go on building into the same directories), then reap it: no zombie."""
-    if child.poll() is None:  # not reaped yet: its pid is still its own
-        for pid in _descendants(child.pid):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    child.kill()
-    child.wait()
-
-
-def _descendants(pid: int) -> list[int]:
-    """The processes below `pid`, from /proc's parent ids (none where there is no /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(stat.parent.name))
-    found, below = [], children.get(pid, [])
-    while below:
-        found += below
-        below = [grandchild for child in below for grandchild in children.get(child, [])]
-    return found
+    """Kill the compile child and what it started (the C++ compiler, Inductor's workers, which
+    would go on building into the same directories): its whole session. Then reap it: no zombie."""
+    child_sessions.end(child)
 
 
 @atexit.register
 def _stop_children() -> None:
     for child in list(_children):
         _kill(child)
+    kernels.stop_builds()
 
 
 _compiling: list[threading.Thread] = []
@@ -478,10 +464,10 @@ def compiled_decode(fast: FastLlama, info: ModelInfo) -> CompiledDecode | None:
     if supports(fast, cache_dtype) is not None:
         return None
     if not _built:  # no live model has compiled code: forget that of models that are gone
-        torch._dynamo.reset()
+        torch.compiler.reset()
     built = _built.setdefault(fast, {})
     compiled = built.get(cache_dtype)
-    if compiled is None or compiled._stopped:
+    if compiled is None or compiled.stopped:
         source = (info.spec, info.precision)
         on_gpu = fast.embed.device.type == "cuda"
         compiled = built[cache_dtype] = CompiledDecode(fast, cache_dtype, source, on_gpu)
@@ -494,6 +480,7 @@ def main(spec: str, precision: str, kind: str, cache_dtype: str) -> None:
     from engine import models
     from engine.fast import fused
 
+    child_sessions.end_with_parent()  # the app was killed: nothing is left compiling
     # On one thread: the load runs beside the app's build of the step's kernel, and torch's
     # parallel loops wait at each step for the thread on the busy core (w8's load: 0.4 -> 10 s).
     # The compile keeps torch's thread count, which Inductor writes into the code it generates.

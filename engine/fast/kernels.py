@@ -18,14 +18,21 @@ removes: a build killed mid-way (a closed terminal) left it, and every later bui
 forever. So a build first takes a lock of our own (`flock`, which the OS drops when its holder
 dies); whoever holds that lock knows any `lock` file is stale and removes it. A build that
 waits longer than LOCK_WAIT_S on a live one gives up with the reason, and torch's ops serve.
+
+The build itself (torch's builder, ninja, the compilers) runs in a child process, in a session of
+its own (engine/fast/child_sessions.py): quitting the app mid-build ends all of it (`stop_builds`),
+where a build on a thread of the app's left ninja and cc1plus running after it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -36,6 +43,7 @@ import platformdirs
 import torch
 
 from engine.errors import one_line
+from engine.fast import child_sessions
 
 try:
     import fcntl
@@ -43,7 +51,7 @@ except ImportError:  # not on Windows: no lock of ours there
     fcntl = None
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
-"""-ffast-math lets the compiler vectorize exp and the reductions (BENCHMARKS.md)."""
+"""-ffast-math lets the compiler vectorize exp and the reductions (docs/benchmarks-history.md)."""
 
 _HERE = Path(__file__).parent
 KERNELS = {"step": _HERE / "decode_step.cpp", "sampling": _HERE / "sample_summary.cpp"}
@@ -83,6 +91,10 @@ _notes: list[str] = []
 
 class BuildBusy(Exception):
     """Another live process kept building the kernels for longer than we wait."""
+
+
+class BuildFailed(Exception):
+    """The build's child process failed; the message is its one-line reason."""
 
 
 def _build_directory(name: str) -> Path:
@@ -155,27 +167,74 @@ def load(name: str) -> str | None:
         if _load_built(name):
             return None
         try:
-            from torch.utils.cpp_extension import load as load_extension
-
-            _put_ninja_on_path()
             directory = _build_directory(name)
             directory.mkdir(parents=True, exist_ok=True)
-            with _build_lock(directory, LOCK_WAIT_S), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                load_extension(
-                    name=f"llmchat_{name}",
-                    sources=[str(KERNELS[name])],
-                    extra_cflags=FLAGS,
-                    build_directory=str(directory),
-                    is_python_module=False,
-                )
+            with _build_lock(directory, LOCK_WAIT_S):
+                _build_in_a_child(name, directory)
+            torch.ops.load_library(str(directory / f"llmchat_{name}.so"))
         except BuildBusy as e:  # not remembered: the next load tries again
             return str(e)
+        except BuildFailed as e:
+            _error[name] = str(e)
+            return _error[name]
         except Exception as e:  # no compiler or ninja: torch's ops serve
             _error[name] = one_line(e, 200, named=True)
             return _error[name]
         _loaded[name].set()
         return None
+
+
+_builds: list[subprocess.Popen] = []
+"""The build child processes running now."""
+_BUILD_CHILD = "import sys; from engine.fast import kernels; kernels.build_here(sys.argv[1], sys.argv[2])"
+
+
+def _build_in_a_child(name: str, directory: Path) -> None:
+    """Build the kernel `name` into `directory` in a child process (`build_here`), and wait for it;
+    raises BuildFailed with its reason."""
+    child = child_sessions.start(
+        [sys.executable, "-c", _BUILD_CHILD, name, str(directory)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    _builds.append(child)
+    try:
+        out, _ = child.communicate()
+    finally:
+        _builds.remove(child)
+    if child.returncode != 0:
+        lines = out.strip().splitlines()
+        raise BuildFailed(lines[-1] if lines else f"the kernel's build ended with status {child.returncode}")
+
+
+def build_here(name: str, directory: str) -> None:
+    """The build's child process: build the kernel `name` with torch's builder, or print why not
+    (one line) and exit 1. The app holds the build directory's lock meanwhile."""
+    child_sessions.end_with_parent()
+    try:
+        from torch.utils.cpp_extension import load as load_extension
+
+        _put_ninja_on_path()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            load_extension(
+                name=f"llmchat_{name}",
+                sources=[str(KERNELS[name])],
+                extra_cflags=FLAGS,
+                build_directory=directory,
+                is_python_module=False,
+            )
+    except Exception as e:
+        print(one_line(e, 200, named=True), flush=True)
+        sys.exit(1)
+
+
+@atexit.register
+def stop_builds() -> None:
+    """End every build running now, with all it started (ninja, the compilers): the app is quitting."""
+    for child in list(_builds):
+        child_sessions.end(child)
 
 
 def load_built(name: str) -> bool:

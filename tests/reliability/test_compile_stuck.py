@@ -16,7 +16,7 @@ import torch
 
 from engine import bench, models
 from engine.events import ModelReady, TokenSampled
-from engine.fast import compiled, kernels, steps
+from engine.fast import child_sessions, compiled, kernels, steps
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 from engine.worker import InferenceWorker
@@ -65,6 +65,19 @@ def _finish(process: subprocess.Popen, timeout: float) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _kill_at_once(process: subprocess.Popen) -> None:
+    """SIGKILL a process building the kernels, and its build child's session (ninja, the compilers)
+    first: a build child told its parent had died ends in order and removes torch's lock file."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == process.pid:
+            child_sessions.kill_session(int(stat.parent.name))
+    os.killpg(process.pid, signal.SIGKILL)
+
+
 def _wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -82,7 +95,7 @@ def test_a_build_after_a_build_killed_midway_finishes(private_cache):
     _wait_for(lambda: _batons(private_cache), HANG_S, "kernel build started")
     time.sleep(1.0)  # the compiler is running
     assert _batons(private_cache), "the build ended before it could be killed"
-    os.killpg(killed.pid, signal.SIGKILL)  # the terminal closed: the build and its compiler die
+    _kill_at_once(killed)  # the build and its compiler die, with no time to clean up
     killed.communicate()
     assert _batons(private_cache)  # torch's lock file stays behind: the next build waited on it forever
 

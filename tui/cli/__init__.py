@@ -23,6 +23,11 @@ def run() -> None:
         code: int | str | None = 0
     except SystemExit as e:
         code = e.code
+    except (MemoryError, ImportError) as e:  # `ulimit -v` below what even the imports need
+        if not isinstance(e, MemoryError) and "failed to map" not in str(e):
+            raise
+        print("llmchat: not enough memory to start (raise the limit: ulimit -v)", file=sys.stderr)
+        code = 1
     if "torch" not in sys.modules:
         sys.exit(code)
     if isinstance(code, str):  # sys.exit("message"): printed, status 1
@@ -31,7 +36,7 @@ def run() -> None:
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
-    atexit._run_exitfuncs()
+    atexit._run_exitfuncs()  # noqa: SLF001 (what sys.exit would run; os._exit below skips it)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
