@@ -436,7 +436,7 @@ def _attention_alone(session: ChatSession, repeats: int) -> list[float]:
             for layer in session.cache.layers:
                 stored = layer.quantized() if session.cache.quantized else (layer.keys, layer.values)
                 keys, values = (stored, None) if session.cache.quantized else stored
-                fast._attention(q, keys, values, None, position)
+                fast.attention(q, keys, values, None, position)
             times.append(time.perf_counter() - started)
     return times
 

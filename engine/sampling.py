@@ -180,7 +180,7 @@ class Sampler:
         """Inverse-CDF sampling: the first token whose cumulative probability exceeds u ~ U[0, 1).
 
         Same distribution as torch.multinomial, and an order of magnitude cheaper on a CPU for one
-        draw over a whole vocabulary (BENCHMARKS.md). A filtered token (p = 0) adds no
+        draw over a whole vocabulary (docs/benchmarks-history.md). A filtered token (p = 0) adds no
         width to the CDF, so `right=True` can never land on it.
         """
         cdf = torch.cumsum(probs, dim=0)

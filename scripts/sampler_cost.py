@@ -7,7 +7,7 @@ Runs the built-in model's compiled decode step in a chat session and answers the
 kernel call (engine/fast/sample_summary.cpp), alternating answer by answer so both see the
 machine in the same state. Prints, per answer, the sampler's microseconds per token and the
 median inter-token latency. Measured in an answer, not a loop: right after a step every torch
-op pays more than in a loop benchmark (BENCHMARKS.md). Not part of CI.
+op pays more than in a loop benchmark (docs/benchmarks-history.md). Not part of CI.
 """
 
 from __future__ import annotations

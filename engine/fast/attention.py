@@ -4,7 +4,7 @@ At long contexts a decode step's attention reads the whole cache. torch's CPU at
 also written as matmuls, compiled, or as FlexAttention) reads it at well under half the speed
 of a plain sum over the same bytes. `decode_attention.cpp` reads K and V once, in blocks spread
 over the cores, and merges the blocks' softmaxes (flash-decoding): about as fast as that plain
-sum (the measurements: BENCHMARKS.md, "ITL against context length").
+sum (the measurements: docs/benchmarks-history.md, "ITL against context length").
 
 It is built with the step's other kernel, the matrix-vector products (engine/fast/kernels.py),
 by the background job that compiles the decode step. Until it is loaded, or where it cannot be

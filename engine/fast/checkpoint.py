@@ -1,6 +1,6 @@
 """A Llama checkpoint read without transformers, for a start that runs only the fast path.
 
-transformers' imports and `from_pretrained` are ~2 s of a ~3.5 s `llmchat ask` (BENCHMARKS.md).
+transformers' imports and `from_pretrained` are ~2 s of a ~3.5 s `llmchat ask` (docs/benchmarks-history.md).
 The fast path (engine/fast/fused.py) needs only the config and the weights, in modules named as
 the HF model names them; this module reads config.json and the memory-mapped safetensors into
 exactly that tree (`LlamaWeights`), and the tokenizer with engine/chat_tokenizer.py.

@@ -57,7 +57,7 @@ def transposed_is_faster(dtype: torch.dtype, device: torch.device, compiled: boo
     """Weight layout. Without oneDNN, eager batch-1 matmul on a CPU reads float32 [in, out]
     ~1.5x faster than [out, in] (the 16-bit kernels are fast only as [out, in]); oneDNN is as
     fast either way (scripts/gemm.py), and the compiled step's matvec streams [out, in] rows
-    faster still (measured: BENCHMARKS.md)."""
+    faster still (measured: docs/benchmarks-history.md)."""
     cpu_float32 = device.type == "cpu" and dtype == torch.float32
     return cpu_float32 and not compiled and not gemm.onednn_works()
 
@@ -187,7 +187,7 @@ class FastLlama:
                 layer.ln2.to(self.act_dtype, copy=True),
             )
 
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor, upcast: bool) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, upcast: bool) -> torch.Tensor:
         """x @ W.T for a weight stored [out, in] (or x @ W for one stored [in, out]). An eager
         decode step's one row goes through the matvec kernel once it is loaded (engine/fast/matvec.py)."""
         one_row = x.shape[:-1].numel() == 1 and not self.transposed
@@ -199,15 +199,15 @@ class FastLlama:
         if weight.dtype != x.dtype:
             if upcast:  # [out, in]: only float32 weights are ever stored transposed
                 return gemm.widened(x, weight)
-            return self._linear(x.to(weight.dtype), weight, upcast).to(x.dtype)
+            return self.linear(x.to(weight.dtype), weight, upcast).to(x.dtype)
         if one_row and matvec.can_multiply_now(weight):
             return matvec.multiply(x, weight).view(*x.shape[:-1], -1)
         return gemm.linear(x, weight.t() if self.transposed else weight)
 
-    def _rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for `positions` [n], shaped [n, 1, head_dim].
 
         HF's rotate_half(x) = cat(-x2, x1) equals roll(x, d/2) * [-1.., +1..], so the sign
@@ -226,14 +226,14 @@ class FastLlama:
         """x [1, in] @ W.T for torch.compile: where the CPU has AVX-512, the matvec kernel
         (engine/fast/matvec.py); else written as multiply-and-sum, which Inductor turns into one
         loop that streams W's [out, in] rows once, faster than aten's batch-1 matmul (16-bit
-        weights are widened inside the loop; BENCHMARKS.md). A fast path built for eager use
+        weights are widened inside the loop; docs/benchmarks-history.md). A fast path built for eager use
         may keep float32 as [in, out], which aten multiplies faster than this loop."""
         if isinstance(weight, W8Linear):
             if x.dtype == torch.float32 and matvec.can_multiply(weight.q):
                 return matvec.multiply(x, weight.q) * weight.scale
             return weight.matvec(x)
         if weight.device.type != "cpu":  # a GPU's own matmul: the loop is for Inductor's CPU code
-            return self._linear(x, weight, upcast=False)
+            return self.linear(x, weight, upcast=False)
         if self.transposed:
             return x @ weight
         if weight.dtype != x.dtype:  # rounded as the eager path rounds: in and out in W's dtype
@@ -242,14 +242,14 @@ class FastLlama:
             return matvec.multiply(x, weight)
         return (x[:, None, :] * weight[None]).sum(-1)
 
-    def _attention(self, q: torch.Tensor, keys, values, mask, position) -> torch.Tensor:
+    def attention(self, q: torch.Tensor, keys, values, mask, position) -> torch.Tensor:
         """softmax(q K.T / sqrt(d) + mask) V for q [1, heads, n, d] over the cached K/V, whose
         last valid position is `position` ([1] tensor). `keys` is a QuantizedKV for an int8
         cache (then `values` is unused).
 
         For one new token, the query heads that share a K/V head (grouped-query attention) go
         in as that head's queries, so each cached K/V is read once rather than once per query
-        head (BENCHMARKS.md); once built, the decode kernel of engine/fast/attention.py does it
+        head (docs/benchmarks-history.md); once built, the decode kernel of engine/fast/attention.py does it
         at close to the memory bandwidth, reading a 16-bit or int8 cache as stored."""
         if q.shape[2] > 1:  # no mask: the cache held nothing before these queries, plainly causal
             return F.scaled_dot_product_attention(
@@ -265,28 +265,28 @@ class FastLlama:
             out = F.scaled_dot_product_attention(grouped.to(keys.dtype), keys, values, attn_mask=mask)
         return out.reshape(1, heads, 1, d)
 
-    def _block(self, layer: _Layer, h: torch.Tensor, cos, sin, linear, attend) -> torch.Tensor:
+    def block(self, layer: _Layer, h: torch.Tensor, cos, sin, linear, attend) -> torch.Tensor:
         """One transformer layer on h [n, hidden]; `linear(x, W)` is x @ W.T, `attend(q, k, v)`
         stores k, v and attends."""
         n = h.shape[0]
         heads, qk_heads = self.heads, self.heads + self.kv_heads
-        a = self._rmsnorm(h, layer.ln1)
+        a = self.rmsnorm(h, layer.ln1)
         qkv = linear(a, layer.wqkv).view(n, qk_heads + self.kv_heads, self.head_dim)
         qk = self._rotate(qkv[:, :qk_heads], cos, sin)  # q and k rotate together
         q, k, v = (x.transpose(0, 1)[None] for x in (qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]))
         attn = attend(q, k, v)  # [1, heads, n, head_dim]
         attn = attn[0].transpose(0, 1).reshape(n, heads * self.head_dim).to(h.dtype)
         h = h + linear(attn, layer.wo)
-        m = self._rmsnorm(h, layer.ln2)
+        m = self.rmsnorm(h, layer.ln2)
         gate, up = linear(m, layer.wgu).chunk(2, dim=-1)
         return h + linear(F.silu(gate) * up, layer.wdown)
 
     def _logits(self, h: torch.Tensor, linear) -> torch.Tensor:
-        last = self._rmsnorm(h[-1:], self.norm)
+        last = self.rmsnorm(h[-1:], self.norm)
         return linear(last, self.lm_head)[0].float()
 
     def _all_logits(self, h: torch.Tensor, linear) -> torch.Tensor:
-        return linear(self._rmsnorm(h, self.norm), self.lm_head).float()
+        return linear(self.rmsnorm(h, self.norm), self.lm_head).float()
 
     def forward(self, ids: torch.Tensor, cache: KVCache, every: bool = False) -> torch.Tensor:
         """Feed ids [1, n] after the cache's tokens; returns logits [vocab] of the last one, or with
@@ -295,7 +295,7 @@ class FastLlama:
         start = len(cache)
         upcast = self.upcast_prefill and n > UPCAST_ABOVE
         h = self.embed[ids[0]].to(self.act_dtype)  # [n, hidden]
-        cos, sin = self._rope(torch.arange(start, start + n, device=h.device))
+        cos, sin = self.rope(torch.arange(start, start + n, device=h.device))
         last = torch.tensor([start]) if n == 1 else None  # the one new token's position, for the kernel
         mask = None
         if n > 1 and start:  # query i (at start+i) sees every cached key and keys up to itself
@@ -307,13 +307,13 @@ class FastLlama:
             # it as stored. A prefill chunk's n queries share one copy of the cache in their dtype.
             stored = cache_layer.append(k, v)
             if n == 1:
-                return self._attention(q, *_pair(stored), mask, last)
+                return self.attention(q, *_pair(stored), mask, last)
             keys, values = stored if stored[0].dtype == q.dtype else cache_layer.dequantized(q.dtype)
-            return self._attention(q, keys, values, mask, last)
+            return self.attention(q, keys, values, mask, last)
 
-        linear = functools.partial(self._linear, upcast=upcast)
+        linear = functools.partial(self.linear, upcast=upcast)
         for layer, cache_layer in zip(self.layers, cache.layers):
-            h = self._block(layer, h, cos, sin, linear, functools.partial(attend, cache_layer))
+            h = self.block(layer, h, cos, sin, linear, functools.partial(attend, cache_layer))
         return self._all_logits(h, linear) if every else self._logits(h, linear)
 
     def block_on_buffers(
@@ -344,10 +344,10 @@ class FastLlama:
             v_buffer.index_copy_(2, position, v.to(v_buffer.dtype))
             if k_scales is not None:
                 stored = QuantizedKV(k_buffer, k_scales, v_buffer, v_scales)
-                return self._attention(q, stored, None, mask, position)
-            return self._attention(q.to(k_buffer.dtype), k_buffer, v_buffer, mask, position)
+                return self.attention(q, stored, None, mask, position)
+            return self.attention(q.to(k_buffer.dtype), k_buffer, v_buffer, mask, position)
 
-        return self._block(layer, h, cos, sin, self._matvec, attend)
+        return self.block(layer, h, cos, sin, self._matvec, attend)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The logits [vocab] of a decode step's h [1, hidden], for torch.compile as above."""

@@ -22,7 +22,7 @@ def onednn_works() -> bool:
         return False
     try:
         x, w = torch.arange(24.0).view(3, 8) / 7, torch.arange(40.0).view(5, 8) / 11  # no RNG used
-        out = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")  # noqa: SLF001 (no public name)
         return torch.allclose(out, F.linear(x, w), rtol=1e-5)
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
@@ -32,7 +32,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., in] @ weight.T for weight [out, in] (any strides: a transposed view works)."""
     if x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and onednn_works():
         rows = x.reshape(-1, x.shape[-1])
-        out = torch.ops.mkldnn._linear_pointwise(rows, weight, None, "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(rows, weight, None, "none", [], "")  # noqa: SLF001
         return out.reshape(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight)
 

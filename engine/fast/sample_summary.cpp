@@ -1,7 +1,7 @@
 // A decode step's draw and everything the panels show of it, in one call over the logits:
 // the chosen token (greedy, drawn by inverse CDF, or given), its logprob and rank, the
 // distribution's entropy, and its top k. In torch ops the same took ten calls, each paying
-// its dispatch, and right after a step each of those costs 15-35 us more (BENCHMARKS.md).
+// its dispatch, and right after a step each of those costs 15-35 us more (docs/benchmarks-history.md).
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 

@@ -43,7 +43,7 @@ def whole_step(fast: FastLlama, token: torch.Tensor, position: torch.Tensor, *bu
     `buffers`: every layer's K buffer, every layer's V buffer (and, for an int8 cache, every
     layer's K scales and V scales), as `cache_buffers` gives them."""
     h = fast.embed[token].to(fast.act_dtype)
-    cos, sin = fast._rope(position)
+    cos, sin = fast.rope(position)
     for layer, *layer_buffers in zip(fast.layers, *buffers):
         h = fast.block_on_buffers(layer, h, cos, sin, position, *layer_buffers)
     return fast.head(h)
@@ -57,7 +57,7 @@ class _RegionalStep:
 
     def __call__(self, fast: FastLlama, token: torch.Tensor, position: torch.Tensor, *buffers):
         h = fast.embed[token].to(fast.act_dtype)
-        cos, sin = fast._rope(position)
+        cos, sin = fast.rope(position)
         for layer, *layer_buffers in zip(fast.layers, *buffers):
             h = self.block(fast, layer, h, cos, sin, position, *layer_buffers)
         return self.head(fast, h)
@@ -78,7 +78,7 @@ def compile_here(kind: str, fast: FastLlama, cache_dtype: torch.dtype) -> dict[s
         examples = {"step": (fast, token, position, *buffers)}
     else:
         h = fast.embed[token].to(fast.act_dtype)
-        cos, sin = fast._rope(position)
+        cos, sin = fast.rope(position)
         examples = {
             "block": (fast, fast.layers[0], h, cos, sin, position, *(per_layer[0] for per_layer in buffers)),
             "head": (fast, h),
@@ -107,12 +107,15 @@ def save(parts: dict, path: Path) -> None:
 def load(path: Path) -> dict[str, Callable]:
     """A step's compiled parts as `save` wrote them: Dynamo's output bytecode and Inductor's
     code, nothing traced again. Under a second, most of it waiting on subprocesses without the
-    GIL, where Dynamo's trace of the whole step from Inductor's cache held it ~5 s (BENCHMARKS.md)."""
+    GIL, where Dynamo's trace of the whole step from Inductor's cache held it ~5 s
+    (docs/benchmarks-history.md)."""
     serialized = pickle.loads(path.read_bytes())
     parts = {}
     # Inductor test-builds ATen's vector headers for each ISA and dlopens them in fresh Pythons
     # (~1.4 s, once per process); as in the compile (`unguarded`), the base check is skipped.
-    with torch._inductor.config.patch({"cpp.vec_isa_ok": True}):
+    from torch._inductor import config as inductor_config  # imported when used: it is slow to import
+
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
         for name, data in serialized.items():
             f_globals = _SOURCES[name].__globals__
             parts[name] = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
@@ -148,12 +151,14 @@ def scratch_buffers(
 ) -> list[list[torch.Tensor]]:
     """Zeroed buffers as `cache_buffers` gives them, their capacity marked dynamic: a step
     compiled on them serves a cache of any capacity, with one compilation."""
+    from torch._dynamo import mark_dynamic  # torch.compiler has no public name for it (2.13)
+
     shape = (1, fast.kv_heads, capacity, fast.head_dim)
     kinds = [[torch.zeros(shape, dtype=cache_dtype) for _ in fast.layers] for _ in range(2)]
     if cache_dtype == torch.int8:  # and one float32 scale per position and head
         kinds += [[torch.zeros(shape[:3], dtype=SCALE_DTYPE) for _ in fast.layers] for _ in range(2)]
     for buffer in (buffer for kind in kinds for buffer in kind):
-        torch._dynamo.mark_dynamic(buffer, 2)
+        mark_dynamic(buffer, 2)
     return kinds
 
 
@@ -168,7 +173,7 @@ _CODE = (
     "matvec.cpp",
     "simd.h",
     "../quant/w8.py",
-    "../kvcache.py",  # an int8 cache's new rows are quantized inside the step
+    "../kvcache_layers.py",  # an int8 cache's new rows are quantized inside the step
 )
 """The sources a compiled step is made of: a change to any makes a saved step stale (a test
 checks that each llmchat source the step runs is here)."""

@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from engine.session import ChatSession
 
 
+def attention_implementation(model) -> str | None:
+    """The attention kernel the HF model runs ('sdpa', 'eager', ...)."""
+    return model.config._attn_implementation  # noqa: SLF001 (transformers has no public getter)
+
+
 @dataclass(frozen=True)
 class SpanWeight:
     span: Span
@@ -97,7 +102,7 @@ class AttentionProbe:
         if self.enabled:
             return
         model = self._model = self.session.model
-        self._previous = model.config._attn_implementation
+        self._previous = attention_implementation(model)
         model.set_attn_implementation("eager")
         self._fast, self.session.fast = getattr(self.session, "fast", None), None  # hooks need the HF forward
         for layer, module in enumerate(attention_modules(model)):

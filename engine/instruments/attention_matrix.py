@@ -24,6 +24,7 @@ import torch
 from engine.instruments.attention import (
     AttentionView,
     SpanWeight,
+    attention_implementation,
     attention_modules,
     existing_probe,
     kv_head_of,
@@ -126,7 +127,7 @@ def layer_weights(session: ChatSession, ids: tuple[int, ...], layer: int) -> tor
         raise _Stop
 
     probe = existing_probe(session)
-    previous = model.config._attn_implementation
+    previous = attention_implementation(model)
     hook = modules[layer].register_forward_hook(keep)
     try:
         if previous != "eager":  # only eager materializes the weights

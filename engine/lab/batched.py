@@ -88,13 +88,13 @@ class BatchedForward:
         positions = torch.cat([torch.arange(f.start, f.stop) for f in feeds]).to(device)
         with torch.inference_mode():
             h = fast.embed[ids].to(fast.act_dtype)  # [T, hidden]
-            cos, sin = fast._rope(positions)
+            cos, sin = fast.rope(positions)
             upcast = fast.upcast_prefill and len(ids) > UPCAST_ABOVE
-            linear = functools.partial(fast._linear, upcast=upcast)
+            linear = functools.partial(fast.linear, upcast=upcast)
             for index, layer in enumerate(fast.layers):
                 attend = functools.partial(self._attend, plan, *self.pool.flat(index))
-                h = fast._block(layer, h, cos, sin, linear, attend)
-            last = fast._rmsnorm(h[plan.last_rows], fast.norm)
+                h = fast.block(layer, h, cos, sin, linear, attend)
+            last = fast.rmsnorm(h[plan.last_rows], fast.norm)
             return linear(last, fast.lm_head).float()
 
     @staticmethod

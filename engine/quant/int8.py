@@ -7,7 +7,7 @@ multiplies in integers and scales the result back to float32:
     y = x @ W.T  ≈  (s_x · (x_q − z_x)) @ (s_row · Q).T
 
 Batch-1 decode reads one byte per weight instead of four, and the integer kernels are fast on
-AVX2 where PyTorch's float32 matrix-vector product is not (numbers: BENCHMARKS.md). Activations
+AVX2 where PyTorch's float32 matrix-vector product is not (numbers: docs/benchmarks-history.md). Activations
 are quantized with 7 bits (`reduce_range`), as fbgemm advises on x86: its 8-bit products can
 saturate 16-bit sums on AVX2 (measured: 8 bits make SmolLM2 agree with fp32 on 3% of tokens).
 
@@ -66,7 +66,7 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _pack(q: torch.Tensor, scale: torch.Tensor):
     with warnings.catch_warnings():  # quantized tensors are deprecated in torch; fbgemm still takes them
         warnings.simplefilter("ignore")
-        qt = torch._make_per_channel_quantized_tensor(
+        qt = torch._make_per_channel_quantized_tensor(  # noqa: SLF001 (fbgemm's prepack takes only these)
             q, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0
         )
         return torch.ops.quantized.linear_prepack(qt, None)
@@ -124,10 +124,13 @@ class Int8Linear(nn.Module):
         fused.unsmooth = unsmooth
         start = 0
         for module in modules:
-            module.source, module._packed, module._int8, module.unsmooth = fused, None, None, None
-            module.rows = slice(start, start + module.out_features)
+            module.read_from(fused, slice(start, start + module.out_features))
             start += module.out_features
         return fused
+
+    def read_from(self, fused: Int8Linear, rows: slice) -> None:
+        """From now on, these `rows` of `fused` are this layer's output: its own weights go."""
+        self.source, self._packed, self._int8, self.unsmooth, self.rows = fused, None, None, None, rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.source is not None:  # the reference path: compute the fused product, keep our rows

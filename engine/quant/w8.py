@@ -4,7 +4,7 @@
 
 A batch-1 decode step reads every weight once, so one byte per weight instead of four is the
 whole game. No torch kernel multiplies float32 activations by int8 weights quickly on a CPU
-(`_weight_int8pack_mm` is slower than widening: BENCHMARKS.md), but the decode step's matvec
+(`_weight_int8pack_mm` is slower than widening: docs/benchmarks-history.md), but the decode step's matvec
 does: llmchat's kernel where the CPU has AVX-512 (engine/fast/matvec.py), else a loop Inductor
 generates that widens Q as it reads it (engine/fast/fused.py); that makes w8 the fastest
 decode here. Without them (an eager step before the kernel is built, or --no-compile on a CPU
