@@ -173,6 +173,9 @@ class TokenSampled:
     None from a remote server: its top few alternatives do not give the whole distribution."""
     rank: int = 0
     """Where the token stood in that distribution: 1 is the most probable; 0 when unknown."""
+    sent_bytes: bytes | None = None
+    """A remote token sent without an id: its bytes as the server sent them (with an id, the
+    tokenizer view looks them up)."""
 
 
 @dataclass(frozen=True)

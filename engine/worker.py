@@ -31,6 +31,7 @@ from engine.events import (
 from engine.fast.step_path import decode_step
 from engine.kvcache import cache_precision_of, cache_precision_problem
 from engine.quant.precision import PrecisionError, cpu_note
+from engine.remote.cancel import CancelEvent  # plain threading: the openai package loads only for a server
 from engine.sampling import SamplingSettings
 from engine.saved.chat import SavedChat
 from engine.saved.store import Store
@@ -174,6 +175,8 @@ class InferenceWorker:
         self.kv_cache: str | None = None
         """The KV cache precision asked for (None: the model precision's own); kept across loads."""
         self.session: ChatSession | RemoteSession | None = None
+        self.quitting = CancelEvent()
+        """Set by `shutdown`: a server being connected to is not waited for."""
         self.commands: queue.Queue[Command] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="llmchat-inference", daemon=True)
         self._thread.start()
@@ -260,9 +263,18 @@ class InferenceWorker:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self.cancel()
+        self._give_up_server()
         self.commands.put(SaveCache())
         self.commands.put(_Stop())
         self._thread.join(timeout)
+
+    def _give_up_server(self) -> None:
+        """Quitting waits for no server: a connect in progress, and any call the session has in
+        flight or makes from now on (a slow /slots after connecting), are cut."""
+        self.quitting.set()
+        connections = getattr(getattr(self.session, "client", None), "connections", None)
+        if connections is not None:
+            connections.close()
 
     # -- the thread -----------------------------------------------------------------
     def _run(self) -> None:
@@ -387,7 +399,7 @@ class InferenceWorker:
 
         yield ModelLoading(f"connecting to {target.url}", 0.0)
         try:
-            session = connect(target, self.sampling, self.system_prompt, self.context)
+            session = connect(target, self.sampling, self.system_prompt, self.context, stop=self.quitting)
         except RemoteError as e:
             yield Failed(str(e))
             return
@@ -399,6 +411,9 @@ class InferenceWorker:
                 yield notice
         self.session = session
         self.chat = SavedChat(session, self.store)
+        if self.quitting.is_set():  # the app is closing; `shutdown` may have looked before this session
+            self._give_up_server()
+            return
         yield ModelReady(session.info)
         yield session.cache_event()  # the server-wide cache fill, before the first turn
 
@@ -421,14 +436,18 @@ class InferenceWorker:
             yield Failed(f"out of memory loading {command.spec} at {command.precision}; try int8 or nf4")
             return
         if self.session is None:
-            self.session = ChatSession(
-                loaded,
-                self.sampling,
-                self.system_prompt,
-                self.context,
-                compile=self.compile,
-                kv_cache=self.kv_cache,
-            )
+            try:
+                self.session = ChatSession(
+                    loaded,
+                    self.sampling,
+                    self.system_prompt,
+                    self.context,
+                    compile=self.compile,
+                    kv_cache=self.kv_cache,
+                )
+            except models.ModelError as e:  # its fast path did not fit in memory
+                yield Failed(str(e))
+                return
             self.chat = SavedChat(self.session, self.store)
         else:
             if self.session.compiled is not None:

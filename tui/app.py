@@ -16,6 +16,7 @@ from typing import Callable, Iterable, TypeVar
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.theme import Theme
 from textual.timer import Timer
@@ -35,6 +36,7 @@ from engine.events import (
 from themes import load_themes
 from tui import config
 from tui.engine_link import Engine, EngineFactory, inference_worker, resolve_sampling
+from tui.fmt import visible_controls
 from tui.history import History
 from tui.instruments import INSTRUMENT_BINDINGS, Instruments
 from tui.messages import Doorbell, EngineEvent, EngineStarted, Inbox, Pacer, gathered
@@ -110,6 +112,33 @@ class ChatApp(App[None]):
             found = self._parts[kind] = self.screen_stack[0].query_one(kind)
         return found
 
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Every toast is plain text with its control characters shown: a toast carries a server's
+        error body, a path or an exception's words, where `[/]` would end the app with MarkupError."""
+        if not markup:
+            message, title = visible_controls(message), visible_controls(title, one_line=True)
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
+    def _fatal_error(self) -> None:
+        """Textual's crash report, without the frames' local variables (Textual shows them, and
+        they may hold the API key or the conversation)."""
+        import rich
+        from rich.segment import Segments
+        from rich.traceback import Traceback
+
+        self.bell()
+        report = Traceback(show_locals=False, width=None, suppress=[rich])
+        self._exit_renderables.append(Segments(self.console.render(report, self.console.options)))
+        self._close_messages_no_wait()
+
     def compose(self) -> ComposeResult:
         yield StatusBar()
         with Horizontal(id="body"):
@@ -155,7 +184,8 @@ class ChatApp(App[None]):
         wanted = self.options.theme
         if wanted in self.available_themes:
             self.theme = wanted
-            self._save_theme(wanted, quiet=True)  # `--theme` is remembered; the file's own theme is a no-op
+            if self.options.theme_from_flag:  # `--theme` is remembered; the file's own is left as it is
+                self._save_theme(wanted, quiet=True)
         else:
             self.notify(
                 f"unknown theme {wanted!r}; using {config.DEFAULT_THEME} (the config file is left as it is)",
@@ -333,7 +363,7 @@ class ChatApp(App[None]):
             answer.set_note(note)
         prompt = self.part(PromptInput)
         if prompts and not prompt.text:
-            prompt.text = prompts[0]
+            prompt.put_back(prompts[0])
 
     # -- actions -----------------------------------------------------------------
     def _refresh_keys(self) -> None:

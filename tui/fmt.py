@@ -6,6 +6,8 @@ import math
 import re
 from typing import Sequence
 
+from rich.text import Text
+
 PROB_LEVELS = ((0.9, "success"), (0.5, "primary"), (0.2, "warning"), (0.0, "error"))
 """Probability floors and the theme colour for each, so every theme gets its own."""
 
@@ -89,6 +91,12 @@ def visible_controls(text: str, one_line: bool = False) -> str:
     if one_line:
         return _WHITESPACE_RUN.sub(" ", text).translate(CONTROLS)
     return text.translate(_LAYOUT)
+
+
+def plain_text(text: object, one_line: bool = False, style: str = "") -> Text:
+    """A string from outside (a server, a file, argv) for Rich or Textual: text, never markup
+    (`[/]` would raise, `[link=...]` would make a hyperlink), its control characters shown."""
+    return Text(visible_controls(str(text), one_line), style=style)
 
 
 def entropy_bits(probs: Sequence[float]) -> float:

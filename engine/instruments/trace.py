@@ -84,7 +84,7 @@ class AnswerTrace:
             step=s.index,
             id=s.id,
             piece=s.piece,
-            bytes=namer.token_bytes(s.id),
+            bytes=s.sent_bytes if s.id is None else namer.token_bytes(s.id),
             logprob=s.logprob,
             rank=s.rank,
             entropy=s.entropy,

@@ -14,6 +14,6 @@ OpenAI-compatible server, reached over HTTP as a second kind of chat session.
 | `metrics.py` | the server-wide KV cache fill from /metrics (llama.cpp: summed from /slots) |
 | `tokenizer.py` | the tokenizer view (F5) from the server's own /tokenize and /detokenize |
 | `shape.py` | the model's KV shape from a GGUF readable here (for bytes per token) |
-| `cancel.py` | Esc: an Event that also cuts the open stream |
+| `cancel.py` | Esc: an Event that also cuts the HTTP calls in flight (the prompt's tokenizing, the stream) |
 | `session.py` | `RemoteSession`: the same calls and events as `ChatSession` |
 """

@@ -23,6 +23,7 @@ import httpx2
 import openai
 from openai.types.chat import ChatCompletionChunk
 
+from engine.remote.cancel import OpenConnections
 from engine.remote.target import RemoteTarget
 
 
@@ -79,15 +80,21 @@ class RemoteClient:
         self.read_timeout_s = target.read_timeout_s
         self.connect_timeout_s = target.connect_timeout_s
         key = api_key(target.api_key_env)
+        self.connections = OpenConnections()
+        """Both clients' sockets: a stop cuts the call in flight on any of them (engine/remote/cancel.py)."""
+        hooks = {"request": [self.connections.track]}
         self.openai = openai.OpenAI(
             base_url=self.base,
             api_key=key or "no-key",  # the package insists on one; servers without auth ignore it
             timeout=openai.Timeout(target.read_timeout_s, connect=target.connect_timeout_s),
             max_retries=0,  # a retry would resend the prompt behind the user's back
+            http_client=openai.DefaultHttpxClient(event_hooks=hooks),
         )
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = httpx2.Client(
-            timeout=httpx2.Timeout(target.read_timeout_s, connect=target.connect_timeout_s), headers=headers
+            timeout=httpx2.Timeout(target.read_timeout_s, connect=target.connect_timeout_s),
+            headers=headers,
+            event_hooks=hooks,
         )
 
     def close(self) -> None:
@@ -172,7 +179,7 @@ class RemoteClient:
 
 
 class ChatStream:
-    """An open chat completion stream: its chunks, and a way to cut it from another thread."""
+    """An open chat completion stream and its chunks (a stop cuts it through `RemoteClient.connections`)."""
 
     def __init__(self, stream: openai.Stream, client: RemoteClient):
         self._stream = stream
@@ -189,19 +196,6 @@ class ChatStream:
             raise RemoteError(self._client.describe(e, streaming=begun)) from None
         finally:
             self.close()
-
-    def abort(self) -> None:
-        """Cut the connection now, from any thread: the server sees the client leave and stops.
-
-        Closing a socket does not wake a thread blocked reading it; shutting it down does,
-        and sends the FIN that tells the server to stop generating."""
-        network = self._stream.response.extensions.get("network_stream")
-        sock = network.get_extra_info("socket") if network is not None else None
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed: nothing left to cut
 
     def close(self) -> None:
         try:

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any, Iterator
 
+from engine.errors import one_line
 from engine.events import (
     CacheChanged,
     ContextTrimmed,
@@ -50,12 +51,15 @@ def connect(
     sampling: SamplingSettings | None = None,
     system_prompt: str | None = None,
     context: int | None = None,
+    stop: CancelEvent | None = None,
 ) -> RemoteSession:
-    """Reach the server, find out what it is, and open a session; RemoteError says why not."""
+    """Reach the server, find out what it is, and open a session; RemoteError says why not
+    (setting `stop` cuts the asking short: a quit while a server keeps silent)."""
     started = time.perf_counter()
     client = RemoteClient(target)
     try:
-        server = detect(client, target.model)
+        with client.connections.cut_on(stop or CancelEvent()):
+            server = detect(client, target.model)
     except RemoteError:
         client.close()
         raise
@@ -148,9 +152,15 @@ class RemoteSession(Turns):
         return chat
 
     def _tokenize(self, messages: list[Message]) -> Prompt:
-        return prompts.tokenize(
-            self.client, self.server.dialect.tokenize, self.server.info.model, self.chat(messages)
-        )
+        """The prompt as the server's tokenizer sees it; unknown once stopped (nothing more is asked)."""
+        if self.cancel.is_set():
+            return prompts.UNKNOWN
+        try:
+            return prompts.tokenize(
+                self.client, self.server.dialect.tokenize, self.server.info.model, self.chat(messages)
+            )
+        except Exception:  # a reply no check foresaw: the ids only feed the token panel, the turn goes on
+            return prompts.UNKNOWN
 
     def _fit(self) -> tuple[Prompt | None, ContextTrimmed | None]:
         """Tokenize the conversation, dropping the oldest turns until it fits the server's window
@@ -166,6 +176,8 @@ class RemoteSession(Turns):
             cut = 2 if len(messages) > 2 and messages[1].role == "assistant" else 1
             del messages[:cut]
             prompt = self._tokenize(messages)
+        if not prompt.known:  # stopped, or the server stopped tokenizing, midway: nothing is trimmed
+            return prompt, None
         if len(prompt.ids) + 1 > self.context:
             return None, None
         dropped = len(self.messages) - len(messages)
@@ -175,8 +187,15 @@ class RemoteSession(Turns):
 
     # -- one turn --------------------------------------------------------------------------------
     def answer(self) -> Iterator[Event]:
-        """Stream an answer to the conversation; the partial answer stays whatever happens."""
+        """Stream an answer to the conversation; the partial answer stays whatever happens.
+
+        A stop (Esc, Ctrl+Q, a signal) cuts whatever HTTP call is in flight, the prompt's
+        tokenizing included: the turn ends 'cancelled' at once and nothing more is asked."""
         self.cancel.clear()
+        with self.client.connections.cut_on(self.cancel):
+            yield from self._answer()
+
+    def _answer(self) -> Iterator[Event]:
         prompt, trimmed = self._fit()
         if prompt is None:  # refused before any other event, so SavedChat saves nothing
             yield self._refuse()
@@ -189,10 +208,11 @@ class RemoteSession(Turns):
         self.trace = AnswerTrace(prompt.ids, None, turn.steps)
         error = ""
         try:
-            yield from self._stream(self.chat(), turn)
-        except RemoteError as e:
+            if not self.cancel.is_set():  # stopped while the prompt was prepared: nothing to ask
+                yield from self._stream(self.chat(), turn)
+        except Exception as e:  # a failed turn ends like any other, its partial answer kept
             if not self.cancel.is_set():  # a cut we made ourselves is a stop, not an error
-                error = str(e)
+                error = failure(e)
         yield from self._finish(turn, error)
 
     def _refuse(self) -> Failed:
@@ -223,15 +243,14 @@ class RemoteSession(Turns):
             request["extra_body"] = {**request.get("extra_body", {}), **self.request_extra}
         turn.sent()
         stream = self.client.stream(request)
-        with self.cancel.cutting(stream.abort):
-            yield from turn.opened()
-            for chunk in stream.chunks():
-                had_tokens = turn.entries
-                yield from turn.add(parse(chunk))
-                if turn.entries > had_tokens and turn.context_tokens() is not None:
-                    yield self._cache_event(turn.context_tokens())
-                if self.cancel.is_set():
-                    break
+        yield from turn.opened()
+        for chunk in stream.chunks():
+            had_tokens = turn.entries
+            yield from turn.add(parse(chunk))
+            if turn.entries > had_tokens and turn.context_tokens() is not None:
+                yield self._cache_event(turn.context_tokens())
+            if self.cancel.is_set():
+                break
         stream.close()
 
     def _note_unsupported(self) -> Iterator[Event]:
@@ -259,3 +278,9 @@ class RemoteSession(Turns):
 
     def close(self) -> None:
         self.client.close()
+
+
+def failure(error: Exception) -> str:
+    """Why a turn failed, in one line: a RemoteError says it already; anything else is a reply no
+    check foresaw, named by its type."""
+    return str(error) if isinstance(error, RemoteError) else one_line(error, named=True)

@@ -141,6 +141,7 @@ class RemoteTurn:
             position=self._position(index),
             entropy=None,  # the top few alternatives do not give the whole distribution's entropy
             rank=rank,
+            sent_bytes=entry.own if entry.id is None else None,
         )
 
     def _position(self, index: int) -> int | None:

@@ -61,22 +61,31 @@ if TYPE_CHECKING:
     from engine.remote.session import RemoteSession
 
 
+STORABLE_INT = 2**63 - 1
+"""SQLite's largest integer: a count beyond it (a server's nonsense) would fail the answer's save."""
+
+
 def answer_record(info: ModelInfo, sampling: SamplingSettings, stats: TurnStats) -> AnswerRecord:
-    """The reproducibility and speed record of one answer."""
+    """The reproducibility and speed record of one answer; a count no store can hold is not kept,
+    so the answer is saved whatever figures came with it."""
     return AnswerRecord(
         model=info.spec,
         precision=info.precision,
         sampling=dataclasses.asdict(sampling),
         stop=stats.stop,
-        prompt_tokens=stats.prompt_tokens,
-        reused_tokens=stats.reused_tokens,
-        tokens=stats.generated_tokens,
+        prompt_tokens=_storable(stats.prompt_tokens),
+        reused_tokens=_storable(stats.reused_tokens),
+        tokens=min(stats.generated_tokens, STORABLE_INT),
         ttft_s=stats.ttft_s,
         itl_p50_s=stats.itl_p50_s,
         itl_p90_s=stats.itl_p90_s,
         prefill_tok_s=stats.prefill_tok_s,
         decode_tok_s=stats.decode_tok_s,
     )
+
+
+def _storable(count: int | None) -> int | None:
+    return count if count is None or abs(count) <= STORABLE_INT else None
 
 
 def binary_size(n: float) -> str:

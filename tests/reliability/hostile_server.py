@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass
@@ -167,3 +167,19 @@ class HostileServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def late(reply: Reply, delay_s: float) -> Callable[[BaseHTTPRequestHandler], None]:
+    """A route silent for `delay_s` before its status line, then `reply`: a server busy rendering
+    a template, or one that took the request and never answers within the test."""
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        time.sleep(delay_s)
+        send(handler, reply)
+
+    return answer
+
+
+def models_of(owner: str) -> Reply:
+    """/v1/models naming the server's kind the way llama.cpp ("llamacpp") and vLLM ("vllm") do."""
+    return json_reply({"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": owner}]})

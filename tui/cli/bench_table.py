@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from tui.fmt import plain_text
+
 
 def _mb(n: int) -> str:
     return f"{n / 2**20:,.0f}M"
@@ -15,9 +17,9 @@ def print_tables(result: dict) -> None:
     title = f"{result['model']} on {result['device']}" + (
         " (random weights)" if result["random_weights"] else ""
     )
-    console.print(
-        f"[bold]{title}[/]  memory bandwidth {result['bandwidth_gb_s']} GB/s, "
-        f"{result['torch_threads']} threads"
+    console.print(  # the model's name comes from its files or the command line: text, not markup
+        plain_text(title, one_line=True, style="bold"),
+        f" memory bandwidth {result['bandwidth_gb_s']} GB/s, {result['torch_threads']} threads",
     )
 
     decode = Table(title="Decode tok/s: our instrumented loop vs transformers generate (same run)")
@@ -135,8 +137,10 @@ def print_tables(result: dict) -> None:
     if any(r.get("speculative") for r in result["results"]):
         first = next(r["speculative"] for r in result["results"] if r.get("speculative"))
         spec = Table(
-            title=f"Speculative ({first['drafter']}, K={first['draft_tokens']}) vs plain decoding: "
-            "same prompts, same run, greedy"
+            title=plain_text(
+                f"Speculative ({first['drafter']}, K={first['draft_tokens']}) vs plain decoding: "
+                "same prompts, same run, greedy"
+            )
         )
         for column in (
             "precision",

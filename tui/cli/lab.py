@@ -9,6 +9,7 @@ from typing import NoReturn, Optional
 import typer
 
 from engine import DEFAULT_MODEL
+from tui.fmt import visible_controls
 
 lab_app = typer.Typer(
     no_args_is_help=True,
@@ -17,7 +18,7 @@ lab_app = typer.Typer(
 
 
 def _fail(message: str) -> NoReturn:
-    typer.echo(f"llmchat: {message}", err=True)
+    typer.echo(f"llmchat: {visible_controls(message)}", err=True)  # it may name a path from argv
     raise typer.Exit(2)
 
 
@@ -77,7 +78,7 @@ def batching(
         _fail(str(e))
 
     def say(line: str) -> None:
-        typer.echo(line, err=True)
+        typer.echo(visible_controls(line), err=True)
 
     say("calibrating this machine's peaks (cached after the first time) ...")
     peaks = calibrate(loaded.info.device, dtype_of(loaded.info.compute_dtype))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from tui.fmt import plain_text
 from tui.plot import text_plot
 
 
@@ -12,14 +14,20 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f}M"
 
 
+def pool_line(result: dict) -> Text:
+    """The model and its pool; the model's name comes from its files or argv: text, never markup."""
+    pool = result["pool"]
+    return Text.assemble(
+        plain_text(result["model"], one_line=True, style="bold"),
+        f" at {result['precision']}: pool of {pool['blocks']} blocks x "
+        f"{pool['block_size']} tokens = {pool['tensor_bytes'] / 2**20:.1f} MiB in its tensors "
+        f"(formula: {pool['formula']}; x {pool['blocks']} = {pool['formula_bytes'] / 2**20:.1f} MiB)",
+    )
+
+
 def print_lab(result: dict) -> None:
     console = Console()
-    pool = result["pool"]
-    console.print(
-        f"[bold]{result['model']}[/] at {result['precision']}: pool of {pool['blocks']} blocks x "
-        f"{pool['block_size']} tokens = {pool['tensor_bytes'] / 2**20:.1f} MiB in its tensors "
-        f"(formula: {pool['formula']}; x {pool['blocks']} = {pool['formula_bytes'] / 2**20:.1f} MiB)"
-    )
+    console.print(pool_line(result))
     w = result["workload"]
     console.print(
         f"workload: {w['requests']} requests, arrivals {w['arrivals']}"

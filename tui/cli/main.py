@@ -64,7 +64,7 @@ def sampling_from(**flags):
 
 
 def fail(message: str) -> NoReturn:
-    typer.echo(f"llmchat: {message}", err=True)
+    typer.echo(f"llmchat: {visible_controls(message)}", err=True)  # it may name a path or a server's words
     raise typer.Exit(2)
 
 
@@ -491,7 +491,7 @@ def bench(
     except ValueError as e:
         fail(flag_named(e))
     try:
-        result = bench_engine.run(config, report=lambda line: typer.echo(line, err=True))
+        result = bench_engine.run(config, report=lambda line: typer.echo(visible_controls(line), err=True))
     except (ModelError, PrecisionError) as e:
         fail(str(e))
     emit_result(result, as_json, "tui.cli.bench_table", "print_tables")
@@ -564,7 +564,10 @@ def local_session(
         problem = cache_precision_problem(kv_cache, loaded.info.device)
         if problem:
             refuse(f"--kv-cache {kv_cache}: {problem}", as_json)
-    session = ChatSession(loaded, sampling, system, context, kv_cache=kv_cache)
+    try:
+        session = ChatSession(loaded, sampling, system, context, kv_cache=kv_cache)
+    except models.ModelError as e:  # its fast path did not fit in memory
+        refuse(str(e), as_json)
     if session.device.type == "cpu" and os.environ.get("LLMCHAT_COMPILE", "1") != "0":
         from engine.fast import kernels
 

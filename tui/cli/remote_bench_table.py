@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from tui.fmt import plain_text
 
 
 def _ms(value: float | None) -> str:
@@ -16,12 +19,7 @@ def _rate(value: float | None) -> str:
 
 def print_remote_tables(result: dict) -> None:
     console = Console()
-    server = result["server"]
-    console.print(
-        f"[bold]{server['kind']} {server['version'] or ''}[/] at {server['url']} · model {result['model']}"
-        + (f" · {server['parallelism']}" if server["parallelism"] else "")
-        + (f" · context {result['context']:,}" if result["context"] else "")
-    )
+    console.print(server_line(result))
     if not result["forces_length"]:
         console.print("  (this server takes no ignore_eos: answers may end before the asked length)")
     console.print(_prefill(result["prefill"]))
@@ -29,6 +27,19 @@ def print_remote_tables(result: dict) -> None:
     console.print(_turns(result["turns"]))
     console.print(_streams(result["concurrency"]))
     console.print("  '-': the server does not report it. Ours minus the server's = network and queueing.")
+
+
+def server_line(result: dict) -> Text:
+    """Which server and model: the server's own words (build, model name) as text, never markup."""
+    server = result["server"]
+    rest = f" at {server['url']} · model {result['model']}" + (
+        f" · {server['parallelism']}" if server["parallelism"] else ""
+    )
+    return Text.assemble(
+        plain_text(f"{server['kind']} {server['version'] or ''}", one_line=True, style="bold"),
+        plain_text(rest, one_line=True),
+        f" · context {result['context']:,}" if result["context"] else "",
+    )
 
 
 def _prefill(rows: list[dict]) -> Table:

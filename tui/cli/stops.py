@@ -47,8 +47,9 @@ class Stops:
         self.reason = ""
         """What stopped it, in words."""
         self.on_stop = on_stop
-        """Called once, at the first stop (in the signal handler): an answer from a server cuts its
-        stream at once, since a silent server sends no next event to stop at."""
+        """Called once, at the first stop (in the signal handler): an answer from a server cuts the
+        call in flight at once (the stream, or the prompt's tokenizing), since a silent server sends
+        no next event to stop at."""
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> Stops:

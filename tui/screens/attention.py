@@ -28,7 +28,7 @@ from engine.events import Event, StepPaused, TurnFinished
 from engine.instruments.attention import AttentionView, enable_and_view, enabled_view, switch_off
 from engine.instruments.attention_matrix import PrefillMatrix, prefill_matrix
 from engine.instruments.explain import explain
-from tui.fmt import subscript, visible_piece
+from tui.fmt import plain_text, subscript, visible_piece
 from tui.screens.attention_matrix import (
     LABEL_WIDTH,
     Window,
@@ -335,7 +335,7 @@ class AttentionScreen(InstrumentScreen):
         self._draw_matrix()
 
     def _status(self, text: str) -> None:
-        self.query_one("#status", Static).update(text)
+        self.query_one("#status", Static).update(plain_text(text))  # it may carry an error's words
 
     def show(self, view: AttentionView | None, waiting: str) -> None:
         self.view = view

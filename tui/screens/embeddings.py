@@ -18,7 +18,7 @@ from textual.content import Content
 from textual.widgets import Input, Static
 
 from engine.instruments.embeddings import RopeEffect, TokenEmbedding, token_embedding, tokens_of
-from tui.fmt import human_bytes, subscript, visible_piece
+from tui.fmt import human_bytes, subscript, visible_controls, visible_piece
 from tui.screens.instrument import InstrumentScreen
 from tui.widgets.token_strip import StripToken, TokenStrip
 
@@ -231,7 +231,7 @@ class EmbeddingsScreen(InstrumentScreen):
 
     # -- computing --------------------------------------------------------------------
     def _status(self, text: str, style: str = "$text-muted") -> None:
-        self.query_one("#status", Static).update(Content.styled(text, style))
+        self.query_one("#status", Static).update(Content.styled(visible_controls(text), style))
 
     def _compute(self) -> None:
         token_id = self.tokens[self.cursor].id

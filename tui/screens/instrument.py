@@ -21,6 +21,7 @@ from textual.widgets import Footer, Static
 
 from engine.events import Event
 from engine.instruments.explain import explain
+from tui.fmt import visible_controls
 from tui.widgets.explanation import ExplanationPanel
 
 if TYPE_CHECKING:
@@ -66,6 +67,9 @@ class InstrumentScreen(Screen[None]):
         return Content.assemble((f" {explain(self.INSTRUMENT).title} ", "bold $background on $accent"))
 
     def set_title_line(self, *parts: Any) -> None:
+        """The title, then `parts`; a plain string among them (a model's name, an answer's label) is
+        shown with its control characters visible."""
+        parts = tuple(visible_controls(p, one_line=True) if isinstance(p, str) else p for p in parts)
         self.query_one("#title", Static).update(Content.assemble(self.title_line(), " ", *parts))
 
     def action_close(self) -> None:

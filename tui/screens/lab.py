@@ -26,6 +26,7 @@ from engine.instruments.explain import explain
 from engine.lab.run import Lab, LabConfig, LabError, PolicyResult, run
 from engine.lab.scheduler import LabStopped, RequestView, StepRecord
 from engine.lab.sweep import SweepPoint
+from tui.fmt import plain_text
 from tui.screens.instrument import InstrumentScreen
 from tui.widgets import lab_views
 from tui.widgets.explanation import ExplanationPanel
@@ -125,7 +126,7 @@ class LabScreen(InstrumentScreen):
                 panel.toggle()
 
     def _status(self, text: str) -> None:
-        self.query_one("#status", Static).update(text)
+        self.query_one("#status", Static).update(plain_text(text))  # it may carry an error's words
 
     # -- running ----------------------------------------------------------------------------
     def config(self) -> LabConfig:

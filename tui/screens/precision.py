@@ -22,7 +22,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 from engine.instruments import kv_budget
 from engine.instruments.precision_compare import PrecisionComparison, compare_turn_at, compare_turn_kv_cache
 from engine.quant.precision import PRECISIONS
-from tui.fmt import human_bytes, ms, subscript, visible_piece
+from tui.fmt import human_bytes, ms, plain_text, subscript, visible_piece
 from tui.screens.instrument import InstrumentScreen
 
 if TYPE_CHECKING:
@@ -230,7 +230,7 @@ class PrecisionScreen(InstrumentScreen):
         self.cancel.set()
 
     def _status(self, text: str) -> None:
-        self.query_one("#status", Static).update(text)
+        self.query_one("#status", Static).update(plain_text(text))  # it may carry an error's words
 
     @on(Button.Pressed, "#run")
     @on(Input.Submitted, "#tokens")

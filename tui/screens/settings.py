@@ -22,6 +22,7 @@ from engine.events import ServerInfo
 from engine.quant.precision import PRECISIONS, cpu_note
 from engine.sampling import SamplingSettings
 from tui.config import KV_CACHE_CHOICES
+from tui.fmt import plain_text
 
 FIELDS = {
     "temperature": "Temperature (0 = greedy)",
@@ -191,7 +192,7 @@ class SettingsScreen(ModalScreen[None]):
             choice, k, model = self.speculation
             choices = speculation_choices(model)
             if choice is not None and choice not in [value for _, value in choices]:
-                choices.append((f"draft model: {choice}", choice))
+                choices.append((plain_text(f"draft model: {choice}", one_line=True), choice))  # a path
             yield Static(
                 "Speculative decoding: a drafter proposes K tokens, the model checks them in one "
                 "forward pass (same answers at temperature 0); from the next answer on.",
@@ -242,9 +243,13 @@ class SettingsScreen(ModalScreen[None]):
             )
 
     def _server_precision(self):
-        weights = self.server.quantization or "not reported"
+        weights = self.server.quantization or "not reported"  # the server's words: text, not markup
         yield Static(
-            f"Precision: the server decides it (weights: {weights}); restart without --server to choose one.",
+            plain_text(
+                f"Precision: the server decides it (weights: {weights}); "
+                "restart without --server to choose one.",
+                one_line=True,
+            ),
             classes="hint",
             id="precision-note",
         )

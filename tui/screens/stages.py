@@ -14,7 +14,7 @@ from textual.widgets import Static
 
 from engine.events import Event, TurnFinished
 from engine.instruments.stages import SamplerStages, Stage, pending_stages, stages_at
-from tui.fmt import prob_style, visible_piece
+from tui.fmt import plain_text, prob_style, visible_piece
 from tui.instruments import AnswerRef, Instruments, answers
 from tui.screens.instrument import InstrumentScreen
 
@@ -203,7 +203,7 @@ class StagesScreen(InstrumentScreen):
         try:
             stages = await self.on_engine(self.link.engine.call(lambda s: stages_at(s, step, message)))
         except Exception as e:  # the engine said why (e.g. no such step)
-            self.query_one("#source", Static).update(f"✖ {e}")
+            self.query_one("#source", Static).update(plain_text(f"✖ {e}"))
             return
         settings = self.link.session.sampling
         self.show(

@@ -23,7 +23,7 @@ from textual.widgets import Input, Static
 
 from engine.events import Event, Forked, TurnFinished
 from engine.instruments.tokview import Piece, Span, TextCost, TokenizerView, text_cost, tokenizer_view
-from tui.fmt import count, subscript, visible_piece
+from tui.fmt import count, subscript, visible_controls, visible_piece
 from tui.instruments import AnswerRef, Instruments, answers
 from tui.screens.instrument import InstrumentScreen
 
@@ -79,6 +79,7 @@ def template_content(view: TokenizerView, specials: list[str]) -> Content:
     )
 
     def styled(text: str, base: str) -> list:
+        text = visible_controls(text)  # a server's template, the conversation's words: shown, never obeyed
         if pattern is None:
             return [(text, base)]
         out, at = [], 0
@@ -321,7 +322,8 @@ class TokenizerScreen(InstrumentScreen):
     @on(ServerCosts)
     def _server_costs(self, message: ServerCosts) -> None:
         if message.costs is None:
-            self.query_one("#verdict", Static).update(Content.styled(message.error, "$text-warning"))
+            verdict = Content.styled(visible_controls(message.error), "$text-warning")
+            self.query_one("#verdict", Static).update(verdict)
             return
         for side, cost in zip(("left", "right"), message.costs):
             self.query_one(f"#{side}-cost", Static).update(cost_lines(cost))

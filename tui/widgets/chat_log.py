@@ -202,13 +202,13 @@ class Answer(ChatMessage):
         yield self.selected_label()
         yield Markdown(visible_controls(self.text), parser_factory=answer_parser)
         yield self.versions_label()
-        meta = Static(self._note, classes="meta", markup=False)
+        meta = Static(visible_controls(self._note), classes="meta", markup=False)
         meta.display = bool(self._note)
         yield meta
 
     def set_note(self, note: str) -> None:
         meta = self.query_one(".meta", Static)
-        meta.update(note)
+        meta.update(visible_controls(note))  # it may end with a server's error message
         meta.display = bool(note)
 
     async def write(self, text: str) -> None:

@@ -67,6 +67,11 @@ class PromptInput(TextArea):
         if self.editing is None:
             self.clear()
 
+    def put_back(self, text: str) -> None:
+        """Give back a prompt that was not sent, the cursor at its end so that typing continues it."""
+        self.text = text
+        self.move_cursor(self.document.end)
+
     def start_edit(self, index: int, text: str) -> None:
         """Fill the prompt with message `index` to edit; what was typed comes back if the edit is
         cancelled."""

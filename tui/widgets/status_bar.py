@@ -19,7 +19,7 @@ def describe(info: ModelInfo, width: int = 1000) -> str:
     """The model in one line: the longest form that fits `width` cells (a small terminal gets a short one)."""
     if info.server is not None:
         return describe_server(info, width)
-    head = f"{info.name} · {info.precision} · {info.device}"
+    head = f"{shown(info.name)} · {info.precision} · {info.device}"
     weights, context = human_bytes(info.weight_bytes), window(info)
     forms = (
         f"{head} · {info.parameters / 1e6:.1f}M params · weights {weights} · context {context}",
@@ -37,14 +37,20 @@ def describe_server(info: ModelInfo, width: int = 1000) -> str:
     where = [f"{server.kind} {server.version or '(version not reported)'}", server.url, info.name]
     details = [p for p in (server.parallelism, server.quantization) if p]
     context = [f"context {window(info)}"] if info.context else []
-    forms = (
+    forms = [
         " · ".join(where + details + context),
         " · ".join(where + context),
         " · ".join([server.kind, server.url, info.name]),
         " · ".join([server.kind, info.name]),
-    )
-    form = next((form for form in forms if len(form) <= width), forms[-1])
-    return visible_controls(form, one_line=True)  # the server's own words: shown, never obeyed
+    ]
+    forms = [shown(form) for form in forms]  # the server's own words: shown, never obeyed
+    return next((form for form in forms if len(form) <= width), forms[-1])
+
+
+def shown(text: str) -> str:
+    """A path, URL or message from outside, on the one line: its controls visible (a Content's
+    plain parts are never markup)."""
+    return visible_controls(text, one_line=True)
 
 
 def window(info: ModelInfo) -> str:
@@ -86,7 +92,7 @@ class StatusBar(Widget):
     def _fingerprint_part(self) -> Content:
         if self.shown_fingerprint is None:
             return Content("")
-        return Content.assemble(("  fingerprint ", "$text-muted"), self.shown_fingerprint)
+        return Content.assemble(("  fingerprint ", "$text-muted"), shown(self.shown_fingerprint))
 
     def _say(self, *parts, ready: bool = False) -> None:
         self._line = Content.assemble(*parts)
@@ -94,16 +100,16 @@ class StatusBar(Widget):
         self.refresh()
 
     def starting(self, spec: str, precision: str) -> None:
-        self._say(f"starting the engine (importing torch) for {spec} at {precision}…")
+        self._say(f"starting the engine (importing torch) for {shown(spec)} at {precision}…")
 
     def connecting(self, url: str) -> None:
-        self._say(f"starting the engine, then connecting to {url}…")
+        self._say(f"starting the engine, then connecting to {shown(url)}…")
 
     def loading(self, spec: str, precision: str, stage: str, fraction: float) -> None:
         if precision == "server":  # the stage says where it connects
-            self._say(f"{stage}…")
+            self._say(f"{shown(stage)}…")
             return
-        self._say(f"loading {spec} at {precision}: {stage}  ", progress_bar(fraction))
+        self._say(f"loading {shown(spec)} at {precision}: {shown(stage)}  ", progress_bar(fraction))
 
     def ready(self, info: ModelInfo) -> None:
         self.info, self.shown_fingerprint = info, None
@@ -120,4 +126,4 @@ class StatusBar(Widget):
 
     def failed(self, message: str) -> None:
         current = describe(self.info) if self.info else "no model loaded"
-        self._say(current, ("  ✖ " + message, "$text-error"))
+        self._say(current, ("  ✖ " + shown(message), "$text-error"))
