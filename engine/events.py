@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Union
 
+from engine.capabilities import LOCAL, ON_SERVER, Capabilities
+
 Phase = Literal["idle", "prefill", "decode"]
 StopReason = Literal["eos", "length", "cancelled", "context", "error"]
 
@@ -93,6 +95,12 @@ class ModelInfo:
     def cache_is_default(self) -> bool:
         """The cache has the precision's own dtype (no `--kv-cache` override in effect)."""
         return not self.default_cache_dtype or self.default_cache_dtype == self.cache_dtype
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the session serving this model can do (engine/capabilities.py): the UI asks this,
+        not whether `server` is set; `server` holds the server's own facts to show."""
+        return LOCAL if self.server is None else ON_SERVER
 
 
 class Candidate(NamedTuple):

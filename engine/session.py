@@ -22,6 +22,7 @@ from typing import Generator, Iterator, Protocol
 import torch
 
 from engine.answer_stream import AnswerStream
+from engine.capabilities import LOCAL
 from engine.contention import ContentionMeter
 from engine.conversation import Message, Turns
 from engine.detok import PieceNamer, StreamingDetokenizer
@@ -71,8 +72,8 @@ PREFILL_CHUNK = 512
 class ChatSession(Turns):
     """Messages, the persistent cache, and the prefill/decode loop that answers."""
 
-    saves_cache = True
-    """Its KV cache can be written to a file and loaded on resume (a remote session's cannot)."""
+    capabilities = LOCAL
+    """Weights, cache and decode loop are here: everything a session can do (engine/capabilities.py)."""
 
     def __init__(
         self,

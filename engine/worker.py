@@ -13,7 +13,7 @@ import threading
 import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, TypeVar
 
 import torch
 
@@ -36,12 +36,14 @@ from engine.sampling import SamplingSettings
 from engine.saved.chat import SavedChat
 from engine.saved.store import Store
 from engine.session import ChatSession
+from engine.session_protocol import Session
 
 if TYPE_CHECKING:
-    from engine.remote.session import RemoteSession
     from engine.remote.target import RemoteTarget
 
 T = TypeVar("T")
+
+NO_MODEL = "no model is loaded; load one first"
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ class Fork:
 class Call:
     """Run `fn(session)` on the inference thread (instruments that touch the model or cache)."""
 
-    fn: Callable[[ChatSession], Any]
+    fn: Callable[[Session], Any]
     future: Future
 
 
@@ -174,7 +176,7 @@ class InferenceWorker:
         self.context = context
         self.kv_cache: str | None = None
         """The KV cache precision asked for (None: the model precision's own); kept across loads."""
-        self.session: ChatSession | RemoteSession | None = None
+        self.session: Session | None = None
         self.quitting = CancelEvent()
         """Set by `shutdown`: a server being connected to is not waited for."""
         self.commands: queue.Queue[Command] = queue.Queue()
@@ -226,21 +228,21 @@ class InferenceWorker:
         """Continue an answer from step `step` with `token_id` instead; the old answer stays a branch."""
         self.commands.put(Fork(step, token_id, answer))
 
-    def call(self, fn: Callable[[ChatSession], T]) -> Future[T]:
+    def call(self, fn: Callable[[Session], T]) -> Future[T]:
         """Queue `fn(session)` for the inference thread; the future holds its result or error."""
         future: Future[T] = Future()
         self.commands.put(Call(fn, future))
         return future
 
-    def call_at_gate(self, fn: Callable[[ChatSession], T]) -> T:
+    def call_at_gate(self, fn: Callable[[Session], T]) -> T:
         """Run `fn(session)` now, on the caller's thread, while a step waits at the step gate.
 
         The inference thread is then blocked between two forward passes (a queued `call`
         would wait for the answer to end), so the model is the caller's until it answers the
         step. RuntimeError when no step waits.
         """
-        gate = getattr(self.session, "step_gate", None)  # a remote session has none
-        if gate is None or gate.pending is None:
+        session = self.session
+        if session is None or not session.capabilities.can_step or session.step_gate.pending is None:
             raise RuntimeError("no step is waiting at the gate")
         return fn(self.session)
 
@@ -272,9 +274,8 @@ class InferenceWorker:
         """Quitting waits for no server: a connect in progress, and any call the session has in
         flight or makes from now on (a slow /slots after connecting), are cut."""
         self.quitting.set()
-        connections = getattr(getattr(self.session, "client", None), "connections", None)
-        if connections is not None:
-            connections.close()
+        if self.session is not None and self.session.capabilities.on_server:
+            self.session.client.connections.close()
 
     # -- the thread -----------------------------------------------------------------
     def _run(self) -> None:
@@ -291,57 +292,33 @@ class InferenceWorker:
                 self.emit(PhaseChanged("idle"))
 
     def _execute(self, command: Command) -> Iterator[Event]:
-        if isinstance(command, Load):
-            yield from self._load(command)
-            return
-        if isinstance(command, Connect):
-            yield from self._connect(command.target)
-            return
-        if isinstance(command, NewChat):
-            self.system_prompt = command.system_prompt
-            if self.chat is not None:
-                notice = self.chat.save_cache()  # the conversation being left resumes fast later
-                if notice is not None:
-                    yield notice
-                self.chat.new(command.system_prompt)
-            return
-        if isinstance(command, Call):
-            self._call(command)
-            return
-        if isinstance(command, SetSpeculation) and self.session is not None:
-            yield from self._set_speculation(command)
-            return
-        if isinstance(command, SetCachePrecision):
-            yield from self._set_cache_precision(command.precision)
-            return
+        """The worker's own commands by their handler; the rest are the saved chat's."""
+        handler = self._HANDLERS.get(type(command))
+        if handler is not None:
+            return handler(self, command)
+        return self._on_chat(command)
+
+    def _on_chat(self, command: Command) -> Iterator[Event]:
         if self.chat is None:
-            if not isinstance(command, SaveCache):
-                yield Failed("no model is loaded; load one first")
+            if not isinstance(command, SaveCache):  # at quit with no model there is nothing to save
+                yield Failed(NO_MODEL)
             return
-        chat = self.chat
-        match command:
-            case Send(text):
-                yield from chat.send(text)
-            case Regenerate():
-                yield from chat.regenerate()
-            case Edit(index, text):
-                yield from chat.edit(index, text)
-            case Fork(step, token_id, answer):
-                yield from chat.fork(step, token_id, answer)
-            case Resume(ref, use_cache):
-                yield from chat.resume(ref, use_cache)
-            case StepVersion(index, step):
-                yield from chat.step_version(index, step)
-            case SaveCache():
-                notice = chat.save_cache()
-                if notice is not None:
-                    yield notice
+        yield from _CHAT_COMMANDS[type(command)](self.chat, command)
+
+    def _new_chat(self, command: NewChat) -> Iterator[Event]:
+        self.system_prompt = command.system_prompt
+        if self.chat is not None:
+            yield from save_cache(self.chat)
+            self.chat.new(command.system_prompt)
 
     def _set_speculation(self, command: SetSpeculation) -> Iterator[Event]:
         """A setting that cannot be used says why; the previous one stays."""
         from engine.speculative.loop import make_speculation
 
-        if not isinstance(self.session, ChatSession):  # a server decides how it decodes
+        if self.session is None:
+            yield Failed(NO_MODEL)
+            return
+        if not self.session.capabilities.can_speculate:  # a server decides how it decodes
             yield Failed("speculative decoding needs the local engine, not a server")
             return
         if command.choice is None:
@@ -356,11 +333,11 @@ class InferenceWorker:
         self.session.speculation = speculation
         yield Notice(f"speculative decoding on: {speculation.drafter.name} drafts {command.k} tokens a round")
 
-    def _set_cache_precision(self, precision: str) -> Iterator[Event]:
+    def _set_cache_precision(self, command: SetCachePrecision) -> Iterator[Event]:
         """Before a model is loaded the choice is kept for it; after, the session switches (and
         the next turn prefills again) or says why it cannot, keeping the cache it has."""
-        session = self.session
-        if session is not None and not isinstance(session, ChatSession):
+        session, precision = self.session, command.precision
+        if session is not None and not session.capabilities.has_weights:
             yield Failed("a server keeps its own KV cache: --kv-cache needs the local engine")
             return
         if session is None:
@@ -382,7 +359,9 @@ class InferenceWorker:
         yield Notice(notice)
         yield from self._follow_compile(session)
 
-    def _call(self, command: Call) -> None:
+    def _call(self, command: Call) -> Iterator[Event]:
+        """Emits nothing: the caller hears through the future."""
+        yield from ()
         if not command.future.set_running_or_notify_cancel():
             return
         if self.session is None:
@@ -393,22 +372,21 @@ class InferenceWorker:
         except Exception as e:  # the caller sees it through the future
             command.future.set_exception(e)
 
-    def _connect(self, target: "RemoteTarget") -> Iterator[Event]:
+    def _connect(self, command: Connect) -> Iterator[Event]:
         from engine.remote.client import RemoteError  # the openai package loads only for a server
         from engine.remote.session import connect
 
+        target = command.target
         yield ModelLoading(f"connecting to {target.url}", 0.0)
         try:
             session = connect(target, self.sampling, self.system_prompt, self.context, stop=self.quitting)
         except RemoteError as e:
             yield Failed(str(e))
             return
-        if getattr(self.session, "compiled", None) is not None:
-            self.session.compiled.stop()  # the local model's compile is of no use to a server
-        if self.chat is not None:
-            notice = self.chat.save_cache()  # a local conversation being left resumes fast later
-            if notice is not None:
-                yield notice
+        left = self.session
+        if left is not None and left.capabilities.has_weights and left.compiled is not None:
+            left.compiled.stop()  # the local model's compile is of no use to a server
+        yield from save_cache(self.chat)
         self.session = session
         self.chat = SavedChat(session, self.store)
         if self.quitting.is_set():  # the app is closing; `shutdown` may have looked before this session
@@ -418,7 +396,7 @@ class InferenceWorker:
         yield session.cache_event()  # the server-wide cache fill, before the first turn
 
     def _load(self, command: Load) -> Iterator[Event]:
-        if self.session is not None and not self.session.saves_cache:
+        if self.session is not None and not self.session.capabilities.has_weights:
             yield Failed("the server decides the model's precision; restart without --server to run one here")
             return
         try:
@@ -454,9 +432,7 @@ class InferenceWorker:
                 # A compile for the old model would only compete for the cores and memory
                 # (a child process of ~0.9 GB each): fp32 -> bf16 -> w8 -> fp32 left four running.
                 self.session.compiled.stop()
-            notice = self.chat.save_cache()  # the cache belongs to the old model: keep it on disk first
-            if notice is not None:
-                yield notice
+            yield from save_cache(self.chat)  # the cache belongs to the old model: keep it on disk first
             old = self.session.loaded
             self.session.use_model(loaded)
             del old
@@ -496,3 +472,32 @@ class InferenceWorker:
         if session.compiled is build and build.state != "stopped":
             self.emit(decode_step(session))
             self.emit(Notice(build.describe()))
+
+    _HANDLERS: ClassVar[dict[type, Callable[[InferenceWorker, Any], Iterator[Event]]]] = {
+        Load: _load,
+        Connect: _connect,
+        NewChat: _new_chat,
+        Call: _call,
+        SetSpeculation: _set_speculation,
+        SetCachePrecision: _set_cache_precision,
+    }
+    """The commands the worker answers itself, whether or not a model is loaded."""
+
+
+_CHAT_COMMANDS: dict[type, Callable[[SavedChat, Any], Iterator[Event]]] = {
+    Send: lambda chat, c: chat.send(c.text),
+    Regenerate: lambda chat, c: chat.regenerate(),
+    Edit: lambda chat, c: chat.edit(c.index, c.text),
+    Fork: lambda chat, c: chat.fork(c.step, c.token_id, c.answer),
+    Resume: lambda chat, c: chat.resume(c.ref, c.use_cache),
+    StepVersion: lambda chat, c: chat.step_version(c.index, c.step),
+    SaveCache: lambda chat, c: save_cache(chat),
+}
+"""The conversation's commands, answered by the saved chat once a model is loaded."""
+
+
+def save_cache(chat: SavedChat | None) -> Iterator[Event]:
+    """Keep the conversation's KV cache on disk (a conversation being left resumes fast later)."""
+    notice = None if chat is None else chat.save_cache()
+    if notice is not None:
+        yield notice

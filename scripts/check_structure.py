@@ -56,8 +56,8 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{a.name}" for a in node.names)
+            submodules = {f"{base}.{a.name}" for a in node.names} & known
+            out.update(submodules or {base})  # `from pkg import module` imports the module
     return {_owner(m, known) for m in out if _owner(m, known)} - {name}
 
 

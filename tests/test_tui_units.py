@@ -14,7 +14,7 @@ from tui.config import Config, load_config, save_theme
 from tui.fmt import entropy_bits, human_bytes, sparkline, visible_piece
 from tui.options import options_from
 from tui.screens.settings import check_field, field_text, parse_field
-from tui.turns import Turns
+from tui.turns import TurnState
 from tui.widgets.token_stream import pack_tail
 
 
@@ -133,7 +133,7 @@ def test_pack_tail_keeps_the_newest_chips_that_fit():
 
 
 def test_turns_hand_the_engine_one_prompt_at_a_time():
-    turns = Turns()
+    turns = TurnState()
     assert "waiting for the model to load" in turns.submit("a")
     assert turns.next_prompt() is None  # still loading
     turns.load_finished(have_model=True)

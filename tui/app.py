@@ -43,7 +43,7 @@ from tui.messages import Doorbell, EngineEvent, EngineStarted, Inbox, Pacer, gat
 from tui.options import AppOptions
 from tui.router import Router, turn_summary
 from tui.stop_signals import catch_stop_signals, end_later
-from tui.turns import Turns
+from tui.turns import TurnState
 from tui.widgets.chat_log import ChatLog, ChatMessage, UserMessage
 from tui.widgets.kv_cache import SHORT_DTYPE, KVCachePanel
 from tui.widgets.phase import PhasePanel
@@ -93,7 +93,7 @@ class ChatApp(App[None]):
         """The drafter (None: plain decoding) and K, as last asked for (Settings shows them)."""
         self.kv_cache: str | None = self.options.kv_cache
         """The KV cache precision as last asked for (None: the model precision's own)."""
-        self.turns = Turns()
+        self.turns = TurnState()
         self.inbox = Inbox()
         self.pacer = Pacer()
         self.router = Router(self)

@@ -20,7 +20,7 @@ from tui.widgets.token_stream import TokenStream
 from tui.widgets.top_k import TopKPanel
 
 if TYPE_CHECKING:
-    from tui.app import ChatApp
+    from tui.app_parts import AppParts
 
 
 def heading(event: ConversationLoaded) -> str:
@@ -30,7 +30,7 @@ def heading(event: ConversationLoaded) -> str:
 
 
 class History:
-    def __init__(self, app: ChatApp) -> None:
+    def __init__(self, app: AppParts) -> None:
         self.app = app
         self.conversation_id: int | None = None
         """The saved conversation shown in the chat (None for a new chat not saved yet)."""

@@ -21,15 +21,16 @@ from textual.binding import Binding
 
 from engine.events import DraftRound, Event, Forked, PhaseChanged, StepPaused, TurnFinished, TurnStats
 from engine.speculative.speedup import PlainBaseline, SpeedUp
+from tui.app_parts import InstrumentView
 
 if TYPE_CHECKING:
     from textual.app import SystemCommand
+    from textual.screen import Screen
 
     from engine.instruments.trace import AnswerTrace
     from engine.instruments.view import SessionView
-    from tui.app import ChatApp
+    from tui.app_parts import AppParts
     from tui.engine_link import Engine
-    from tui.screens.instrument import InstrumentScreen
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ class PendingFork:
 
 
 class Instruments:
-    def __init__(self, app: ChatApp) -> None:
+    def __init__(self, app: AppParts) -> None:
         self.app = app
         self.last_stats: TurnStats | None = None
         """The newest finished turn's measurements (for the two phases)."""
@@ -254,8 +255,15 @@ class Instruments:
         """The running session, once a model has loaded (the fake engines of some tests have none)."""
         return None if self.app.engine is None else self.app.engine.session
 
+    @property
+    def local(self) -> bool:
+        """The weights are in this process: the session's capabilities say once there is one; before,
+        the options do (a server is chosen before it answers)."""
+        session = self.session
+        return not self.app.options.remote if session is None else session.capabilities.has_weights
+
     def _ready(self, name: str) -> bool:
-        if self.app.options.remote and name not in REMOTE:  # weights, cache and decode loop: on the server
+        if not self.local and name not in REMOTE:  # weights, cache and decode loop: on the server
             title = BY_NAME[name].title if name in BY_NAME else "This instrument"
             self.app.notify(
                 f"{title} reads the model's weights, KV cache or decode loop: it needs the local engine "
@@ -281,14 +289,12 @@ class Instruments:
         if not self._ready(name):
             return
         screen = self._screen(name, step, answer)
-        from tui.screens.instrument import InstrumentScreen
-
-        if isinstance(self.app.screen, InstrumentScreen):
+        if isinstance(self.app.screen, InstrumentView):
             self.app.switch_screen(screen)
         else:
             self.app.push_screen(screen)
 
-    def _screen(self, name: str, step: int | None, answer: AnswerRef | None) -> InstrumentScreen:
+    def _screen(self, name: str, step: int | None, answer: AnswerRef | None) -> Screen[None]:
         if name not in SCREENS:
             raise ValueError(f"no instrument {name!r}")
         # Imported only now: each screen imports torch-backed engine modules, loaded with the model.
@@ -311,9 +317,7 @@ class Instruments:
                 f"{lesson.help} ({lesson.key})",
                 lambda name=lesson.name: self.open(name),
             )
-        from tui.screens.instrument import InstrumentScreen
-
-        if isinstance(self.app.screen, InstrumentScreen):
+        if isinstance(self.app.screen, InstrumentView):
             screen = self.app.screen
             yield SystemCommand(
                 "Explain this instrument", "What it shows, and the formula (?)", screen.action_explain
@@ -335,10 +339,8 @@ class Instruments:
                 self._rounds.append(event)
             case PhaseChanged(phase="prefill"):
                 self._rounds = []
-        from tui.screens.instrument import InstrumentScreen
-
         for screen in self.app.screen_stack:
-            if isinstance(screen, InstrumentScreen):
+            if isinstance(screen, InstrumentView):
                 screen.engine_said(event)
 
     def _measure_speculation(self, stats: TurnStats) -> None:
@@ -350,8 +352,8 @@ class Instruments:
     # -- step mode --------------------------------------------------------------------
     @property
     def stepping(self) -> bool:
-        gate = getattr(self.session, "step_gate", None)  # a remote session has none
-        return gate is not None and gate.enabled
+        session = self.session
+        return session is not None and session.capabilities.can_step and session.step_gate.enabled
 
     def toggle_step(self) -> None:
         if not self._ready("step"):
@@ -413,8 +415,8 @@ class Instruments:
     # -- fork ---------------------------------------------------------------------------
     def fork(self, answer: AnswerRef, step: int, token_id: int) -> bool:
         """Continue `answer` from `step` with `token_id`; False (and why, in a notice) if it cannot now."""
-        turns = self.app.turns
-        if self.app.options.remote:
+        turns, session = self.app.turns, self.session
+        if not (self.local if session is None else session.capabilities.can_fork):
             self.app.notify(
                 "Forking needs the local engine: a server cannot continue from a chosen token.",
                 severity="warning",

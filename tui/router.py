@@ -36,7 +36,7 @@ from tui.widgets.token_stream import TokenStream
 from tui.widgets.top_k import TopKPanel
 
 if TYPE_CHECKING:
-    from tui.app import ChatApp
+    from tui.app_parts import AppParts
 
 STATS_S = 0.5
 """Panels repaint at most this often while tokens stream (twice a second)."""
@@ -72,7 +72,7 @@ def prefill_note(event: PhaseChanged) -> str:
 
 
 class Router:
-    def __init__(self, app: "ChatApp") -> None:
+    def __init__(self, app: AppParts) -> None:
         self.app = app
         self._stats_shown = 0.0
         self._stats_timer: Timer | None = None

@@ -8,7 +8,10 @@ from __future__ import annotations
 from collections import deque
 
 
-class Turns:
+class TurnState:
+    """Whether a prompt may go to the engine now, and the prompts waiting (the conversation's own
+    turns are engine/conversation.py `Turns`)."""
+
     def __init__(self) -> None:
         self.loading = True
         """A model is being loaded (at start, or after a precision switch)."""

@@ -19,6 +19,7 @@ from collections.abc import Sequence, Set
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from engine.capabilities import Capabilities
     from engine.conversation import Message
     from engine.detok import PieceNamer
     from engine.events import ModelInfo
@@ -44,6 +45,10 @@ class SessionView(Protocol):
 
     @property
     def info(self) -> ModelInfo: ...
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the session can do (engine/capabilities.py): ask it before `step_gate` or `loaded`."""
 
     @property
     def loaded(self) -> LoadedModel:

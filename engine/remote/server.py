@@ -16,7 +16,7 @@ from engine.remote import dialects
 from engine.remote.client import RemoteClient, RemoteError
 from engine.remote.dialects import Dialect
 from engine.remote.request import OFF
-from engine.remote.shape import LLAMA_SERVER_CACHE_BYTES, ModelShape, gguf_shape
+from engine.remote.shape import LLAMA_SERVER_CACHE_BYTES, GgufShape, gguf_shape
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Server:
     dialect: Dialect
     context: int | None
     """Tokens one conversation may hold on the server (its slot or max model length)."""
-    shape: ModelShape | None
+    shape: GgufShape | None
     cache_element_bytes: int | None
     parameters: int | None
     weight_bytes: int | None

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any, Iterator
 
+from engine.capabilities import ON_SERVER
 from engine.errors import one_line
 from engine.events import (
     CacheChanged,
@@ -97,8 +98,8 @@ def model_info(server: Server, connect_s: float) -> ModelInfo:
 class RemoteSession(Turns):
     """Messages here, the model and its cache on the server."""
 
-    saves_cache = False
-    """No KV cache file: the cache lives on the server (SavedChat asks)."""
+    capabilities = ON_SERVER
+    """The server keeps the weights, the KV cache (no cache file) and the decode loop."""
     speculation = None
     """Never speculative here: the server decides how it decodes."""
 

@@ -18,7 +18,10 @@ which it does not report: the formula says it assumes the default."""
 
 
 @dataclass(frozen=True)
-class ModelShape:
+class GgufShape:
+    """The KV-cache shape a GGUF header gives (engine/instruments/phases.py `ModelShape` is the
+    loaded model's fuller one, for the phase counts)."""
+
     layers: int
     heads: int
     kv_heads: int
@@ -28,7 +31,7 @@ class ModelShape:
     context_trained: int | None
 
 
-def gguf_shape(path: str | None) -> ModelShape | None:
+def gguf_shape(path: str | None) -> GgufShape | None:
     """The shape from a GGUF file's header, or None when it is not readable here."""
     if not path or not Path(path).is_file():
         return None
@@ -47,7 +50,7 @@ def gguf_shape(path: str | None) -> ModelShape | None:
     if not all(_whole(v) for v in (layers, heads, kv_heads, head_dim, hidden)):
         return None  # per-layer head counts (a list) and the like: not one formula
     vocab, trained = meta.get(f"{arch}.vocab_size"), meta.get(f"{arch}.context_length")
-    return ModelShape(
+    return GgufShape(
         layers=layers,
         heads=heads,
         kv_heads=kv_heads,

@@ -8,7 +8,8 @@ An edit or a regeneration starts a sibling branch; the old one stays, and `step_
 moves between them.
 
 The session is either kind: a local `ChatSession` or a `RemoteSession` (engine/remote/),
-whose record names the server URL and model and which has no KV cache file (`saves_cache`).
+whose record names the server URL and model and which has no KV cache file
+(`capabilities.saves_cache`).
 
 Resuming restores the messages and, when the saved KV cache file was made by this very
 model and precision and is intact, the cache too, as far as it matches the conversation:
@@ -162,7 +163,7 @@ class SavedChat:
         self.conversation_id = conversation.id
         self._show(path)
         yield loaded
-        if use_cache and self.session.saves_cache:
+        if use_cache and self.session.capabilities.saves_cache:
             history, needed = self._history()
             path = self.store.cache_path(conversation.id)
             cache, notice = load_cache(path, self.session.loaded, history, needed, self.session.info)
@@ -225,7 +226,7 @@ class SavedChat:
     # -- the KV cache file ------------------------------------------------------------
     def save_cache(self) -> Notice | None:
         """Write the session's KV cache next to the store, for a resume without prefill."""
-        if self.store is None or self.conversation_id is None or not self.session.saves_cache:
+        if self.store is None or self.conversation_id is None or not self.session.capabilities.saves_cache:
             return None
         if len(self.session.cache) == 0:
             return None

@@ -226,8 +226,8 @@ class InspectorScreen(InstrumentScreen):
         record = self.ref.trace.record(self.step, session.namer)
         forked_here = self.ref.trace.fork_step == self.step
         ended = self.ref.message is not None and self.step == len(self.steps) - 1
-        server = self.link.app.options.remote
-        lines = record_lines(record, len(self.steps), forked_here, ended, server)
+        can = session.capabilities
+        lines = record_lines(record, len(self.steps), forked_here, ended, can.on_server)
         record_view.update(Content("\n").join(lines))
         candidates = record.top_k
         taken = [c for c in candidates if same_token(c, record)]
@@ -238,7 +238,7 @@ class InspectorScreen(InstrumentScreen):
         alternatives.set_candidates(candidates, marks, alternatives.cursor)
         self.query_one(TokenStrip).move_to(self.step)
         self.set_title_line(f"{self.ref.label} · step {self.step + 1} of {len(self.steps)}")
-        if server:
+        if not can.can_fork:
             hint.update("Forking from a token needs the local engine (a server cannot continue from one).")
         elif self.ref.message is None:
             hint.update("Only a finished answer in the conversation can be forked.")
