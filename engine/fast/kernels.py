@@ -90,7 +90,8 @@ _notes: list[str] = []
 
 
 class BuildBusy(Exception):
-    """Another live process kept building the kernels for longer than we wait."""
+    """The build did not finish through no fault of its own: another live process held it for
+    longer than we wait, or it was stopped. Not remembered: the next load tries again."""
 
 
 class BuildFailed(Exception):
@@ -203,6 +204,8 @@ def _build_in_a_child(name: str, directory: Path) -> None:
         out, _ = child.communicate()
     finally:
         _builds.remove(child)
+    if child.returncode < 0:  # stopped by a signal (the app quitting, a test ending): not the build's fault
+        raise BuildBusy(f"the kernel's build was stopped (signal {-child.returncode})")
     if child.returncode != 0:
         lines = out.strip().splitlines()
         raise BuildFailed(lines[-1] if lines else f"the kernel's build ended with status {child.returncode}")
