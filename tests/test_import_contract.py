@@ -5,6 +5,7 @@ inside functions count. (No import cycle anywhere: scripts/check_structure.py, r
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from fnmatch import fnmatch
@@ -63,3 +64,19 @@ def test_the_structure_script_finds_no_cycle_and_no_overlong_function():
         [sys.executable, str(ROOT / "scripts" / "check_structure.py")], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_readme_layout_names_every_module():
+    """README's Layout is the tree as it is: each module, kernel and theme of engine/, tui/ and
+    themes/ is named there (a new file gets its line when it is added)."""
+    block = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("```", 2)[1]
+    files = [
+        path
+        for package in ("engine", "tui", "themes")
+        for path in sorted((ROOT / package).rglob("*"))
+        if path.suffix in (".py", ".cpp", ".h", ".tcss") and path.name != "__init__.py"
+    ]
+    missing = [
+        str(p.relative_to(ROOT)) for p in files if not re.search(rf"(?<![\w/]){re.escape(p.name)}", block)
+    ]
+    assert missing == []
