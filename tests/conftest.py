@@ -30,3 +30,26 @@ def smollm2():
     from engine import models
 
     return models.load(models.DEFAULT_MODEL, "fp32", "cpu")
+
+
+COMPILE_MODULES = {
+    "test_compiled.py",
+    "test_decode_step.py",
+    "test_graphed.py",
+    "test_matvec.py",
+    "test_compile_stuck.py",
+    "test_saved_step.py",
+    "test_build_group.py",
+}
+"""Modules whose tests compile a decode step or build the C++ kernels (fresh processes, minutes)."""
+SERVER_FIXTURES = {"llama_server", "own_llama_server"}
+
+
+def pytest_collection_modifyitems(items):
+    """Mark the slow kinds by what they use, so `-m "not compile and not server"` leaves them out:
+    `server` (a real llama.cpp server), `compile` (a compiled step or a kernel build)."""
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+        if item.path.name in COMPILE_MODULES or "kernel_sources_compile" in item.name:
+            item.add_marker(pytest.mark.compile)
