@@ -12,7 +12,7 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:,.0f}M"
 
 
-def print_tables(result: dict) -> None:
+def print_tables(result: dict) -> None:  # noqa: C901 (issue 32: to split, a function per table)
     console = Console()
     title = f"{result['model']} on {result['device']}" + (
         " (random weights)" if result["random_weights"] else ""

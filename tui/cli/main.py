@@ -230,7 +230,7 @@ def resolve_resume(ref: str) -> int:
 
 
 @app.command()
-def ask(
+def ask(  # noqa: C901 (issue 32: to split into named steps)
     prompts: list[str] = typer.Argument(..., help="The question; each extra prompt is a follow-up turn."),
     model: Optional[str] = typer.Option(
         None,
