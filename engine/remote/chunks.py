@@ -101,14 +101,15 @@ def _entry(item: Any, stream_id: int | None) -> Entry:
         piece=readable_bytes(own),
         span=span,
         own=own,
-        logprob=item.logprob if _finite(item.logprob) else None,
+        logprob=_logprob(item.logprob),
         top=tuple(c for c in top if c.prob > 0),
     )
 
 
 def _candidate(alt: Any) -> Candidate:
     extra = alt.model_extra or {}
-    prob = math.exp(alt.logprob) if _finite(alt.logprob) else 0.0  # -inf: filtered out by the server
+    logprob = _logprob(alt.logprob)
+    prob = math.exp(logprob) if logprob is not None else 0.0  # -inf: filtered out by the server
     return Candidate(_int(extra.get("id")), readable_bytes(_bytes(alt.bytes, alt.token)), prob)
 
 
@@ -144,8 +145,21 @@ def _has(ids: Any, i: int) -> bool:
     return isinstance(ids, list) and i < len(ids)
 
 
+MAX_COUNT = 2**31 - 1
+"""No server counts more tokens than this; a larger count is read as not reported (a count past
+SQLite's integers lost a whole answer)."""
+
+
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    """A count or an id as the server sent it, or None where it is not one a server could send."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    return value if whole and 0 <= value <= MAX_COUNT else None
+
+
+def _logprob(value: Any) -> float | None:
+    """A log-probability: finite, and at most 0 (a server's rounding may pass 0 by a hair; one past
+    exp's range ended the turn with an OverflowError)."""
+    return min(float(value), 0.0) if _finite(value) else None
 
 
 def _finite(value: Any) -> bool:

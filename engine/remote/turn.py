@@ -10,6 +10,7 @@ never instead of them: the difference is network and queueing.
 from __future__ import annotations
 
 import codecs
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from engine.events import (
     TokenSampled,
     TurnStats,
 )
-from engine.remote.chunks import Chunk, Entry, Progress, Usage
+from engine.remote.chunks import MAX_COUNT, Chunk, Entry, Progress, Usage
 from engine.remote.seen import SeenTokens
 
 
@@ -167,7 +168,7 @@ class RemoteTurn:
 
     def _tokens_in(self, chunk: Chunk) -> int:
         """Tokens this chunk carried: llama.cpp's running count where given, else its entries."""
-        counted = (self.timings or {}).get("predicted_n")
+        counted = _whole((self.timings or {}).get("predicted_n"))
         if isinstance(counted, int) and counted > self.server_tokens:
             tokens, self.server_tokens = counted - self.server_tokens, counted
             return max(tokens, len(chunk.entries))
@@ -191,8 +192,8 @@ class RemoteTurn:
     def reused_tokens(self) -> int | None:
         if self.usage and self.usage.cached_tokens is not None:
             return self.usage.cached_tokens
-        cache_n = (self.timings or {}).get("cache_n")
-        if isinstance(cache_n, int):
+        cache_n = _whole((self.timings or {}).get("cache_n"))
+        if cache_n is not None:
             return cache_n
         return self.progress.cache if self.progress else None
 
@@ -218,7 +219,10 @@ class RemoteTurn:
 
     def stats(self, stop: StopReason) -> TurnStats:
         prompt, reused = self.prompt_tokens(), self.reused_tokens()
-        prefilled = prompt - reused if prompt is not None and reused is not None else None
+        # A server that says it reused more than the prompt reported neither figure rightly.
+        prefilled = (
+            prompt - reused if prompt is not None and reused is not None and reused <= prompt else None
+        )
         ttft = self.ttft_s if self.ttft_s is not None else time.perf_counter() - self.started
         itl = self.itl
         return TurnStats(
@@ -260,8 +264,12 @@ def _same(candidate_id: int | None, candidate_piece: str, entry: Entry) -> bool:
 
 
 def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A figure the server reported, or None: a NaN or an infinity is no figure (and no JSON)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if number and math.isfinite(value) and abs(value) < 1e15 else None
 
 
 def _whole(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return (
+        value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT else None
+    )
