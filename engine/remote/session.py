@@ -246,13 +246,18 @@ class RemoteSession(Turns):
         stream = self.client.stream(request)
         yield from turn.opened()
         for chunk in stream.chunks():
-            had_tokens = turn.entries
-            yield from turn.add(parse(chunk))
+            had_tokens, read = turn.entries, parse(chunk)
+            if read.entries and had_tokens >= self.sampling.max_new_tokens:
+                turn.finish = "length"  # a server that ignores max_tokens would stream on for good
+                break
+            yield from turn.add(read)
             if turn.entries > had_tokens and turn.context_tokens() is not None:
                 yield self._cache_event(turn.context_tokens())
             if self.cancel.is_set():
                 break
         stream.close()
+        if turn.finish is None and not self.cancel.is_set():
+            raise RemoteError(f"the stream from {self.client.shown} ended without its end (no finish_reason)")
 
     def _note_unsupported(self) -> Iterator[Event]:
         """Say once per change which settings in use this server does not accept."""

@@ -13,7 +13,7 @@ from engine.events import TokenSampled, TurnFinished, to_json
 from engine.remote.session import connect
 from engine.remote.target import RemoteTarget
 from engine.sampling import SamplingSettings
-from tests.reliability.hostile_server import chunk, stream_reply
+from tests.reliability.hostile_server import Reply, chunk, stream_reply
 
 
 def alternatives(logprob: float) -> dict:
@@ -70,3 +70,32 @@ def test_server_timings_out_of_range_are_read_as_not_reported(hostile, case):
     stats = finished.stats
     assert stats.prefilled_tokens is None or stats.prefilled_tokens >= 0
     assert stats.generated_tokens < 10**6
+
+
+ENDLESS = [chunk(f"t{i} ") for i in range(40)]
+CUT = {
+    "cut after four tokens": stream_reply(*ENDLESS[:4], done=False),
+    "an empty 200": Reply(200, [], content_type="text/event-stream", length=False),
+    "[DONE] alone": stream_reply(),
+    "an html page": Reply(200, [b"<html><body>maintenance</body></html>"], content_type="text/html"),
+}
+
+
+@pytest.mark.parametrize("case", CUT)
+def test_a_stream_that_ends_without_its_end_says_so_and_keeps_what_came(hostile, case):
+    server = hostile({("POST", "/v1/chat/completions"): CUT[case]})
+    session = connect(RemoteTarget(server.url), SamplingSettings(temperature=0))
+    finished = list(session.send("Hi"))[-1]
+    assert finished.stats.stop == "error" and finished.error, finished
+    assert "\n" not in finished.error
+    assert session.messages[-1].content == finished.text
+    if case == "cut after four tokens":
+        assert finished.text == "t0 t1 t2 t3 " and "ended without its end" in finished.error
+
+
+def test_a_server_that_ignores_max_tokens_is_stopped_at_it(hostile):
+    server = hostile({("POST", "/v1/chat/completions"): stream_reply(*ENDLESS, chunk("", finish="stop"))})
+    session = connect(RemoteTarget(server.url), SamplingSettings(temperature=0, max_new_tokens=8))
+    finished = list(session.send("Hi"))[-1]
+    assert finished.stats.stop == "length" and not finished.error
+    assert finished.text == "".join(f"t{i} " for i in range(8))
