@@ -38,7 +38,7 @@ def detect(client: RemoteClient, wanted: str | None) -> Server:
     entry = _model_entry(client, wanted)
     dialect = dialects.BY_OWNER.get(str(entry.get("owned_by", "")).lower())
     if dialect is None:
-        dialect = dialects.OLLAMA if client.probe_json("/api/version") else None
+        dialect = dialects.OLLAMA if isinstance(client.probe_json("/api/version"), dict) else None
     if dialect is None and isinstance(client.probe_json("/props"), dict):
         dialect = dialects.LLAMA_CPP  # a llama-server renamed by a proxy still has /props
     detect_kind = {
@@ -56,6 +56,8 @@ def _model_entry(client: RemoteClient, wanted: str | None) -> dict:
     if not isinstance(models, list) or not models:
         raise RemoteError(f"{client.shown}/models lists no models")
     entries = [m for m in models if isinstance(m, dict) and m.get("id")]
+    if not entries:
+        raise RemoteError(f"{client.shown}/models lists no model with an id")
     if wanted is None:
         return entries[0]
     for entry in entries:
@@ -140,7 +142,8 @@ _SGLANG_SIZES = (
 
 
 def _ollama(client: RemoteClient, entry: dict) -> Server:
-    version = (client.probe_json("/api/version") or {}).get("version")
+    version = _object(client.probe_json("/api/version")).get("version")
+    version = version if isinstance(version, str) else None
     return _plain(_info(client, dialects.OLLAMA, entry, version=version), dialects.OLLAMA, entry)
 
 
@@ -165,3 +168,8 @@ def _plain(info: ServerInfo, dialect: Dialect, entry: dict) -> Server:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _object(value: Any) -> dict:
+    """A JSON object a server sent, or {} where it sent something else (read as not reported)."""
+    return value if isinstance(value, dict) else {}
