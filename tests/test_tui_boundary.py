@@ -60,6 +60,7 @@ def test_a_chat_session_has_every_attribute_of_its_view(tiny_loaded):
 
     session = ChatSession(tiny_loaded)
     assert protocol_members(SessionView) == [
+        "capabilities",
         "info",
         "loaded",
         "messages",
