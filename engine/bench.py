@@ -120,12 +120,20 @@ class PrecisionResult:
         return ours / theirs if theirs else 0.0
 
     def as_dict(self) -> dict:
-        return {
+        """The JSON record: sizes, speeds, the other measurements, then memory and the bound."""
+        sizes = {
             "precision": self.precision,
             "device": self.device,
             "weight_bytes": self.weight_bytes,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "read_bytes_per_token": self.read_bytes_per_token,
+        }
+        return {**sizes, **self._speeds(), **self._measurements(), **self._memory_and_bound()}
+
+    def _speeds(self) -> dict:
+        """Prefill and each decode's speed, and our decode's ratios to `generate`'s."""
+        tok_s = self.decode.get("tok_s", 0.0)
+        return {
             "prefill": self.prefill,
             "decode": self.decode,
             "decode_step": self.decode_step,
@@ -133,15 +141,25 @@ class PrecisionResult:
             "compiled": self.compiled,
             "generate": self.generate,
             "decode_vs_generate": round(self.decode_vs_generate, 3),
-            "decode_vs_fp32_generate": round(self.decode.get("tok_s", 0.0) / self.fp32_generate_tok_s, 3)
+            "decode_vs_fp32_generate": round(tok_s / self.fp32_generate_tok_s, 3)
             if self.fp32_generate_tok_s
             else 0.0,
+        }
+
+    def _measurements(self) -> dict:
+        """Quality, reuse and long context; speculative and KV cache runs only where measured."""
+        return {
             "quality": self.quality,
             "multi_turn": self.multi_turn,
             "long_context": self.long_context,
             **({"speculative": self.speculative} if self.speculative else {}),
             **({"kv_cache": self.kv_cache} if self.kv_cache else {}),
             "contention": self.contention,
+        }
+
+    def _memory_and_bound(self) -> dict:
+        """The peak memory, and decode against the memory-bandwidth bound."""
+        return {
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_memory_scope": self.peak_memory_scope,
             "bandwidth_bound_tok_s": round(self.bandwidth_bound_tok_s, 1),
@@ -305,36 +323,30 @@ def bench_decode(loaded: LoadedModel, tokens: int, repeats: int, compile: bool) 
             finished, itl = measure_ours(loaded, ids, tokens, False)
         record("eager", finished.stats.ttft_s, itl)
         record("generate", *measure_generate(loaded, ids, tokens))
+    return DecodeRuns(**{name: _decode_summary(*runs[name], tokens) for name in DecodeRuns._fields})
 
-    def summary(itls: list[list[float]], ttfts: list[float]) -> dict:
-        # Per-run decode rate, then the median run: robust to one noisy run.
-        rates = sorted(len(itl) / sum(itl) for itl in itls)
-        flat = [x for itl in itls for x in itl]
-        return {
-            "tok_s": round(statistics.median(rates), 2),
-            "ttft_ms": round(statistics.median(ttfts) * 1000, 2),
-            **_ms(flat),
-            "tokens": tokens,
-        }
 
-    return DecodeRuns(**{name: summary(*runs[name]) for name in DecodeRuns._fields})
+def _decode_summary(itls: list[list[float]], ttfts: list[float], tokens: int) -> dict:
+    """Runs' inter-token latencies and TTFTs as one decode's figures."""
+    # Per-run decode rate, then the median run: robust to one noisy run.
+    rates = sorted(len(itl) / sum(itl) for itl in itls)
+    flat = [x for itl in itls for x in itl]
+    return {
+        "tok_s": round(statistics.median(rates), 2),
+        "ttft_ms": round(statistics.median(ttfts) * 1000, 2),
+        **_ms(flat),
+        "tokens": tokens,
+    }
 
 
 def bench_multi_turn(loaded: LoadedModel, turns: int, answer_tokens: int = 32) -> dict:
     """Turn-N TTFT with the cache reused against the same conversation prefilled from scratch."""
     session = _greedy(loaded, answer_tokens)
-    last = None
-    for question in QUESTIONS[:turns]:
-        for event in session.send(question):
-            if isinstance(event, TurnFinished):
-                last = event.stats
+    last = _finished_stats(event for question in QUESTIONS[:turns] for event in session.send(question))
     history = list(session.messages[:-1])  # the last turn again, from an empty cache
     fresh = _greedy(loaded, answer_tokens)
     fresh.messages = history
-    fresh_stats = None
-    for event in fresh.answer():
-        if isinstance(event, TurnFinished):
-            fresh_stats = event.stats
+    fresh_stats = _finished_stats(fresh.answer())
     return {
         "turn": turns,
         "prompt_tokens": last.prompt_tokens,
@@ -343,6 +355,15 @@ def bench_multi_turn(loaded: LoadedModel, turns: int, answer_tokens: int = 32) -
         "ttft_ms_fresh": round(fresh_stats.ttft_s * 1000, 2),
         "speedup": round(fresh_stats.ttft_s / last.ttft_s, 2) if last.ttft_s else 0.0,
     }
+
+
+def _finished_stats(events):
+    """The stats of the last turn that finished in `events` (read to the end); None if none did."""
+    stats = None
+    for event in events:
+        if isinstance(event, TurnFinished):
+            stats = event.stats
+    return stats
 
 
 def bench_long_context(
@@ -379,26 +400,12 @@ def bench_kv_cache(
     kernel = kernels.load("step")
     session = _greedy(loaded, tokens, compile)
     ids = prompt_ids(loaded.tokenizer, context)
-    with torch.inference_mode():
-        for start in range(0, len(ids) - 1, 512):
-            session.forward(ids[start : min(start + 512, len(ids) - 1)])
-    filled = session.cache
-    caches = {p: filled.converted(p) for p in precisions}
+    caches = _filled_caches(session, ids, precisions)
     for precision in precisions if compile else ():  # each float cache's step built before any is timed
         session.set_cache_precision(precision)
         if session.compiled is not None:
             session.compiled.wait_settled(900)
-    itls: dict[str, list[float]] = {p: [] for p in precisions}
-    attention_s: dict[str, list[float]] = {p: [] for p in precisions}
-    steps: dict[str, str] = {}
-    for _ in range(repeats):
-        for precision in precisions:
-            session.set_cache_precision(precision)
-            session.cache = caches[precision]
-            runner = session.run(ids, stop_at_eos=False)  # reuses all but the last id, then decodes
-            itls[precision] += _latencies(runner)[1:]
-            steps[precision] = "compiled step" if session.decoded_by[1] == "compiled" else "eager fast path"
-            attention_s[precision] += _attention_alone(session, tokens)
+    timed = _time_kv_caches(session, ids, caches, tokens, repeats)
     attention = f"tensor ops ({kernel})" if kernel else "the C++ kernel (reads each precision as stored)"
     result = {}
     for precision in precisions:
@@ -408,16 +415,57 @@ def bench_kv_cache(
             "context": context,
             "kv_bytes_read_per_step": per_token * context,
             "bytes_read_per_step": read_bytes + per_token * context,
-            "itl_ms_long": round(statistics.median(itls[precision]) * 1000, 3),
-            "attention_ms": round(statistics.median(attention_s[precision]) * 1000, 3),
-            # Best of: on a shared machine other work only adds, so the minimum is the steadiest.
-            "itl_ms_min": round(min(itls[precision]) * 1000, 3),
-            "attention_ms_min": round(min(attention_s[precision], default=0.0) * 1000, 3),
-            **_ms(itls[precision]),
-            "step": steps[precision],
+            **timed[precision].as_dict(),
             "attention": attention,
         }
     return result
+
+
+def _filled_caches(session: ChatSession, ids: list[int], precisions: tuple[str, ...]) -> dict:
+    """All but the last of `ids` prefilled once, in 512-token chunks, into an fp32 cache, then
+    converted to each precision."""
+    with torch.inference_mode():
+        for start in range(0, len(ids) - 1, 512):
+            session.forward(ids[start : min(start + 512, len(ids) - 1)])
+    filled = session.cache
+    return {p: filled.converted(p) for p in precisions}
+
+
+@dataclass
+class _CacheTimes:
+    """One KV cache precision's decode timings at long context."""
+
+    itls: list[float] = field(default_factory=list)
+    attention_s: list[float] = field(default_factory=list)
+    step: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "itl_ms_long": round(statistics.median(self.itls) * 1000, 3),
+            "attention_ms": round(statistics.median(self.attention_s) * 1000, 3),
+            # Best of: on a shared machine other work only adds, so the minimum is the steadiest.
+            "itl_ms_min": round(min(self.itls) * 1000, 3),
+            "attention_ms_min": round(min(self.attention_s, default=0.0) * 1000, 3),
+            **_ms(self.itls),
+            "step": self.step,
+        }
+
+
+def _time_kv_caches(
+    session: ChatSession, ids: list[int], caches: dict, tokens: int, repeats: int
+) -> dict[str, _CacheTimes]:
+    """Decode from each filled cache in turn, a round of every precision per repeat."""
+    times = {precision: _CacheTimes() for precision in caches}
+    for _ in range(repeats):
+        for precision, cache in caches.items():
+            session.set_cache_precision(precision)
+            session.cache = cache
+            runner = session.run(ids, stop_at_eos=False)  # reuses all but the last id, then decodes
+            times[precision].itls += _latencies(runner)[1:]
+            compiled = session.decoded_by[1] == "compiled"
+            times[precision].step = "compiled step" if compiled else "eager fast path"
+            times[precision].attention_s += _attention_alone(session, tokens)
+    return times
 
 
 def _attention_alone(session: ChatSession, repeats: int) -> list[float]:
@@ -433,12 +481,17 @@ def _attention_alone(session: ChatSession, repeats: int) -> list[float]:
     with torch.inference_mode():
         for _ in range(repeats):
             started = time.perf_counter()
-            for layer in session.cache.layers:
-                stored = layer.quantized() if session.cache.quantized else (layer.keys, layer.values)
-                keys, values = (stored, None) if session.cache.quantized else stored
-                fast.attention(q, keys, values, None, position)
+            _attend_every_layer(fast, session.cache, q, position)
             times.append(time.perf_counter() - started)
     return times
+
+
+def _attend_every_layer(fast, cache, q: torch.Tensor, position: torch.Tensor) -> None:
+    """One query's attention over each layer of `cache`, read as stored."""
+    for layer in cache.layers:
+        stored = layer.quantized() if cache.quantized else (layer.keys, layer.values)
+        keys, values = (stored, None) if cache.quantized else stored
+        fast.attention(q, keys, values, None, position)
 
 
 def _latencies(runner) -> list[float]:
@@ -458,18 +511,11 @@ def bench_kv_cache_quality(loaded: LoadedModel, precisions: tuple[str, ...], tok
     session = _greedy(loaded, tokens)
     result = {}
     for precision in precisions:
-        agree, kl = [], []
+        steps = []
         for question in QUESTIONS:
             ids = session.template([Message("user", question)])
-            compared = compare_kv_cache(loaded, ids, precision, tokens, session.stop_ids)
-            agree += [s.agree for s in compared.steps]
-            kl += [s.kl for s in compared.steps]
-        result[precision] = {
-            "steps": len(agree),
-            "top1_agreement": round(sum(agree) / len(agree), 3),
-            "mean_kl_nats": round(statistics.fmean(kl), 5),
-            "max_kl_nats": round(max(kl), 4),
-        }
+            steps += compare_kv_cache(loaded, ids, precision, tokens, session.stop_ids).steps
+        result[precision] = _agreement(steps, kl_digits=5)
     return result
 
 
@@ -479,19 +525,25 @@ def bench_quality(reference: LoadedModel, loaded: LoadedModel, tokens: int = 32)
     from engine.instruments.precision_compare import compare_precisions
 
     session = _greedy(reference, tokens)
-    agree, kl = [], []
+    steps = []
     for question in QUESTIONS:
         session.messages = [Message("user", question)]
         compared = compare_precisions(
             reference, loaded, session.template(session.messages), tokens, session.stop_ids
         )
-        agree += [s.agree for s in compared.steps]
-        kl += [s.kl for s in compared.steps]
+        steps += compared.steps
+    return _agreement(steps, kl_digits=4)
+
+
+def _agreement(steps: list, kl_digits: int) -> dict:
+    """How teacher-forced steps (each with `agree` and `kl`) matched the reference: the share whose
+    top token agreed, and the mean KL to `kl_digits` decimals (its largest to one fewer)."""
+    agree, kl = [s.agree for s in steps], [s.kl for s in steps]
     return {
         "steps": len(agree),
         "top1_agreement": round(sum(agree) / len(agree), 3),
-        "mean_kl_nats": round(statistics.fmean(kl), 4),
-        "max_kl_nats": round(max(kl), 3),
+        "mean_kl_nats": round(statistics.fmean(kl), kl_digits),
+        "max_kl_nats": round(max(kl), kl_digits - 1),
     }
 
 
@@ -575,91 +627,15 @@ def peak_memory_bytes(device: str) -> int:
 
 
 def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
+    """Every measurement of `config`, one precision at a time, as a JSON-ready dict."""
     device = models.resolve_device(config.device)
     bandwidth = measure_bandwidth(device)
     report(f"measured memory bandwidth: {bandwidth / 1e9:.1f} GB/s")
     results: list[PrecisionResult] = []
     # fp32 first: the targets are ratios to its generate, and it is the quality reference.
     for precision in sorted(config.precisions, key=lambda p: p != "fp32"):
-        weights_note = " (random weights)" if config.random_weights else ""
-        report(f"loading {config.model} at {precision} on {device}{weights_note}")
-        peak_is_own = reset_peak_memory(device)
-        if config.random_weights:
-            loaded = models.load_random(config.model, precision, device)
-        else:
-            loaded = models.load(config.model, precision, device)
-        if fused.supports(loaded.model) is None:  # weights laid out as the app lays them out
-            fused.for_model(loaded.model, compiled=config.compile)
-        info = loaded.info
-        result = PrecisionResult(
-            precision, device, info.weight_bytes, info.kv_bytes_per_token, weights_read_per_token(loaded)
-        )
-        report(f"[{precision}] prefill at {config.prompt_lengths} tokens")
-        result.prefill = bench_prefill(loaded, config.prompt_lengths, config.repeats)
-        if config.compile:
-            report(f"[{precision}] compiling the decode step (torch.compile; cached for later runs)")
-            result.compiled = compile_decode(loaded)
-            report(f"[{precision}] {result.compiled['note']}")
-        use_compiled = bool(result.compiled.get("compiled"))
-        report(f"[{precision}] decode {config.decode_tokens} tokens: ours vs model.generate, interleaved")
-        meter = ContentionMeter()
-        decoded = bench_decode(loaded, config.decode_tokens, config.repeats, use_compiled)
-        result.decode, result.decode_step = decoded.ours, decoded.step
-        result.decode_eager, result.generate = decoded.eager, decoded.generate
-        measured = meter.stop()
-        result.contention = contention_json(measured)
-        report(f"[{precision}] decode measured at {measured.describe() or 'an unknown CPU share'}")
-        report(f"[{precision}] multi-turn reuse over {config.turns} turns")
-        result.multi_turn = bench_multi_turn(loaded, config.turns)
-        if config.long_context:
-            report(f"[{precision}] ITL at {config.long_context} tokens of context")
-            result.long_context = bench_long_context(
-                loaded, config.long_context, result.read_bytes_per_token, compile=use_compiled
-            )
-        if config.speculative:
-            from engine.speculative.bench import bench_speculative
-
-            report(f"[{precision}] speculative ({config.speculative}, K={config.draft_tokens}) against plain")
-            result.speculative = bench_speculative(
-                loaded,
-                config.speculative,
-                config.draft_tokens,
-                config.decode_tokens,
-                config.repeats,
-                use_compiled,
-            )
-        if config.kv_caches:
-            report(
-                f"[{precision}] ITL at {config.kv_cache_context} tokens with a "
-                f"{', '.join(config.kv_caches)} KV cache, interleaved"
-            )
-            result.kv_cache = bench_kv_cache(
-                loaded,
-                config.kv_caches,
-                config.kv_cache_context,
-                result.read_bytes_per_token,
-                config.decode_tokens,
-                config.repeats,
-                use_compiled,
-            )
-            if not config.random_weights:  # agreement between random models says nothing
-                report(f"[{precision}] top-1 agreement and KL of each KV cache precision against fp32's")
-                for name, quality in bench_kv_cache_quality(loaded, config.kv_caches).items():
-                    result.kv_cache[name]["quality"] = quality
-        per_token_bytes = result.read_bytes_per_token + info.kv_bytes_per_token * 64
-        result.bandwidth_bound_tok_s = bandwidth / per_token_bytes
-        result.peak_memory_bytes = peak_memory_bytes(device)
-        result.peak_memory_scope = "this precision" if peak_is_own else "the run so far"
-        if results and results[0].precision == "fp32":
-            result.fp32_generate_tok_s = results[0].generate["tok_s"]
-            if not config.random_weights:  # agreement between random models says nothing
-                report(f"[{precision}] top-1 agreement and KL against fp32, teacher-forced")
-                result.quality = bench_quality(models.load(config.model, "fp32", device), loaded)
-        elif precision == "fp32":
-            result.fp32_generate_tok_s = result.generate["tok_s"]
-        results.append(result)
-        del loaded
-        gc.collect()
+        results.append(bench_precision(config, precision, device, bandwidth, results, report))
+        gc.collect()  # the model went with bench_precision's frame: free it before the next loads
     return {
         "model": config.model,
         "device": device,
@@ -668,3 +644,158 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
         "torch_threads": torch.get_num_threads(),
         "results": [r.as_dict() for r in results],
     }
+
+
+def bench_precision(
+    config: BenchConfig,
+    precision: str,
+    device: str,
+    bandwidth: float,
+    earlier: list[PrecisionResult],
+    report: Report,
+) -> PrecisionResult:
+    """Load the model at `precision` and take each measurement `config` asks for."""
+    loaded, peak_is_own = _load_for_bench(config, precision, device, report)
+    info = loaded.info
+    result = PrecisionResult(
+        precision, device, info.weight_bytes, info.kv_bytes_per_token, weights_read_per_token(loaded)
+    )
+    use_compiled = _measure_speed(config, loaded, result, report)
+    _measure_options(config, loaded, result, use_compiled, report)
+    _bound_and_peak(result, bandwidth, peak_is_own)
+    _compare_to_fp32(config, loaded, result, earlier, report)
+    return result
+
+
+def _load_for_bench(
+    config: BenchConfig, precision: str, device: str, report: Report
+) -> tuple[LoadedModel, bool]:
+    """The model at `precision`, its weights laid out as the app lays them out, and whether the
+    peak memory could be reset before it loaded (else the peak covers the run so far)."""
+    weights_note = " (random weights)" if config.random_weights else ""
+    report(f"loading {config.model} at {precision} on {device}{weights_note}")
+    peak_is_own = reset_peak_memory(device)
+    if config.random_weights:
+        loaded = models.load_random(config.model, precision, device)
+    else:
+        loaded = models.load(config.model, precision, device)
+    if fused.supports(loaded.model) is None:
+        fused.for_model(loaded.model, compiled=config.compile)
+    return loaded, peak_is_own
+
+
+def _bound_and_peak(result: PrecisionResult, bandwidth: float, peak_is_own: bool) -> None:
+    """The memory-bandwidth bound on decode (at 64 tokens of context) and the peak memory."""
+    per_token_bytes = result.read_bytes_per_token + result.kv_bytes_per_token * 64
+    result.bandwidth_bound_tok_s = bandwidth / per_token_bytes
+    result.peak_memory_bytes = peak_memory_bytes(result.device)
+    result.peak_memory_scope = "this precision" if peak_is_own else "the run so far"
+
+
+def _measure_speed(config: BenchConfig, loaded: LoadedModel, result: PrecisionResult, report: Report) -> bool:
+    """Prefill, the compiled step, decode against generate, multi-turn reuse and long context,
+    into `result`; whether decode used the compiled step."""
+    precision = result.precision
+    report(f"[{precision}] prefill at {config.prompt_lengths} tokens")
+    result.prefill = bench_prefill(loaded, config.prompt_lengths, config.repeats)
+    use_compiled = _compile_step(config, loaded, result, report)
+    _measure_decode(config, loaded, result, use_compiled, report)
+    report(f"[{precision}] multi-turn reuse over {config.turns} turns")
+    result.multi_turn = bench_multi_turn(loaded, config.turns)
+    if config.long_context:
+        report(f"[{precision}] ITL at {config.long_context} tokens of context")
+        result.long_context = bench_long_context(
+            loaded, config.long_context, result.read_bytes_per_token, compile=use_compiled
+        )
+    return use_compiled
+
+
+def _compile_step(config: BenchConfig, loaded: LoadedModel, result: PrecisionResult, report: Report) -> bool:
+    """Build the compiled decode step where `config` asks for it; whether it is ready."""
+    if config.compile:
+        report(f"[{result.precision}] compiling the decode step (torch.compile; cached for later runs)")
+        result.compiled = compile_decode(loaded)
+        report(f"[{result.precision}] {result.compiled['note']}")
+    return bool(result.compiled.get("compiled"))
+
+
+def _measure_decode(
+    config: BenchConfig, loaded: LoadedModel, result: PrecisionResult, use_compiled: bool, report: Report
+) -> None:
+    """Our decode against `model.generate`, interleaved, with the CPU share the runs got."""
+    precision = result.precision
+    report(f"[{precision}] decode {config.decode_tokens} tokens: ours vs model.generate, interleaved")
+    meter = ContentionMeter()
+    decoded = bench_decode(loaded, config.decode_tokens, config.repeats, use_compiled)
+    result.decode, result.decode_step = decoded.ours, decoded.step
+    result.decode_eager, result.generate = decoded.eager, decoded.generate
+    measured = meter.stop()
+    result.contention = contention_json(measured)
+    report(f"[{precision}] decode measured at {measured.describe() or 'an unknown CPU share'}")
+
+
+def _measure_options(
+    config: BenchConfig, loaded: LoadedModel, result: PrecisionResult, use_compiled: bool, report: Report
+) -> None:
+    """The measurements only some runs ask for: speculative decoding, KV cache precisions."""
+    if config.speculative:
+        _measure_speculative(config, loaded, result, use_compiled, report)
+    if config.kv_caches:
+        _measure_kv_caches(config, loaded, result, use_compiled, report)
+        if not config.random_weights:  # agreement between random models says nothing
+            report(f"[{result.precision}] top-1 agreement and KL of each KV cache precision against fp32's")
+            for name, quality in bench_kv_cache_quality(loaded, config.kv_caches).items():
+                result.kv_cache[name]["quality"] = quality
+
+
+def _measure_speculative(
+    config: BenchConfig, loaded: LoadedModel, result: PrecisionResult, use_compiled: bool, report: Report
+) -> None:
+    """Speculative decoding with `config.speculative`'s drafter against plain decoding."""
+    from engine.speculative.bench import bench_speculative
+
+    report(f"[{result.precision}] speculative ({config.speculative}, K={config.draft_tokens}) against plain")
+    result.speculative = bench_speculative(
+        loaded,
+        config.speculative,
+        config.draft_tokens,
+        config.decode_tokens,
+        config.repeats,
+        use_compiled,
+    )
+
+
+def _measure_kv_caches(
+    config: BenchConfig, loaded: LoadedModel, result: PrecisionResult, use_compiled: bool, report: Report
+) -> None:
+    """ITL at long context with each KV cache precision, interleaved."""
+    report(
+        f"[{result.precision}] ITL at {config.kv_cache_context} tokens with a "
+        f"{', '.join(config.kv_caches)} KV cache, interleaved"
+    )
+    result.kv_cache = bench_kv_cache(
+        loaded,
+        config.kv_caches,
+        config.kv_cache_context,
+        result.read_bytes_per_token,
+        config.decode_tokens,
+        config.repeats,
+        use_compiled,
+    )
+
+
+def _compare_to_fp32(
+    config: BenchConfig,
+    loaded: LoadedModel,
+    result: PrecisionResult,
+    earlier: list[PrecisionResult],
+    report: Report,
+) -> None:
+    """fp32's generate speed (the targets' reference) and, after fp32, agreement with it."""
+    if earlier and earlier[0].precision == "fp32":
+        result.fp32_generate_tok_s = earlier[0].generate["tok_s"]
+        if not config.random_weights:  # agreement between random models says nothing
+            report(f"[{result.precision}] top-1 agreement and KL against fp32, teacher-forced")
+            result.quality = bench_quality(models.load(config.model, "fp32", result.device), loaded)
+    elif result.precision == "fp32":
+        result.fp32_generate_tok_s = result.generate["tok_s"]

@@ -223,11 +223,7 @@ def _check_route(directory: Path, config: dict) -> None:
     model_type = _read_json(directory / "config.json").get("model_type")
     if model_type not in PLAIN_MODEL_TYPES:
         raise Unsupported(f"model type {model_type!r}")
-    if config.get("tokenizer_class") not in PLAIN_TOKENIZER_CLASSES:
-        raise Unsupported(f"tokenizer class {config.get('tokenizer_class')!r}")
-    for key in ("auto_map", "fast_tokenizer_files", "fix_mistral_regex", "model_specific_special_tokens"):
-        if key in config:
-            raise Unsupported(key)
+    _check_config(config)
     if not (directory / "tokenizer.json").is_file() or (directory / "additional_chat_templates").is_dir():
         raise Unsupported("no tokenizer.json, or several chat templates")
     # Without added_tokens_decoder in the config, transformers merges these legacy files in
@@ -237,6 +233,15 @@ def _check_route(directory: Path, config: dict) -> None:
     for side in ("padding_side", "truncation_side"):
         if config.get(side, "right") not in ("right", "left"):
             raise Unsupported(side)
+
+
+def _check_config(config: dict) -> None:
+    """Raise Unsupported for a tokenizer class or setting the plain route does not read."""
+    if config.get("tokenizer_class") not in PLAIN_TOKENIZER_CLASSES:
+        raise Unsupported(f"tokenizer class {config.get('tokenizer_class')!r}")
+    for key in ("auto_map", "fast_tokenizer_files", "fix_mistral_regex", "model_specific_special_tokens"):
+        if key in config:
+            raise Unsupported(key)
 
 
 def _chat_template(directory: Path, config: dict) -> str:

@@ -113,17 +113,23 @@ def readable_bytes(data: bytes) -> str:
     out: list[str] = []
     i = 0
     while i < len(data):
-        for width in (4, 3, 2, 1):
-            chunk = data[i : i + width]
-            try:
-                text = chunk.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            if len(text) == 1:
-                out.append(text)
-                i += width
-                break
+        width = _char_width(data, i)
+        if width:
+            out.append(data[i : i + width].decode("utf-8"))
+            i += width
         else:
             out.append(f"<0x{data[i]:02X}>")
             i += 1
     return "".join(out)
+
+
+def _char_width(data: bytes, i: int) -> int:
+    """The bytes of the one valid UTF-8 character that starts at `data[i]`; 0 if none does."""
+    for width in (4, 3, 2, 1):
+        try:
+            text = data[i : i + width].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if len(text) == 1:
+            return width
+    return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Union
 
@@ -367,6 +368,9 @@ class Failed:
     """A one-line, user-readable error; the session stays usable."""
 
     message: str
+    lasting: bool = False
+    """Trying again cannot help until the user changes something (a server refused the key):
+    `ask` exits 2, as for a wrong argument."""
 
 
 @dataclass(frozen=True)
@@ -441,120 +445,188 @@ def contention_json(c: Contention) -> dict[str, Any]:
     return {"cpu_share": share, "source": c.source, "load_1m": load, "cores": c.cores, "busy": c.busy}
 
 
-def to_json(event: Event) -> dict[str, Any]:  # noqa: C901 (issue 32: to split, a table of events)
+def _top_k_json(top_k: tuple[Candidate, ...]) -> list[dict[str, Any]]:
+    return [{"id": c.id, "text": c.piece, "prob": _prob(c.prob)} for c in top_k]
+
+
+def _fields_json(tag: str) -> Callable[[Any], dict[str, Any]]:
+    """For events whose JSON is their own fields, unchanged, after the tag."""
+    return lambda event: {"event": tag, **dataclasses.asdict(event)}
+
+
+def _loading_json(event: ModelLoading) -> dict[str, Any]:
+    return {"event": "loading", "stage": event.stage, "fraction": round(event.fraction, 3)}
+
+
+def _ready_json(event: ModelReady) -> dict[str, Any]:
+    return {
+        "event": "ready",
+        **dataclasses.asdict(event.info),
+        "kv_bytes_per_token": event.info.kv_bytes_per_token,
+    }
+
+
+def _kv_cache_json(event: CachePrecisionChanged) -> dict[str, Any]:
+    """Only the cache's figures: the rest of the model did not change."""
+    info = event.info
+    return {
+        "event": "kv_cache",
+        "cache_dtype": info.cache_dtype,
+        "element_bytes": info.cache_element_bytes,
+        "scale_bytes": info.cache_scale_bytes,
+        "kv_bytes_per_token": info.kv_bytes_per_token,
+    }
+
+
+def _phase_json(event: PhaseChanged) -> dict[str, Any]:
+    return {"event": "phase", "phase": event.phase, "tokens": event.tokens, "reused": event.reused}
+
+
+def _prompt_json(event: PromptTokens) -> dict[str, Any]:
+    return {"event": "prompt", "ids": list(event.ids), "pieces": list(event.pieces), "reused": event.reused}
+
+
+def _prefill_progress_json(event: PrefillProgress) -> dict[str, Any]:
+    return {"event": "prefill_progress", "done": event.done, "total": event.total}
+
+
+def _token_json(event: TokenSampled) -> dict[str, Any]:
+    return {
+        "event": "token",
+        "index": event.index,
+        "id": event.id,
+        "text": event.text,
+        "piece": event.piece,
+        "logprob": _round(event.logprob),
+        "top_k": _top_k_json(event.top_k),
+        "latency_ms": _ms(event.latency_s),
+        "position": event.position,
+        "entropy": _round(event.entropy),
+        "rank": event.rank,
+    }
+
+
+def _step_paused_json(event: StepPaused) -> dict[str, Any]:
+    return {
+        "event": "step_paused",
+        "index": event.index,
+        "position": event.position,
+        "sampled": event.sampled.id,
+        "greedy": event.greedy.id,
+        "top_k": _top_k_json(event.top_k),
+    }
+
+
+def _draft_json(event: DraftRound) -> dict[str, Any]:
+    return {
+        "event": "draft",
+        "index": event.index,
+        "drafter": event.drafter,
+        "drafted": list(event.drafted),
+        "pieces": list(event.pieces),
+        "accepted": event.accepted,
+        "next": event.next,
+        "draft_ms": _ms(event.draft_s),
+        "verify_ms": _ms(event.verify_s),
+    }
+
+
+def _turn_json(event: TurnFinished) -> dict[str, Any]:
+    """The times, the token counts and the text, then the parts only some turns have."""
+    times, counts = _turn_times(event.stats), _turn_counts(event.stats)
+    return {"event": "turn", **times, **counts, "text": event.text, **_turn_extras(event)}
+
+
+def _turn_times(stats: TurnStats) -> dict[str, Any]:
+    return {
+        "ttft_ms": _ms(stats.ttft_s),
+        "itl_ms_p50": _ms(stats.itl_p50_s),
+        "itl_ms_p90": _ms(stats.itl_p90_s),
+        "prefill_tok_s": round(stats.prefill_tok_s, 2),
+        "decode_tok_s": round(stats.decode_tok_s, 2),
+        "stop": stats.stop,
+    }
+
+
+def _turn_counts(stats: TurnStats) -> dict[str, Any]:
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "reused_tokens": stats.reused_tokens,
+        "prefilled_tokens": stats.prefilled_tokens,
+        "generated_tokens": stats.generated_tokens,
+    }
+
+
+def _turn_extras(event: TurnFinished) -> dict[str, Any]:
+    """Keys a turn has only where they apply (None and an empty error are left out, not null)."""
+    stats = event.stats
+    extras = {
+        "step_path": stats.step_path,
+        "speculative": stats.speculative,
+        "server": None if stats.server is None else dataclasses.asdict(stats.server),
+        "contention": None if stats.contention is None else contention_json(stats.contention),
+        "error": event.error or None,
+    }
+    return {key: value for key, value in extras.items() if value is not None}
+
+
+def _decode_step_json(event: DecodeStep) -> dict[str, Any]:
+    return {"event": "decode_step", **dataclasses.asdict(event), "elapsed_s": round(event.elapsed_s, 1)}
+
+
+def _notice_json(event: Notice) -> dict[str, Any]:
+    return {"event": "notice", "message": event.message}
+
+
+def _error_json(event: Failed) -> dict[str, Any]:
+    """The message alone: `lasting` decides `ask`'s exit status, it is not part of the stream."""
+    return {"event": "error", "message": event.message}
+
+
+def _conversation_json(event: ConversationLoaded) -> dict[str, Any]:
+    return {
+        "event": "conversation",
+        "conversation_id": event.conversation_id,
+        "title": event.title,
+        "messages": [dataclasses.asdict(m) for m in event.messages],
+    }
+
+
+def _saved_json(event: MessageSaved) -> dict[str, Any]:
+    return {
+        "event": "saved",
+        "conversation_id": event.conversation_id,
+        "index": event.index,
+        **dataclasses.asdict(event.message),
+    }
+
+
+_ENCODERS: dict[type, Callable[[Any], dict[str, Any]]] = {
+    ModelLoading: _loading_json,
+    ModelReady: _ready_json,
+    CachePrecisionChanged: _kv_cache_json,
+    PhaseChanged: _phase_json,
+    PromptTokens: _prompt_json,
+    PrefillProgress: _prefill_progress_json,
+    TokenSampled: _token_json,
+    StepPaused: _step_paused_json,
+    Forked: _fields_json("forked"),
+    DraftRound: _draft_json,
+    CacheChanged: _fields_json("cache"),
+    ContextTrimmed: _fields_json("context_trimmed"),
+    TurnFinished: _turn_json,
+    DecodeStep: _decode_step_json,
+    Notice: _notice_json,
+    Failed: _error_json,
+    ConversationLoaded: _conversation_json,
+    MessageSaved: _saved_json,
+}
+"""The function that writes each event class's JSON: a new event needs its line here."""
+
+
+def to_json(event: Event) -> dict[str, Any]:
     """The JSON Lines form of an event (schema documented in README.md)."""
-    match event:
-        case PhaseChanged(phase, tokens, reused):
-            return {"event": "phase", "phase": phase, "tokens": tokens, "reused": reused}
-        case PromptTokens(ids, pieces, reused):
-            return {"event": "prompt", "ids": list(ids), "pieces": list(pieces), "reused": reused}
-        case PrefillProgress(done, total):
-            return {"event": "prefill_progress", "done": done, "total": total}
-        case TokenSampled():
-            return {
-                "event": "token",
-                "index": event.index,
-                "id": event.id,
-                "text": event.text,
-                "piece": event.piece,
-                "logprob": _round(event.logprob),
-                "top_k": [{"id": c.id, "text": c.piece, "prob": _prob(c.prob)} for c in event.top_k],
-                "latency_ms": _ms(event.latency_s),
-                "position": event.position,
-                "entropy": _round(event.entropy),
-                "rank": event.rank,
-            }
-        case StepPaused(index, position, sampled, greedy, top_k):
-            return {
-                "event": "step_paused",
-                "index": index,
-                "position": position,
-                "sampled": sampled.id,
-                "greedy": greedy.id,
-                "top_k": [{"id": c.id, "text": c.piece, "prob": _prob(c.prob)} for c in top_k],
-            }
-        case Forked():
-            return {"event": "forked", **dataclasses.asdict(event)}
-        case DraftRound():
-            return {
-                "event": "draft",
-                "index": event.index,
-                "drafter": event.drafter,
-                "drafted": list(event.drafted),
-                "pieces": list(event.pieces),
-                "accepted": event.accepted,
-                "next": event.next,
-                "draft_ms": _ms(event.draft_s),
-                "verify_ms": _ms(event.verify_s),
-            }
-        case CacheChanged():
-            return {"event": "cache", **dataclasses.asdict(event)}
-        case ContextTrimmed():
-            return {"event": "context_trimmed", **dataclasses.asdict(event)}
-        case TurnFinished(stats, text, error):
-            turn = {
-                "event": "turn",
-                "ttft_ms": _ms(stats.ttft_s),
-                "itl_ms_p50": _ms(stats.itl_p50_s),
-                "itl_ms_p90": _ms(stats.itl_p90_s),
-                "prefill_tok_s": round(stats.prefill_tok_s, 2),
-                "decode_tok_s": round(stats.decode_tok_s, 2),
-                "stop": stats.stop,
-                "prompt_tokens": stats.prompt_tokens,
-                "reused_tokens": stats.reused_tokens,
-                "prefilled_tokens": stats.prefilled_tokens,
-                "generated_tokens": stats.generated_tokens,
-                "text": text,
-            }
-            if stats.step_path is not None:
-                turn["step_path"] = stats.step_path
-            if stats.speculative is not None:
-                turn["speculative"] = stats.speculative
-            if stats.server is not None:
-                turn["server"] = dataclasses.asdict(stats.server)
-            if stats.contention is not None:
-                turn["contention"] = contention_json(stats.contention)
-            if error:
-                turn["error"] = error
-            return turn
-        case ModelLoading(stage, fraction):
-            return {"event": "loading", "stage": stage, "fraction": round(fraction, 3)}
-        case ModelReady(info):
-            return {
-                "event": "ready",
-                **dataclasses.asdict(info),
-                "kv_bytes_per_token": info.kv_bytes_per_token,
-            }
-        case CachePrecisionChanged(info):
-            return {
-                "event": "kv_cache",
-                "cache_dtype": info.cache_dtype,
-                "element_bytes": info.cache_element_bytes,
-                "scale_bytes": info.cache_scale_bytes,
-                "kv_bytes_per_token": info.kv_bytes_per_token,
-            }
-        case DecodeStep():
-            return {
-                "event": "decode_step",
-                **dataclasses.asdict(event),
-                "elapsed_s": round(event.elapsed_s, 1),
-            }
-        case Notice(message):
-            return {"event": "notice", "message": message}
-        case ConversationLoaded(conversation_id, title, messages):
-            return {
-                "event": "conversation",
-                "conversation_id": conversation_id,
-                "title": title,
-                "messages": [dataclasses.asdict(m) for m in messages],
-            }
-        case MessageSaved(conversation_id, index, message):
-            return {
-                "event": "saved",
-                "conversation_id": conversation_id,
-                "index": index,
-                **dataclasses.asdict(message),
-            }
-        case Failed(message):
-            return {"event": "error", "message": message}
+    for kind in type(event).__mro__:  # a subclass of an event is written as that event
+        if kind in _ENCODERS:
+            return _ENCODERS[kind](event)
     raise TypeError(f"not an event: {event!r}")

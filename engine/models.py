@@ -120,6 +120,15 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
         _drop_older_conversions(gguf, target)
         return target
     check_writable(target.parent)  # before the ~30 s read, not after it
+    model, tokenizer = _read_gguf(gguf, progress)
+    _save_converted(gguf, target, model, tokenizer, progress)
+    del model
+    _drop_older_conversions(gguf, target)
+    return target
+
+
+def _read_gguf(gguf: Path, progress: Progress):
+    """(model, tokenizer) dequantized from a GGUF file by transformers' reader (~30 s)."""
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -142,11 +151,13 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
         raise ModelError(f"cannot read GGUF {gguf}: {one_line(e)}") from None
     finally:
         gguf_reader.tqdm = bar
+    return model, tokenizer
+
+
+def _save_converted(gguf: Path, target: Path, model, tokenizer, progress: Progress) -> None:
+    """Save the dequantized model as an HF directory at `target`, atomically."""
     progress("first start: saving a converted copy for fast later starts", 0.6)
-    # The dequantized weights are plain tensors; drop the GGUF marker so they can be saved.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    _drop_gguf_marker(model)
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -160,9 +171,14 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
         os.replace(staging, target)  # atomic: a crash never leaves a half-written model
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)  # another process won the race
-    del model
-    _drop_older_conversions(gguf, target)
-    return target
+
+
+def _drop_gguf_marker(model) -> None:
+    """Mark dequantized weights as the plain tensors they are: transformers will not save a model
+    it still takes for a quantized one."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
 
 
 def check_writable(folder: Path) -> None:
@@ -211,18 +227,20 @@ def load(
     device: str = "auto",
     progress: Progress | None = None,
     fast_only: bool = False,
+    chat: bool = True,
 ) -> LoadedModel:
     """Load a model spec at a precision; raises ModelError or PrecisionError with a one-line reason.
 
     `fast_only`: the caller runs only the fast path (no reference forward, no attention hooks, no
     bitsandbytes), so a Llama checkpoint on a CPU is read without transformers where
-    engine/fast/checkpoint.py covers it (~2 s sooner); anything else loads as usual."""
+    engine/fast/checkpoint.py covers it (~2 s sooner); anything else loads as usual.
+    `chat`: the model must have a chat template (False for `--raw`, where a base model is fine)."""
     progress = progress or (lambda stage, fraction: None)
     device = resolve_device(device)
     prec = precision_for(precision, device)
     source = resolve(spec)
     try:
-        return _load(spec, source, prec, device, progress, fast_only)
+        return _load(spec, source, prec, device, progress, fast_only, chat)
     except Exception as e:
         if not out_of_memory(e, device):
             raise
@@ -230,28 +248,45 @@ def load(
 
 
 def _load(
-    spec: str, source: ModelSource, prec: Precision, device: str, progress: Progress, fast_only: bool
+    spec: str,
+    source: ModelSource,
+    prec: Precision,
+    device: str,
+    progress: Progress,
+    fast_only: bool,
+    chat: bool = True,
 ) -> LoadedModel:
     """`load` once the spec is resolved and the precision chosen."""
     started = time.perf_counter()
     progress(f"resolving {spec}", 0.0)
-    if source.kind == "gguf":
-        directory = str(convert_gguf(Path(source.location), progress))
-    else:
-        directory = source.location
+    directory = _hf_directory(source, progress)
     with pages.each_block_mapped():
         parts = None
         if fast_only and source.kind != "hub":
             parts = _read_for_fast_path(Path(directory), prec, device, progress)
-        model, tokenizer = parts or _load_with_transformers(spec, source, directory, prec, device, progress)
-        kind = KINDS[prec.name]
-        if kind.quantize is not None:
-            progress(f"quantizing ({prec.name}: {kind.summary})", 0.95)
-            kind.quantize(model, tokenizer)
+        model, tokenizer = parts or _load_with_transformers(
+            spec, source, directory, prec, device, progress, chat
+        )
+        _quantize(model, tokenizer, prec, progress)
     model.eval()
     progress("ready", 1.0)
     info = describe(model, spec, display_name(source), prec, device, time.perf_counter() - started)
     return LoadedModel(model, tokenizer, info, prec)
+
+
+def _hf_directory(source: ModelSource, progress: Progress) -> str:
+    """What transformers loads: a GGUF's converted copy (made on its first load), else the source."""
+    if source.kind == "gguf":
+        return str(convert_gguf(Path(source.location), progress))
+    return source.location
+
+
+def _quantize(model: torch.nn.Module, tokenizer, prec: Precision, progress: Progress) -> None:
+    """Quantize the loaded weights in place where `prec` is a quantized kind (w8, int8, ...)."""
+    kind = KINDS[prec.name]
+    if kind.quantize is not None:
+        progress(f"quantizing ({prec.name}: {kind.summary})", 0.95)
+        kind.quantize(model, tokenizer)
 
 
 def out_of_memory(error: BaseException, device: str = "cpu") -> bool:
@@ -325,7 +360,13 @@ def _read_for_fast_path(directory: Path, prec: Precision, device: str, progress:
 
 
 def _load_with_transformers(
-    spec: str, source: ModelSource, directory: str, prec: Precision, device: str, progress: Progress
+    spec: str,
+    source: ModelSource,
+    directory: str,
+    prec: Precision,
+    device: str,
+    progress: Progress,
+    chat: bool = True,
 ):
     """(model, tokenizer) through transformers' Auto classes."""
     _quiet_transformers()
@@ -337,48 +378,59 @@ def _load_with_transformers(
     progress("loading tokenizer", 0.7)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=offline)
-        if not getattr(tokenizer, "chat_template", None):
-            raise ModelError(f"{spec} has no chat template, so it is not a chat model; {ALTERNATIVES}")
+        if chat and not getattr(tokenizer, "chat_template", None):
+            raise ModelError(
+                f"{spec} has no chat template, so it is not a chat model: pass --raw to have it continue "
+                f"text as it is (a base model), or {ALTERNATIVES}"
+            )
         progress(f"loading weights at {prec.name} on {device}", 0.75)
-        kwargs: dict = {"dtype": prec.dtype}
-        quant = quantization_config(prec)
-        if quant is not None:
-            kwargs.update(quantization_config=quant, device_map=device)
-        # 16-bit on a CPU from float32 files: mapped as stored, then narrowed a tensor at a time.
-        narrow_later = (
-            quant is None
-            and device == "cpu"
-            and prec.dtype in (torch.bfloat16, torch.float16)
-            and load_16bit.stored_dtype(directory) == "F32"
-        )
-        if narrow_later:
-            kwargs["dtype"] = torch.float32
+        kwargs, quant, narrow_later = _weights_kwargs(directory, prec, device)
         model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=offline, **kwargs)
     except ModelError:
         raise
-    except OSError as e:
-        if out_of_memory(e, device):
-            raise  # `load` says so
-        if offline:
-            raise ModelError(
-                f"cannot fetch {spec}: the Hugging Face hub ({_hub_address()[0]}) cannot be reached "
-                f"and the model is not in the local cache; {ALTERNATIVES}"
-            ) from None
-        if source.kind == "hub":
-            raise ModelError(
-                f"cannot fetch {spec} from the Hugging Face hub ({one_line(e)}); {ALTERNATIVES}"
-            ) from None
-        raise ModelError(f"cannot load {spec}: {one_line(e)}") from None
     except Exception as e:
         if out_of_memory(e, device):
             raise  # `load` says so
-        raise ModelError(f"cannot load {spec} at {prec.name}: {one_line(e)}") from None
+        raise _cannot_load(e, spec, source, prec, offline) from None
     if quant is None:
         model.to(device)
     if narrow_later:
         progress(f"narrowing weights to {prec.name}", 0.95)
         load_16bit.narrow(model, prec.dtype)
     return model, tokenizer
+
+
+def _weights_kwargs(directory: str, prec: Precision, device: str) -> tuple[dict, object, bool]:
+    """`from_pretrained`'s keyword arguments for `prec` on `device`, the quantization config (None
+    for plain weights), and whether to narrow the weights to 16 bits after loading."""
+    kwargs: dict = {"dtype": prec.dtype}
+    quant = quantization_config(prec)
+    if quant is not None:
+        kwargs.update(quantization_config=quant, device_map=device)
+    # 16-bit on a CPU from float32 files: mapped as stored, then narrowed a tensor at a time.
+    narrow_later = (
+        quant is None
+        and device == "cpu"
+        and prec.dtype in (torch.bfloat16, torch.float16)
+        and load_16bit.stored_dtype(directory) == "F32"
+    )
+    if narrow_later:
+        kwargs["dtype"] = torch.float32
+    return kwargs, quant, narrow_later
+
+
+def _cannot_load(e: Exception, spec: str, source: ModelSource, prec: Precision, offline: bool) -> ModelError:
+    """The one-line reason transformers could not load `spec` (not for running out of memory)."""
+    if not isinstance(e, OSError):
+        return ModelError(f"cannot load {spec} at {prec.name}: {one_line(e)}")
+    if offline:
+        return ModelError(
+            f"cannot fetch {spec}: the Hugging Face hub ({_hub_address()[0]}) cannot be reached "
+            f"and the model is not in the local cache; {ALTERNATIVES}"
+        )
+    if source.kind == "hub":
+        return ModelError(f"cannot fetch {spec} from the Hugging Face hub ({one_line(e)}); {ALTERNATIVES}")
+    return ModelError(f"cannot load {spec}: {one_line(e)}")
 
 
 def hub_reachable(timeout_s: float = HUB_TIMEOUT_S) -> bool:
@@ -448,8 +500,6 @@ def display_name(source: ModelSource) -> str:
 def describe(
     model: torch.nn.Module, spec: str, name: str, precision: Precision, device: str, load_s: float
 ) -> ModelInfo:
-    config = model.config
-    heads = config.num_attention_heads
     return ModelInfo(
         spec=spec,
         name=name,
@@ -459,16 +509,25 @@ def describe(
         cache_dtype=str(precision.cache_dtype).removeprefix("torch."),
         parameters=parameter_count(model),
         weight_bytes=int(model.get_memory_footprint()) + int8.weight_bytes(model),
-        layers=config.num_hidden_layers,
-        heads=heads,
-        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-        hidden_size=config.hidden_size,
-        vocab_size=config.vocab_size,
-        context=getattr(config, "max_position_embeddings", 2048),
+        **_architecture(model.config),
         cache_element_bytes=torch.empty(0, dtype=precision.cache_dtype).element_size(),
         load_s=load_s,
     )
+
+
+def _architecture(config) -> dict:
+    """ModelInfo's shape fields from a transformers config, with the defaults a config may leave
+    out: as many KV heads as heads, hidden_size / heads per head, and 2048 positions."""
+    heads = config.num_attention_heads
+    return {
+        "layers": config.num_hidden_layers,
+        "heads": heads,
+        "kv_heads": getattr(config, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // heads,
+        "hidden_size": config.hidden_size,
+        "vocab_size": config.vocab_size,
+        "context": getattr(config, "max_position_embeddings", 2048),
+    }
 
 
 SMOLLM2_135M_ARCH = dict(
@@ -541,13 +600,26 @@ def random_weights_dir(spec: str) -> Path:
 
 
 def _write_random(config, target: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = _word_level_tokenizer(config.vocab_size)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    staging = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    os.replace(staging, target)
+
+
+def _word_level_tokenizer(vocab_size: int):
+    """A tokenizer of `vocab_size` made-up words (`t3`, `t4`, ...) split at spaces, with ChatML's
+    markers as its special tokens and ChatML as its chat template."""
     from tokenizers import Tokenizer, pre_tokenizers
     from tokenizers import models as tok_models
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
     vocab = {token: i for i, token in enumerate(specials)}
-    vocab.update({f"t{i}": i for i in range(len(specials), config.vocab_size)})
+    vocab.update({f"t{i}": i for i in range(len(specials), vocab_size)})
     words = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(
@@ -558,8 +630,4 @@ def _write_random(config, target: Path) -> None:
         pad_token="<unk>",
     )
     tokenizer.chat_template = CHATML
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    staging = target.with_name(target.name + f".tmp{os.getpid()}")
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    os.replace(staging, target)
+    return tokenizer

@@ -48,6 +48,7 @@ from engine.instruments.stepping import PendingStep, StepGate
 from engine.instruments.trace import AnswerTrace, forced_step
 from engine.kvcache import KVCache, cache_precision_of, cache_precision_problem, with_cache_precision
 from engine.models import LoadedModel, ModelError, not_enough_memory, out_of_memory, resolve
+from engine.prompt_format import CHAT_TEMPLATE, RAW
 from engine.sampling import Draw, Sampler, SamplingSettings
 
 
@@ -85,7 +86,10 @@ class ChatSession(Turns):
         fast: bool = True,
         compile: bool = False,
         kv_cache: str | None = None,
+        raw: bool = False,
     ):
+        self.prompt_format = RAW if raw else CHAT_TEMPLATE
+        """How the conversation becomes ids: the chat template, or raw text (`--raw`, a base model)."""
         self.kv_cache = kv_cache
         """The KV cache's precision (engine/kvcache.py CACHE_PRECISIONS); None: the model precision's own."""
         self.fast_path_wanted = fast
@@ -214,8 +218,7 @@ class ChatSession(Turns):
         chat = [{"role": m.role, "content": m.content} for m in messages]
         if self.system_prompt:
             chat.insert(0, {"role": "system", "content": self.system_prompt})
-        text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.prompt_format.ids(self.tokenizer, chat)
 
     def _fit(self) -> tuple[list[int] | None, ContextTrimmed | None]:
         """Template the conversation, dropping the oldest turns until it fits the window."""

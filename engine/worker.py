@@ -51,6 +51,8 @@ class Load:
     spec: str
     precision: str
     device: str
+    raw: bool = False
+    """The model continues raw text (no chat template: a base model may be loaded)."""
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,8 @@ class InferenceWorker:
         self._thread.start()
 
     # -- the calls the UI makes (any thread) -------------------------------------
-    def load(self, spec: str, precision: str = "fp32", device: str = "auto") -> None:
-        self.commands.put(Load(spec, precision, device))
+    def load(self, spec: str, precision: str = "fp32", device: str = "auto", raw: bool = False) -> None:
+        self.commands.put(Load(spec, precision, device, raw))
 
     def connect(self, target: "RemoteTarget") -> None:
         """Chat with a model on a server: ModelReady (with its ServerInfo) once it answered."""
@@ -375,9 +377,10 @@ class InferenceWorker:
     def _connect(self, command: Connect) -> Iterator[Event]:
         from engine.remote.client import RemoteError  # the openai package loads only for a server
         from engine.remote.session import connect
+        from engine.remote.target import shown_url
 
         target = command.target
-        yield ModelLoading(f"connecting to {target.url}", 0.0)
+        yield ModelLoading(f"connecting to {shown_url(target.url)}", 0.0)  # a query may hold a key
         try:
             session = connect(target, self.sampling, self.system_prompt, self.context, stop=self.quitting)
         except RemoteError as e:
@@ -406,6 +409,7 @@ class InferenceWorker:
                 command.device,
                 # Loading runs on this thread, so progress can go straight out.
                 progress=lambda stage, fraction: self.emit(ModelLoading(stage, fraction)),
+                chat=not command.raw,
             )
         except (models.ModelError, PrecisionError, ValueError) as e:
             yield Failed(str(e))
@@ -422,6 +426,7 @@ class InferenceWorker:
                     self.context,
                     compile=self.compile,
                     kv_cache=self.kv_cache,
+                    raw=command.raw,
                 )
             except models.ModelError as e:  # its fast path did not fit in memory
                 yield Failed(str(e))

@@ -20,20 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "tui", "themes")
 LONGEST = 60
-P90 = {"engine": 20, "tui": 21}
-"""A ratchet at today's figures; issue 32's targets are engine ≤ 19 and tui ≤ 16: lower these as
-functions are split, never raise them."""
-STILL_LONG = {
-    ("engine/bench.py", "run"),
-    ("engine/events.py", "to_json"),
-    ("tui/cli/bench_table.py", "print_tables"),
-    ("tui/cli/lab.py", "batching"),
-    ("tui/cli/lab_table.py", "print_lab"),
-    ("tui/cli/main.py", "main"),
-    ("tui/cli/main.py", "ask"),
-    ("tui/cli/main.py", "bench"),
-}
-"""Functions over LONGEST lines that are still to be split (issue 32); the set may only shrink."""
+P90 = {"engine": 19, "tui": 16}
+"""Issue 32's bar (the figures were 18 and 15 when it was set): never raise it."""
+STILL_LONG: set[tuple[str, str]] = set()
+"""Functions over LONGEST lines still to be split (each a debt, named here); the set may only shrink."""
 
 
 def modules() -> dict[str, Path]:

@@ -19,13 +19,19 @@ CORPUS = [
 
 
 def build_tiny_model(
-    directory: Path, layers: int = 2, hidden: int = 64, seed: int = 0, tied: bool = False
+    directory: Path,
+    layers: int = 2,
+    hidden: int = 64,
+    seed: int = 0,
+    tied: bool = False,
+    family: str = "llama",
 ) -> Path:
     """Write an HF model directory (config, random weights, tokenizer) and return it (`tied`: the
-    LM head is the embedding table, as SmolLM2's)."""
+    LM head is the embedding table, as SmolLM2's; `family`: a transformers model_type of the
+    fast path's families, engine/fast/families.py)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     bpe = Tokenizer(models.BPE())
@@ -44,7 +50,7 @@ def build_tiny_model(
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    config = _config_class(family)(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=hidden * 2,
@@ -57,11 +63,30 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=tied,
+        **({} if family == "llama" else {"sliding_window": None}),
     )
-    model = LlamaForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(config)
     # Random weights are near-uniform; sharpen them so top-k and greedy choices are distinct.
     with torch.no_grad():
         model.lm_head.weight.mul_(30)
+        if family != "llama":  # norms start at one and biases near zero: make them count
+            for name, parameter in model.named_parameters():
+                if "norm" in name:
+                    parameter.uniform_(0.5, 1.5)
+                elif name.endswith(".bias"):
+                    parameter.normal_(0, 0.5)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def _config_class(family: str):
+    import transformers
+
+    names = {
+        "llama": "LlamaConfig",
+        "mistral": "MistralConfig",
+        "qwen2": "Qwen2Config",
+        "qwen3": "Qwen3Config",
+    }
+    return getattr(transformers, names[family])

@@ -32,6 +32,7 @@ from engine.events import (
     ModelInfo,
     ModelReady,
     TurnFinished,
+    TurnStats,
 )
 from themes import load_themes
 from tui import config
@@ -161,7 +162,9 @@ class ChatApp(App[None]):
         prompt.cursor_blink = self.options.cursor_blink
         prompt.focus()
         if self.options.remote:
-            self.part(StatusBar).connecting(self.options.server)
+            from engine.remote.target import shown_url  # a query in the URL may hold a key
+
+            self.part(StatusBar).connecting(shown_url(self.options.server))
         else:
             self.part(StatusBar).starting(self.options.model, self.precision)
         # Importing torch takes seconds: do it off the UI thread so the app is usable at once.
@@ -247,7 +250,7 @@ class ChatApp(App[None]):
         else:
             if self.kv_cache:  # before the load: the first cache is made at this precision
                 self.engine.set_cache_precision(self.kv_cache)
-            self.engine.load(self.options.model, self.precision, self.options.device)
+            self.engine.load(self.options.model, self.precision, self.options.device, raw=self.options.raw)
             if self.speculation[0]:  # queued after the load: the draft needs the model's tokenizer
                 self.engine.set_speculation(*self.speculation)
         self.history.engine_started()  # a --resume goes after the load in the engine's queue
@@ -284,21 +287,24 @@ class ChatApp(App[None]):
             case CachePrecisionChanged(info):
                 self.part(KVCachePanel).set_model(info)  # empty now: the next turn prefills again
             case TurnFinished(stats, _, error):
-                self.part(ChatLog).finish(turn_summary(stats, error))
-                self.part(PhasePanel).finish(stats, self.instruments.speedup)
-                self.part(KVCachePanel).finish(stats)
-                self.router.repaint_stats()
-                if stats.server is not None and stats.server.fingerprint:
-                    self.part(StatusBar).fingerprint(stats.server.fingerprint)
-                if error:  # the partial answer is kept; the turn is over like any other
-                    self.notify(error, title="Error", severity="error", timeout=8)
-                self._turn_over()
+                self._turn_finished(stats, error)
             case Failed(text):
                 await self._failed(text)
             case ConversationLoaded() | MessageSaved():
                 await self.history.show(message.event)
             case event:
                 await self.router.show(event)
+
+    def _turn_finished(self, stats: TurnStats, error: str) -> None:
+        self.part(ChatLog).finish(turn_summary(stats, error))
+        self.part(PhasePanel).finish(stats, self.instruments.speedup)
+        self.part(KVCachePanel).finish(stats)
+        self.router.repaint_stats()
+        if stats.server is not None and stats.server.fingerprint:
+            self.part(StatusBar).fingerprint(stats.server.fingerprint)
+        if error:  # the partial answer is kept; the turn is over like any other
+            self.notify(error, title="Error", severity="error", timeout=8)
+        self._turn_over()
 
     def _model_ready(self, info: ModelInfo) -> None:
         switched = self.part(StatusBar).info is not None
@@ -415,20 +421,22 @@ class ChatApp(App[None]):
         if self.sampling is None:
             self.notify("Settings open once the engine has started (a few seconds).")
             return
+        self.push_screen(self._settings_screen())
+
+    def _settings_screen(self) -> Screen:
+        """Settings as they are now; the app's own themes first."""
         from tui.screens.settings import SettingsScreen  # imports torch, so only once the engine has
 
         info = self.part(StatusBar).info
         themes = sorted(self.available_themes, key=lambda name: (not name.startswith("llmchat-"), name))
-        self.push_screen(
-            SettingsScreen(
-                self.precision,
-                info.device if info else self.options.device,
-                self.sampling,
-                themes,
-                (*self.speculation, self.options.model),
-                server=info.server if info else None,
-                kv_cache=self._kv_cache_now(),
-            )
+        return SettingsScreen(
+            self.precision,
+            info.device if info else self.options.device,
+            self.sampling,
+            themes,
+            (*self.speculation, self.options.model),
+            server=info.server if info else None,
+            kv_cache=self._kv_cache_now(),
         )
 
     def _kv_cache_now(self) -> str:
@@ -454,7 +462,7 @@ class ChatApp(App[None]):
         self.precision = message.precision
         self.turns.load_started()
         self.part(StatusBar).loading(self.options.model, self.precision, "queued", 0.0)
-        self.engine.load(self.options.model, self.precision, self.options.device)
+        self.engine.load(self.options.model, self.precision, self.options.device, raw=self.options.raw)
         self._refresh_keys()
 
     def on_settings_screen_sampling_applied(self, message) -> None:
@@ -508,39 +516,8 @@ class ChatApp(App[None]):
         self.instruments.open(name, step)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield SystemCommand("Stop", "Stop the answer; the partial answer stays (Esc)", self.action_stop)
-        yield SystemCommand("New chat", "Clear the conversation and the cache (Ctrl+N)", self.action_new_chat)
-        yield SystemCommand("Regenerate", "Answer the last prompt again (Ctrl+R)", self.action_regenerate)
-        yield SystemCommand("Settings", "Precision, sampling and theme (Ctrl+S)", self.action_settings)
-        yield SystemCommand(
-            "Conversations",
-            "Saved chats: search, resume, rename, delete, export (Ctrl+O)",
-            self.action_conversations,
-        )
-        yield SystemCommand(
-            "Edit last message",
-            "Edit your last message and answer it again; the old branch stays",
-            self.history.edit_last,
-        )
-        yield SystemCommand(
-            "Previous version",
-            "Show the previous version (branch) of the newest message that has one",
-            lambda: self.history.step_last(-1),
-        )
-        yield SystemCommand(
-            "Next version",
-            "Show the next version (branch) of the newest message that has one",
-            lambda: self.history.step_last(1),
-        )
-        yield SystemCommand(
-            "Select message",
-            "Select a message: ↑↓ move, ←→ versions, e edit (Alt+↑)",
-            self.action_select_message,
-        )
-        yield SystemCommand(
-            "Toggle panels", "Show or hide the inference panels (Ctrl+T)", self.action_toggle_panels
-        )
-        yield SystemCommand("Help", "Keys and what each panel shows (F1)", self.action_help)
+        for title, help_text, callback in PALETTE:
+            yield SystemCommand(title, help_text, callback(self))
         yield from self.instruments.commands()
         yield from super().get_system_commands(screen)
 
@@ -551,6 +528,43 @@ class ChatApp(App[None]):
             # die in interpreter shutdown instead of exiting with its code.
             self.engine.shutdown(timeout=SHUTDOWN_S)
         self._restore_signals()
+
+
+PALETTE: list[tuple[str, str, Callable[[ChatApp], Callable[[], object]]]] = [
+    ("Stop", "Stop the answer; the partial answer stays (Esc)", lambda app: app.action_stop),
+    ("New chat", "Clear the conversation and the cache (Ctrl+N)", lambda app: app.action_new_chat),
+    ("Regenerate", "Answer the last prompt again (Ctrl+R)", lambda app: app.action_regenerate),
+    ("Settings", "Precision, sampling and theme (Ctrl+S)", lambda app: app.action_settings),
+    (
+        "Conversations",
+        "Saved chats: search, resume, rename, delete, export (Ctrl+O)",
+        lambda app: app.action_conversations,
+    ),
+    (
+        "Edit last message",
+        "Edit your last message and answer it again; the old branch stays",
+        lambda app: app.history.edit_last,
+    ),
+    (
+        "Previous version",
+        "Show the previous version (branch) of the newest message that has one",
+        lambda app: partial(app.history.step_last, -1),
+    ),
+    (
+        "Next version",
+        "Show the next version (branch) of the newest message that has one",
+        lambda app: partial(app.history.step_last, 1),
+    ),
+    (
+        "Select message",
+        "Select a message: ↑↓ move, ←→ versions, e edit (Alt+↑)",
+        lambda app: app.action_select_message,
+    ),
+    ("Toggle panels", "Show or hide the inference panels (Ctrl+T)", lambda app: app.action_toggle_panels),
+    ("Help", "Keys and what each panel shows (F1)", lambda app: app.action_help),
+]
+"""The chat's commands in the palette (Ctrl+P): title, help, and the app's callback for it;
+the instruments add theirs (tui/instruments.py)."""
 
 
 def server_note(info: ModelInfo) -> str:
@@ -574,14 +588,7 @@ def run_app(**flags) -> None:
     """Entry point for `llmchat` with no subcommand: flags override the config file."""
     from tui.options import options_from
 
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # Textual would wait for keys that never come
-        print(
-            "llmchat: the chat app needs a terminal (stdin and stdout are not one); "
-            "for answers without one use `llmchat ask PROMPT`",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)
-
+    _need_a_terminal()
     loaded, problem = config.load_config()
     app = make_app(options_from(loaded, **flags))
     if problem:
@@ -593,3 +600,14 @@ def run_app(**flags) -> None:
         compiled.exit_if_compiling(code)  # the engine has saved and stopped
     if code:
         sys.exit(code)
+
+
+def _need_a_terminal() -> None:
+    """Exit 2 unless stdin and stdout are a terminal: Textual would wait for keys that never come."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print(
+            "llmchat: the chat app needs a terminal (stdin and stdout are not one); "
+            "for answers without one use `llmchat ask PROMPT`",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)

@@ -109,33 +109,64 @@ _IGNORED = object()
 
 def _checked(key: str, value: Any) -> tuple[Any, list[str]]:
     """The value to use for config key `key` (_IGNORED: the default) and what is wrong in it."""
+    check = _CHECKS.get(key)
+    return check(value) if check is not None else _checked_text(key, value)
+
+
+def _checked_sampling(value: Any) -> tuple[Any, list[str]]:
+    if not isinstance(value, dict):
+        return _IGNORED, [f"sampling must be an object, got {_shown(value)}"]
+    wrong = {name: _sampling_problem(name, item) for name, item in value.items()}
+    kept = {name: item for name, item in value.items() if wrong[name] is None}
+    return kept, [problem for problem in wrong.values() if problem]
+
+
+def _checked_context(value: Any) -> tuple[Any, list[str]]:
+    if value is None or (_is_whole(value) and value >= 1):
+        return value, []
+    return _IGNORED, [f"context must be a positive whole number of tokens or null, got {_shown(value)}"]
+
+
+def _checked_kv_cache(value: Any) -> tuple[Any, list[str]]:
+    if value is None or value in KV_CACHE_CHOICES:
+        return value, []
+    return _IGNORED, [f"kv_cache must be one of {', '.join(KV_CACHE_CHOICES)} or null, got {_shown(value)}"]
+
+
+def _checked_draft_tokens(value: Any) -> tuple[Any, list[str]]:
+    if _is_whole(value) and 1 <= value <= 8:
+        return value, []
+    return _IGNORED, [f"draft_tokens must be a whole number from 1 to 8, got {_shown(value)}"]
+
+
+def _checked_text(key: str, value: Any) -> tuple[Any, list[str]]:
+    """Every other key is a string; some may be null."""
     from engine.utf8 import utf8_problem  # torch-free
 
-    if key == "sampling":
-        if not isinstance(value, dict):
-            return _IGNORED, [f"sampling must be an object, got {_shown(value)}"]
-        wrong = {name: _sampling_problem(name, item) for name, item in value.items()}
-        kept = {name: item for name, item in value.items() if wrong[name] is None}
-        return kept, [problem for problem in wrong.values() if problem]
-    if key == "context":
-        if value is None or (_is_whole(value) and value >= 1):
-            return value, []
-        return _IGNORED, [f"context must be a positive whole number of tokens or null, got {_shown(value)}"]
-    if key == "kv_cache":
-        if value is None or value in KV_CACHE_CHOICES:
-            return value, []
-        return _IGNORED, [
-            f"kv_cache must be one of {', '.join(KV_CACHE_CHOICES)} or null, got {_shown(value)}"
-        ]
-    if key == "draft_tokens":
-        if _is_whole(value) and 1 <= value <= 8:
-            return value, []
-        return _IGNORED, [f"draft_tokens must be a whole number from 1 to 8, got {_shown(value)}"]
     nullable = key in ("system", "speculative", "server", "api_key_env")
     if not (isinstance(value, str) or (nullable and value is None)):
         return _IGNORED, [f"{key} must be a string{' or null' if nullable else ''}, got {_shown(value)}"]
     problem = utf8_problem(value, key) if value is not None else None
     return (_IGNORED, [problem]) if problem else (value, [])
+
+
+def _checked_server(value: Any) -> tuple[Any, list[str]]:
+    """A server URL no client can use (a bad port, a query) is caught here, not at connect."""
+    from engine.remote.target import url_problem  # no HTTP stack
+
+    value, problems = _checked_text("server", value)
+    problem = url_problem(value) if isinstance(value, str) else None
+    return (_IGNORED, [f"server: {problem}"]) if problem else (value, problems)
+
+
+_CHECKS = {
+    "server": _checked_server,
+    "sampling": _checked_sampling,
+    "context": _checked_context,
+    "kv_cache": _checked_kv_cache,
+    "draft_tokens": _checked_draft_tokens,
+}
+"""The keys that are not plain strings, each with its check."""
 
 
 def _sampling_problem(name: str, value: Any) -> str | None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from engine.events import TurnStats
 
 PROB_LEVELS = ((0.9, "success"), (0.5, "primary"), (0.2, "warning"), (0.0, "error"))
 """Probability floors and the theme colour for each, so every theme gets its own."""
@@ -138,3 +141,15 @@ def si(value: float, unit: str) -> str:
         if abs(value) >= factor:
             return f"{value / factor:.2f} {prefix}{unit}"
     return f"{value:.2f} {unit}"
+
+
+def prefill_rate(stats: TurnStats) -> str:
+    """Prefill throughput; for a prefill of one token (a fork, a regeneration) its time instead,
+    since a rate of one token is a latency in disguise. '–' where a server did not tell the count."""
+    if stats.prefilled_tokens is None:
+        return "–"
+    if stats.prefilled_tokens >= 2 and stats.prefill_tok_s > 0:
+        return f"{stats.prefill_tok_s:,.0f} tok/s"
+    if stats.prefilled_tokens == 1 and stats.prefill_tok_s > 0:
+        return f"1 token, {ms(1 / stats.prefill_tok_s)}"
+    return "–"

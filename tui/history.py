@@ -22,6 +22,8 @@ from tui.widgets.top_k import TopKPanel
 if TYPE_CHECKING:
     from tui.app_parts import AppParts
 
+WAIT_TO_EDIT = "Wait for the answer to finish (or stop it with Esc), then press Enter to send the edit."
+
 
 def heading(event: ConversationLoaded) -> str:
     turns = sum(1 for m in event.messages if m.role == "user")
@@ -91,9 +93,7 @@ class History:
         app = self.app
         prompt = app.part(PromptInput)
         if app.engine is None or not app.turns.start_other():
-            app.notify(
-                "Wait for the answer to finish (or stop it with Esc), then press Enter to send the edit."
-            )
+            app.notify(WAIT_TO_EDIT)
             return
         chat = app.part(ChatLog)
         prompt.end_edit()
@@ -133,19 +133,23 @@ class History:
         focus, self._focus = self._focus, None
         self.conversation_id = event.conversation_id
         if self._resuming:
-            # Before the redraw is awaited: the paced update may show the resumed cache meanwhile.
-            # The KV panel keeps its figures: the resumed cache's size (0, or loaded from disk)
-            # follows as CacheChanged.
-            self._resuming = False
-            for panel in (TokenStream, TopKPanel, PhasePanel):
-                app.part(panel).clear()
-            app.part(KVCachePanel).set_resumed()
-            app.instruments.last_stats = None  # F6 measures this conversation's turns, not the last one's
-            if focus is None:
-                prompt.focus()
+            self._resumed(focus)
         else:  # another version is shown: the panels' tokens were those of the version left
             app.part(TokenStream).clear(
                 "another version is shown; the tokens of the next turn appear here (F2 inspects answers)"
             )
             app.part(TopKPanel).clear()
         await app.part(ChatLog).show_history(heading(event), event.messages, focus)
+
+    def _resumed(self, focus: int | None) -> None:
+        """A resumed conversation: the panels start over. Called before the redraw is awaited, as the
+        paced update may show the resumed cache meanwhile. The KV panel keeps its figures: the resumed
+        cache's size (0, or loaded from disk) follows as CacheChanged."""
+        app = self.app
+        self._resuming = False
+        for panel in (TokenStream, TopKPanel, PhasePanel):
+            app.part(panel).clear()
+        app.part(KVCachePanel).set_resumed()
+        app.instruments.last_stats = None  # F6 measures this conversation's turns, not the last one's
+        if focus is None:
+            app.part(PromptInput).focus()

@@ -41,6 +41,8 @@ class AppOptions:
     """With a server: the environment variable that holds its API key."""
     read_timeout_s: float = 120.0
     """With a server: how long it may stay silent mid-answer."""
+    raw: bool = False
+    """The prompt goes as raw text, no chat template (`--raw`): a base model continues it."""
 
     @property
     def remote(self) -> bool:
@@ -54,27 +56,31 @@ class AppOptions:
         return RemoteTarget(self.server, model, self.api_key_env, read_timeout_s=self.read_timeout_s)
 
 
+FROM_EITHER = (
+    "model",
+    "precision",
+    "device",
+    "system",
+    "context",
+    "theme",
+    "speculative",
+    "draft_tokens",
+    "kv_cache",
+    "server",
+    "api_key_env",
+)
+"""The options a flag or the config file sets (a flag wins)."""
+
+
 def options_from(config: Config, config_path: Path | None = None, **flags: Any) -> AppOptions:
     """Flags that are not None win over the config file."""
     sampling = dict(config.sampling)
     sampling.update(flags.pop("sampling", None) or {})
     chosen = {
-        name: flags[name] if flags.get(name) is not None else getattr(config, name)
-        for name in (
-            "model",
-            "precision",
-            "device",
-            "system",
-            "context",
-            "theme",
-            "speculative",
-            "draft_tokens",
-            "kv_cache",
-            "server",
-            "api_key_env",
-        )
+        name: flags[name] if flags.get(name) is not None else getattr(config, name) for name in FROM_EITHER
     }
     chosen["theme_from_flag"] = flags.get("theme") is not None
     if flags.get("read_timeout") is not None:
         chosen["read_timeout_s"] = flags["read_timeout"]
+    chosen["raw"] = bool(flags.get("raw"))
     return AppOptions(sampling=sampling, config_path=config_path, resume=flags.get("resume"), **chosen)

@@ -21,23 +21,28 @@ def text_plot(
         return ["(no points)"]
     top = max(ys + (reference or [])) or 1.0
     rows = [[" "] * (column * len(xs)) for _ in range(height)]
-
-    def row_of(y: float) -> int:
-        return height - 1 - min(height - 1, round(y / top * (height - 1)))
-
-    def put(x: int, y: float, mark: str) -> None:
-        r = row_of(y)
-        if rows[r][x] in (" ", "·") or mark == "●":
-            rows[r][x] = mark
-
     centres = [i * column + column // 2 for i in range(len(xs))]
     for (x0, y0), (x1, y1) in zip(zip(centres, ys), zip(centres[1:], ys[1:])):
         for x in range(x0 + 1, x1):
-            put(x, y0 + (y1 - y0) * (x - x0) / (x1 - x0), "·")
+            _put(rows, x, y0 + (y1 - y0) * (x - x0) / (x1 - x0), top, "·")
     for x, y in zip(centres, reference or []):
-        put(x, y, "○")
+        _put(rows, x, y, top, "○")
     for x, y in zip(centres, ys):
-        put(x, y, "●")
+        _put(rows, x, y, top, "●")
+    return _with_axes(rows, xs, top, column, unit)
+
+
+def _put(rows: list[list[str]], x: int, y: float, top: float, mark: str) -> None:
+    """Mark (x, y) on the grid: a point over a line or a reference, a reference over a line."""
+    height = len(rows)
+    r = height - 1 - min(height - 1, round(y / top * (height - 1)))
+    if rows[r][x] in (" ", "·") or mark == "●":
+        rows[r][x] = mark
+
+
+def _with_axes(rows: list[list[str]], xs: list[int], top: float, column: int, unit: str) -> list[str]:
+    """The grid's lines with the y axis labelled every third row and the x values under it."""
+    height = len(rows)
     label_width = len(f"{top:,.0f}")
     lines = []
     for r, cells in enumerate(rows):

@@ -119,22 +119,11 @@ class Router:
         match event:
             case PromptTokens():
                 app.part(TokenStream).set_prompt(event)
-            case PhaseChanged(phase="prefill"):
-                await chat.begin_answer(prefill_note(event))
-                app.part(TokenStream).begin_turn()
-                app.part(PhasePanel).set_phase(event)
-                app.part(KVCachePanel).set_turn(event)
             case PhaseChanged():
-                app.part(PhasePanel).set_phase(event)
-                if event.phase == "decode" and chat.current is not None:
-                    chat.current.set_note("decoding… (Esc stops)")
+                await self._phase_changed(event, chat)
             case ContextTrimmed():
                 chat.forget_first(event.dropped_messages)  # the saved messages' indices moved up
-                chat.add_note(
-                    f"The conversation outgrew the {event.capacity:,}-token window: the oldest "
-                    f"{event.dropped_messages} messages were dropped "
-                    f"({event.tokens_before:,} → {event.tokens_after:,} tokens)."
-                )
+                chat.add_note(trimmed_note(event))
             case Notice(message):
                 chat.add_note(message)
             case DecodeStep():
@@ -144,3 +133,24 @@ class Router:
                 app.part(PhasePanel).add_round(event, repaint=False)
             case _:
                 self._figure(event)
+
+    async def _phase_changed(self, event: PhaseChanged, chat: ChatLog) -> None:
+        """Prefill opens the answer and its turn in the panels; decode says Esc stops it."""
+        app = self.app
+        if event.phase == "prefill":
+            await chat.begin_answer(prefill_note(event))
+            app.part(TokenStream).begin_turn()
+            app.part(PhasePanel).set_phase(event)
+            app.part(KVCachePanel).set_turn(event)
+            return
+        app.part(PhasePanel).set_phase(event)
+        if event.phase == "decode" and chat.current is not None:
+            chat.current.set_note("decoding… (Esc stops)")
+
+
+def trimmed_note(event: ContextTrimmed) -> str:
+    return (
+        f"The conversation outgrew the {event.capacity:,}-token window: the oldest "
+        f"{event.dropped_messages} messages were dropped "
+        f"({event.tokens_before:,} → {event.tokens_after:,} tokens)."
+    )

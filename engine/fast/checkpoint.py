@@ -121,24 +121,29 @@ class LlamaWeights(nn.Module):
 
 def stored_shapes(c: SimpleNamespace) -> dict[str, tuple[int, ...]]:
     """Every tensor the checkpoint must hold, and its shape, from the config."""
-    hidden, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    hidden = c.hidden_size
     shapes = {"model.embed_tokens.weight": (c.vocab_size, hidden), "model.norm.weight": (hidden,)}
     for i in range(c.num_hidden_layers):
-        block = f"model.layers.{i}"
-        shapes |= {
-            f"{block}.self_attn.q_proj.weight": (q, hidden),
-            f"{block}.self_attn.k_proj.weight": (kv, hidden),
-            f"{block}.self_attn.v_proj.weight": (kv, hidden),
-            f"{block}.self_attn.o_proj.weight": (hidden, q),
-            f"{block}.mlp.gate_proj.weight": (c.intermediate_size, hidden),
-            f"{block}.mlp.up_proj.weight": (c.intermediate_size, hidden),
-            f"{block}.mlp.down_proj.weight": (hidden, c.intermediate_size),
-            f"{block}.input_layernorm.weight": (hidden,),
-            f"{block}.post_attention_layernorm.weight": (hidden,),
-        }
+        shapes |= _block_shapes(c, f"model.layers.{i}")
     if not c.tie_word_embeddings:
         shapes["lm_head.weight"] = (c.vocab_size, hidden)
     return shapes
+
+
+def _block_shapes(c: SimpleNamespace, block: str) -> dict[str, tuple[int, ...]]:
+    """The tensors of one decoder block (named under `block`), and their shapes."""
+    hidden, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    return {
+        f"{block}.self_attn.q_proj.weight": (q, hidden),
+        f"{block}.self_attn.k_proj.weight": (kv, hidden),
+        f"{block}.self_attn.v_proj.weight": (kv, hidden),
+        f"{block}.self_attn.o_proj.weight": (hidden, q),
+        f"{block}.mlp.gate_proj.weight": (c.intermediate_size, hidden),
+        f"{block}.mlp.up_proj.weight": (c.intermediate_size, hidden),
+        f"{block}.mlp.down_proj.weight": (hidden, c.intermediate_size),
+        f"{block}.input_layernorm.weight": (hidden,),
+        f"{block}.post_attention_layernorm.weight": (hidden,),
+    }
 
 
 def read_config(directory: Path) -> SimpleNamespace | None:
@@ -150,6 +155,8 @@ def read_config(directory: Path) -> SimpleNamespace | None:
         return None
     if not isinstance(raw, dict):
         return None
+    if raw.get("model_type") not in ("llama", "mistral") or raw.get("attention_bias") or raw.get("mlp_bias"):
+        return None  # the tree below is Llama's, without biases
     rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     if not isinstance(rope, dict):  # a damaged config: transformers says what is wrong with it
         return None

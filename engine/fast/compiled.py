@@ -140,18 +140,21 @@ class CompiledDecode:
         try:
             self._build_steps()
         except Exception as e:
-            why = f"the compile thread failed: {one_line(e, named=True)}"
-            with self._lock:
-                if self.ready.is_set():  # the regional step serves; only its upgrade failed
-                    self.whole_error = self.whole_error or why
-                    listeners, self._upgrade_listeners = self._upgrade_listeners, []
-                else:
-                    self.error = self.error or why
-                    listeners, self._listeners = self._listeners, []
-                self._finished.set()
-            for listener in listeners:
-                listener(self)
-            self._settled.set()
+            self._thread_failed(f"the compile thread failed: {one_line(e, named=True)}")
+
+    def _thread_failed(self, why: str) -> None:
+        """Record `why` as the error of what was being built, and tell its listeners."""
+        with self._lock:
+            if self.ready.is_set():  # the regional step serves; only its upgrade failed
+                self.whole_error = self.whole_error or why
+                listeners, self._upgrade_listeners = self._upgrade_listeners, []
+            else:
+                self.error = self.error or why
+                listeners, self._listeners = self._listeners, []
+            self._finished.set()
+        for listener in listeners:
+            listener(self)
+        self._settled.set()
 
     def _build_steps(self) -> None:
         """The regional step, then the whole one (engine/fast/steps.py): the first ready in

@@ -1,4 +1,5 @@
-"""A readable, fast forward pass for Llama-family models (in the spirit of gpt-fast).
+"""A readable, fast forward pass for Llama-family models (in the spirit of gpt-fast); the
+families it runs, and how each differs from Llama, are records in engine/fast/families.py.
 
 It runs on the Hugging Face model's own weights, fused where batch-1 decode gains from
 fewer, larger matmuls: q/k/v become one [q+k+v, hidden] matrix and gate/up one
@@ -11,6 +12,9 @@ One step for each layer, on `n` new tokens at positions p..p+n-1:
     a = rmsnorm(h);  q, k, v = a @ Wqkv.T;  rotate q, k by position (RoPE)
     K, V = cache + k, v;  h += softmax(q K.T / sqrt(d) + causal) V @ Wo.T
     m = rmsnorm(h);  g, u = m @ Wgu.T;  h += (silu(g) * u) @ Wdown.T
+
+(plus each projection's bias where the checkpoint has one, and Qwen3's RMSNorm of each q and k
+head before the rotation.)
 
 On a CPU without native 16-bit matmul, 16-bit weights make batch-1 decode fast (half the
 bytes to read) but prefill slow; prefill therefore upcasts each weight to float32 on the fly
@@ -27,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.fast import attention, gemm, matvec, pages
+from engine.fast.families import Family, covered, family_of, sliding_layers
 from engine.kvcache import KVCache
 from engine.kvcache_layers import QuantizedKV, quantize
 from engine.quant.int8 import Int8Linear
@@ -40,13 +45,11 @@ UPCAST_ABOVE = 4
 def supports(model: nn.Module) -> str | None:
     """None if the fast path can run this model, else why not."""
     config = model.config
-    if getattr(config, "model_type", None) not in ("llama", "mistral"):
-        return f"model type {getattr(config, 'model_type', '?')} (fast path covers Llama-family models)"
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        return "projection biases"
+    if family_of(config) is None:
+        return f"model type {getattr(config, 'model_type', '?')} (fast path covers {covered()})"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act}"
-    if getattr(config, "sliding_window", None):
+    if sliding_layers(config):
         return "sliding-window attention"
     if getattr(config, "quantization_config", None) is not None:
         return "quantized (bitsandbytes) weights"
@@ -63,14 +66,40 @@ def transposed_is_faster(dtype: torch.dtype, device: torch.device, compiled: boo
 
 
 class _Layer:
-    def __init__(self, block: nn.Module, fuse: "_Fuser"):
+    def __init__(self, block: nn.Module, fuse: "_Fuser", family: Family):
         attn, mlp = block.self_attn, block.mlp
+        # Biases first: fusing re-points each module's weight, never its bias.
+        self.bqkv = _biases(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.bo = _biases(attn.o_proj)
+        self.bgu = _biases(mlp.gate_proj, mlp.up_proj)
+        self.bdown = _biases(mlp.down_proj)
         self.wqkv = fuse(attn.q_proj, attn.k_proj, attn.v_proj)
         self.wo = fuse(attn.o_proj)
         self.wgu = fuse(mlp.gate_proj, mlp.up_proj)
         self.wdown = fuse(mlp.down_proj)
         self.ln1 = block.input_layernorm.weight.detach()
         self.ln2 = block.post_attention_layernorm.weight.detach()
+        self.q_norm = attn.q_norm.weight.detach() if family.qk_norm else None
+        self.k_norm = attn.k_norm.weight.detach() if family.qk_norm else None
+
+    SMALL = ("ln1", "ln2", "q_norm", "k_norm", "bqkv", "bo", "bgu", "bdown")
+    """The vectors (norm weights, biases): kept in the activations' dtype, each its own copy."""
+
+    def own_small(self, dtype: torch.dtype) -> None:
+        for name in self.SMALL:
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value.detach().to(dtype, copy=True))
+
+
+def _biases(*linears: nn.Module) -> torch.Tensor | None:
+    """The modules' biases end to end, as their fused matrix's rows are; None where they have none."""
+    biases = [getattr(linear, "bias", None) for linear in linears]
+    if all(b is None for b in biases):
+        return None
+    if any(b is None for b in biases):
+        raise ValueError("a fused projection with a bias on some of its parts only")
+    return torch.cat([b.detach() for b in biases])
 
 
 class _Fuser:
@@ -164,7 +193,8 @@ class FastLlama:
         if tied:  # one matrix serves both: embedding rows are lm_head's output rows
             inner.embed_tokens.weight = model.lm_head.weight
         self.embed = inner.embed_tokens.weight  # [vocab, hidden], possibly a transposed view
-        self.layers = [_Layer(block, fuse) for block in inner.layers]
+        self.family = family_of(config)
+        self.layers = [_Layer(block, fuse, self.family) for block in inner.layers]
         matrices = [self.lm_head] + [
             w for layer in self.layers for w in (layer.wqkv, layer.wo, layer.wgu, layer.wdown)
         ]
@@ -182,10 +212,7 @@ class FastLlama:
         # Norm weights are tiny: keep them in the activations' dtype for the fused rms_norm.
         self.norm = self.norm.detach().to(self.act_dtype, copy=True)
         for layer in self.layers:
-            layer.ln1, layer.ln2 = (
-                layer.ln1.to(self.act_dtype, copy=True),
-                layer.ln2.to(self.act_dtype, copy=True),
-            )
+            layer.own_small(self.act_dtype)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, upcast: bool) -> torch.Tensor:
         """x @ W.T for a weight stored [out, in] (or x @ W for one stored [in, out]). An eager
@@ -271,15 +298,22 @@ class FastLlama:
         n = h.shape[0]
         heads, qk_heads = self.heads, self.heads + self.kv_heads
         a = self.rmsnorm(h, layer.ln1)
-        qkv = linear(a, layer.wqkv).view(n, qk_heads + self.kv_heads, self.head_dim)
-        qk = self._rotate(qkv[:, :qk_heads], cos, sin)  # q and k rotate together
+        qkv = _plus(linear(a, layer.wqkv), layer.bqkv).view(n, qk_heads + self.kv_heads, self.head_dim)
+        qk = self._rotate(self._qk_normed(layer, qkv[:, :qk_heads]), cos, sin)  # q and k rotate together
         q, k, v = (x.transpose(0, 1)[None] for x in (qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]))
         attn = attend(q, k, v)  # [1, heads, n, head_dim]
         attn = attn[0].transpose(0, 1).reshape(n, heads * self.head_dim).to(h.dtype)
-        h = h + linear(attn, layer.wo)
+        h = h + _plus(linear(attn, layer.wo), layer.bo)
         m = self.rmsnorm(h, layer.ln2)
-        gate, up = linear(m, layer.wgu).chunk(2, dim=-1)
-        return h + linear(F.silu(gate) * up, layer.wdown)
+        gate, up = _plus(linear(m, layer.wgu), layer.bgu).chunk(2, dim=-1)
+        return h + _plus(linear(F.silu(gate) * up, layer.wdown), layer.bdown)
+
+    def _qk_normed(self, layer: _Layer, qk: torch.Tensor) -> torch.Tensor:
+        """q and k [n, heads + kv_heads, d], each head normalized over d where the family does so."""
+        if layer.q_norm is None:
+            return qk
+        q, k = qk[:, : self.heads], qk[:, self.heads :]
+        return torch.cat((self.rmsnorm(q, layer.q_norm), self.rmsnorm(k, layer.k_norm)), dim=1)
 
     def _logits(self, h: torch.Tensor, linear) -> torch.Tensor:
         last = self.rmsnorm(h[-1:], self.norm)
@@ -352,6 +386,10 @@ class FastLlama:
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The logits [vocab] of a decode step's h [1, hidden], for torch.compile as above."""
         return self._logits(h, self._matvec)
+
+
+def _plus(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x if bias is None else x + bias
 
 
 def _pair(stored) -> tuple:

@@ -204,11 +204,16 @@ def _build_in_a_child(name: str, directory: Path) -> None:
         out, _ = child.communicate()
     finally:
         _builds.remove(child)
-    if child.returncode < 0:  # stopped by a signal (the app quitting, a test ending): not the build's fault
-        raise BuildBusy(f"the kernel's build was stopped (signal {-child.returncode})")
-    if child.returncode != 0:
+    _raise_unless_built(child.returncode, out)
+
+
+def _raise_unless_built(returncode: int, out: str) -> None:
+    """Raise BuildBusy or BuildFailed, with the reason the child printed, unless it exited 0."""
+    if returncode < 0:  # stopped by a signal (the app quitting, a test ending): not the build's fault
+        raise BuildBusy(f"the kernel's build was stopped (signal {-returncode})")
+    if returncode != 0:
         lines = out.strip().splitlines()
-        raise BuildFailed(lines[-1] if lines else f"the kernel's build ended with status {child.returncode}")
+        raise BuildFailed(lines[-1] if lines else f"the kernel's build ended with status {returncode}")
 
 
 def build_here(name: str, directory: str) -> None:

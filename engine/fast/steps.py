@@ -164,6 +164,7 @@ def scratch_buffers(
 
 _CODE = (
     "fused.py",
+    "families.py",
     "steps.py",
     "attention.py",
     "matvec.py",
@@ -194,7 +195,8 @@ def _signature(weight) -> tuple | str:
 def layer_signature(layer) -> tuple:
     """What a compiled block depends on in a layer. The regional step needs every layer's to be
     the same."""
-    return tuple(_signature(w) for w in (layer.wqkv, layer.wo, layer.wgu, layer.wdown, layer.ln1, layer.ln2))
+    weights = (layer.wqkv, layer.wo, layer.wgu, layer.wdown)
+    return tuple(_signature(w) for w in weights + tuple(getattr(layer, name) for name in layer.SMALL))
 
 
 def saved_path(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | None:
@@ -207,7 +209,8 @@ def saved_path(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | N
     if not root:
         return None
     shapes = [layer_signature(fast.layers[0]), _signature(fast.lm_head), _signature(fast.embed)]
-    model = (kind, len(fast.layers), fast.heads, fast.kv_heads, fast.head_dim, fast.eps, fast.rope_scale)
+    model = (kind, fast.family.name, len(fast.layers), fast.heads, fast.kv_heads, fast.head_dim, fast.eps)
+    model += (fast.rope_scale,)
     isa, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
     key = hashlib.sha256(
         repr((torch.__version__, sys.version, isa, threads, model, fast.transposed, matvec.enabled)).encode()

@@ -414,17 +414,27 @@ def turn_phases(shape: ModelShape, stats: TurnStats) -> TurnPhases:
 
     Decode is measured at its mean context (prompt + half the answer) over its median step.
     """
-    prefill = None
-    if stats.prefilled_tokens > 0 and stats.prefill_tok_s > 0:
-        n, r = stats.prefilled_tokens, stats.reused_tokens
-        seconds = n / stats.prefill_tok_s
-        prefill = PhaseMeasure("prefill", n, seconds, shape.prefill_flops(n, r), shape.prefill_bytes(n, r))
-    decode = None
+    return TurnPhases(
+        _prefill_phase(shape, stats), _decode_phase(shape, stats), stats.contention, stats.step_path
+    )
+
+
+def _prefill_phase(shape: ModelShape, stats: TurnStats) -> PhaseMeasure | None:
+    """The turn's prefill, None where it prefilled nothing (the whole prompt was reused)."""
+    if not (stats.prefilled_tokens > 0 and stats.prefill_tok_s > 0):
+        return None
+    n, r = stats.prefilled_tokens, stats.reused_tokens
+    seconds = n / stats.prefill_tok_s
+    return PhaseMeasure("prefill", n, seconds, shape.prefill_flops(n, r), shape.prefill_bytes(n, r))
+
+
+def _decode_phase(shape: ModelShape, stats: TurnStats) -> PhaseMeasure | None:
+    """The turn's decode at its mean context over its median step, None where there is no step to time."""
     # A speculative answer's tokens come in rounds (gaps of ~0 within one): no plain step to time.
-    if stats.generated_tokens > 1 and stats.itl_p50_s > 0 and stats.speculative is None:
-        context = stats.prompt_tokens + stats.generated_tokens // 2
-        steps = stats.generated_tokens - 1
-        decode = PhaseMeasure(
-            "decode", steps, stats.itl_p50_s, shape.decode_flops(context), shape.decode_bytes(context)
-        )
-    return TurnPhases(prefill, decode, stats.contention, stats.step_path)
+    if not (stats.generated_tokens > 1 and stats.itl_p50_s > 0 and stats.speculative is None):
+        return None
+    context = stats.prompt_tokens + stats.generated_tokens // 2
+    steps = stats.generated_tokens - 1
+    return PhaseMeasure(
+        "decode", steps, stats.itl_p50_s, shape.decode_flops(context), shape.decode_bytes(context)
+    )

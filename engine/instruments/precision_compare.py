@@ -106,6 +106,17 @@ class _Runner:
         )
         self.cache = KVCache.for_model(self.info)
         self.chunk = chunk
+        self.prefill_s = 0.0
+        self.itl: list[float] = []
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        logprobs, self.prefill_s = self.feed(ids)
+        return logprobs
+
+    def step(self, token: int) -> torch.Tensor:
+        logprobs, seconds = self.feed([token])
+        self.itl.append(seconds)
+        return logprobs
 
     def feed(self, ids: list[int]) -> tuple[torch.Tensor, float]:
         started = time.perf_counter()
@@ -146,38 +157,62 @@ def compare_precisions(
     ref, oth = _Runner(reference, PREFILL_CHUNK, caches[0]), _Runner(other, PREFILL_CHUNK, caches[1])
     meter = ContentionMeter()
     with torch.inference_mode():
-        ref_lp, ref_prefill = ref.feed(prompt_ids)
-        oth_lp, oth_prefill = oth.feed(prompt_ids)
-        steps: list[StepCompare] = []
-        ref_itl: list[float] = []
-        oth_itl: list[float] = []
-        for step in range(max_new_tokens):
-            token = torch.argmax(ref_lp)
-            kl = (ref_lp.exp() * (ref_lp - oth_lp)).sum()
-            values = torch.stack(
-                [token.float(), torch.argmax(oth_lp).float(), kl, ref_lp[token].exp(), oth_lp[token].exp()]
-            )
-            t, top, kl_value, p_ref, p_oth = values.tolist()
-            steps.append(StepCompare(step, int(t), int(top), max(kl_value, 0.0), p_ref, p_oth))
-            if progress:
-                progress(step + 1, max_new_tokens)
-            if int(t) in stop_ids or (cancel is not None and cancel.is_set()) or step + 1 == max_new_tokens:
-                break
-            ref_lp, seconds = ref.feed([int(t)])
-            ref_itl.append(seconds)
-            oth_lp, seconds = oth.feed([int(t)])
-            oth_itl.append(seconds)
+        steps = _teacher_force(
+            ref, oth, prompt_ids, _Stop(max_new_tokens, frozenset(stop_ids), cancel, progress)
+        )
     return PrecisionComparison(
-        reference=_side(ref, caches[0], ref_prefill, ref_itl),
-        other=_side(oth, caches[1], oth_prefill, oth_itl),
+        reference=_side(ref, caches[0]),
+        other=_side(oth, caches[1]),
         steps=tuple(steps),
         prompt_tokens=len(prompt_ids),
         contention=meter.stop(),
     )
 
 
-def _side(runner: _Runner, cache: str | None, prefill_s: float, itl: list[float]) -> SideStats:
-    info = runner.info
+@dataclass(frozen=True)
+class _Stop:
+    """When a comparison ends: a stop token, a cancel, or `max_new_tokens` compared."""
+
+    max_new_tokens: int
+    stop_ids: frozenset[int]
+    cancel: threading.Event | None
+    progress: Callable[[int, int], None] | None
+
+    def after(self, step: int, token: int) -> bool:
+        """Report step `step` done; whether the comparison ends with its `token`."""
+        if self.progress:
+            self.progress(step + 1, self.max_new_tokens)
+        cancelled = self.cancel is not None and self.cancel.is_set()
+        return token in self.stop_ids or cancelled or step + 1 == self.max_new_tokens
+
+
+def _teacher_force(ref: _Runner, oth: _Runner, prompt_ids: list[int], stop: _Stop) -> list[StepCompare]:
+    """Prefill both sides, then compare them step by step, feeding both the reference's greedy
+    token, until `stop` says so; each runner keeps its own timings."""
+    ref_lp, oth_lp = ref.prefill(prompt_ids), oth.prefill(prompt_ids)
+    steps: list[StepCompare] = []
+    for step in range(stop.max_new_tokens):
+        steps.append(_compare_step(step, ref_lp, oth_lp))
+        if stop.after(step, steps[-1].token):
+            break
+        ref_lp, oth_lp = ref.step(steps[-1].token), oth.step(steps[-1].token)
+    return steps
+
+
+def _compare_step(step: int, ref_lp: torch.Tensor, oth_lp: torch.Tensor) -> StepCompare:
+    """One step's comparison: the reference's greedy token, the other's top token, KL(ref || other)
+    and each side's probability of the token (read back in one transfer)."""
+    token = torch.argmax(ref_lp)
+    kl = (ref_lp.exp() * (ref_lp - oth_lp)).sum()
+    values = torch.stack(
+        [token.float(), torch.argmax(oth_lp).float(), kl, ref_lp[token].exp(), oth_lp[token].exp()]
+    )
+    t, top, kl_value, p_ref, p_oth = values.tolist()
+    return StepCompare(step, int(t), int(top), max(kl_value, 0.0), p_ref, p_oth)
+
+
+def _side(runner: _Runner, cache: str | None) -> SideStats:
+    info, prefill_s, itl = runner.info, runner.prefill_s, runner.itl
     label = info.precision if cache is None else f"{cache} KV cache"
     return SideStats(
         label,

@@ -161,8 +161,7 @@ def tokenizer_view(
 
 
 def _template_ids(session: SessionView, chat: list[dict]) -> list[int]:
-    text = session.tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
-    return session.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return session.prompt_format.ids(session.tokenizer, chat, generation_prompt=False)
 
 
 def default_system_tokens(session: SessionView, first: dict, template_ids: TemplateIds | None = None) -> int:
@@ -179,6 +178,12 @@ def default_system_tokens(session: SessionView, first: dict, template_ids: Templ
         both = template_ids([probe, first])
     except Exception:  # a template without a system role: nothing to find
         return 0
+    return _added_before(alone, system, both)
+
+
+def _added_before(alone: list[int], system: list[int], both: list[int]) -> int:
+    """How many tokens the template of [first] (`alone`) has before the first message's own: what
+    the template of [system, first] (`both`) has after that of [system]; 0 where that is unclear."""
     if both[: len(system)] != system:
         return 0
     own = both[len(system) :]

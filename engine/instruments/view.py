@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from engine.instruments.stepping import StepGate
     from engine.instruments.trace import AnswerTrace
     from engine.models import LoadedModel
+    from engine.prompt_format import PromptFormat
     from engine.sampling import SamplingSettings
 
 
@@ -57,6 +58,10 @@ class SessionView(Protocol):
     @property
     def tokenizer(self) -> Any:
         """The Hugging Face tokenizer (the engine does not type it more closely)."""
+
+    @property
+    def prompt_format(self) -> PromptFormat:
+        """How the conversation becomes ids (engine/prompt_format.py)."""
 
     @property
     def namer(self) -> PieceNamer: ...

@@ -45,10 +45,9 @@ class LabConfig:
     policies: tuple[str, ...] = POLICY_NAMES
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1:
-            raise LabError(f"--max-batch must be at least 1, got {self.max_batch}")
-        if self.requests < 1:
-            raise LabError(f"--requests must be at least 1, got {self.requests}")
+        for flag, value in (("max-batch", self.max_batch), ("requests", self.requests)):
+            if value < 1:
+                raise LabError(f"--{flag} must be at least 1, got {value}")
         if not self.budget_mib > 0:
             raise LabError(f"--budget-mib must be above 0, got {self.budget_mib}")
         if self.max_new < 1:
@@ -297,23 +296,35 @@ def run(
             result.policies.append(policy)
             if on_policy is not None:
                 on_policy(policy)
-        prompt = min((s.prompt for s in lab.specs), key=len)
-        batches = [b for b in config.sweep_batches if sweep.fits(b, prompt, config.sweep_steps, lab.forward)]
-        result.sweep_skipped = [b for b in config.sweep_batches if b not in batches]
-        report(f"sweep: decode at B = {batches}, {config.sweep_passes} passes ...")
-        result.sweep = sweep.run_sweep(
-            batches,
-            prompt,
-            config.sweep_steps,
-            config.sweep_passes,
-            lab.forward,
-            lab.intensity,
-            stop,
-            on_sweep,
-        )
+        _sweep(lab, result, on_sweep, stop, report)
     finally:
         lab.release()
     return result
+
+
+def _sweep(
+    lab: Lab,
+    result: LabResult,
+    on_sweep: Callable[[sweep.SweepPoint], None] | None,
+    stop: threading.Event | None,
+    report: Callable[[str], None],
+) -> None:
+    """Decode at each batch size of the sweep that fits the pool, on the shortest prompt."""
+    config = lab.config
+    prompt = min((s.prompt for s in lab.specs), key=len)
+    batches = [b for b in config.sweep_batches if sweep.fits(b, prompt, config.sweep_steps, lab.forward)]
+    result.sweep_skipped = [b for b in config.sweep_batches if b not in batches]
+    report(f"sweep: decode at B = {batches}, {config.sweep_passes} passes ...")
+    result.sweep = sweep.run_sweep(
+        batches, prompt, config.sweep_steps, config.sweep_passes, lab.forward, lab.intensity, stop, on_sweep
+    )
+
+
+def device_memory_mib(device: str) -> float | None:
+    """A GPU's memory in MiB (None for the CPU: the machine's memory is the lab's own check)."""
+    if not device.startswith("cuda"):
+        return None
+    return torch.cuda.get_device_properties(device).total_memory / 2**20
 
 
 def set_threads(threads: int) -> None:

@@ -167,21 +167,23 @@ def input_ranges(model: nn.Module, ids: list[int]) -> dict[nn.Linear, torch.Tens
 
 
 def calibration_ids(tokenizer) -> list[int]:
+    """The calibration text as the model reads a question: in its chat template, or raw for a base model."""
+    from engine.prompt_format import CHAT_TEMPLATE, RAW
+
     chat = [{"role": "user", "content": CALIBRATION}]
-    text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return (CHAT_TEMPLATE if getattr(tokenizer, "chat_template", None) else RAW).ids(tokenizer, chat)
 
 
 def quantize_linears(model: nn.Module, calibration: list[int]) -> None:
     """Replace every nn.Linear of `model` (the LM head too) with a smoothed Int8Linear.
 
     Linears that read the same input (q/k/v, gate/up) see the same ranges, so they get the
-    same smoothing and can still be fused into one matrix.
+    same smoothing and can still be fused into one matrix. A linear with a bias stays as it is.
     """
     ranges = input_ranges(model, calibration)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
+            if isinstance(child, nn.Linear) and child.bias is None:
                 smooth = ranges[child].clamp(min=1e-5) ** ALPHA
                 setattr(parent, name, Int8Linear.from_linear(child, smooth))
 

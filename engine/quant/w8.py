@@ -67,10 +67,11 @@ class W8Linear(nn.Module):
 
 def quantize_linears(model: nn.Module) -> None:
     """Replace every nn.Linear of `model` (the LM head too) with a W8Linear, handing back each
-    float matrix's pages of the mapped weight file as soon as it is quantized (engine/fast/pages.py)."""
+    float matrix's pages of the mapped weight file as soon as it is quantized (engine/fast/pages.py).
+    A linear with a bias (Qwen2's q/k/v: a few percent of the weights) stays as it is."""
     mappings = pages.weight_file_mappings()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
+            if isinstance(child, nn.Linear) and child.bias is None:
                 setattr(parent, name, W8Linear.from_linear(child))
                 pages.release(child.weight.detach(), mappings)

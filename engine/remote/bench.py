@@ -100,9 +100,7 @@ class RemoteBench:
     def __init__(self, config: RemoteBenchConfig, report: Report):
         self.config, self.report = config, report
         self.probe = connect(config.target)
-        dialect = self.probe.server.dialect
-        self.forces_length = dialect.kind in ("llama.cpp", "vllm", "sglang")
-        """These take `ignore_eos`, so every answer is exactly as long as asked."""
+        self.forces_length = self.probe.server.dialect.ignore_eos
 
     def session(self, max_new_tokens: int) -> RemoteSession:
         """A fresh conversation on the shared connection; its nonce keeps it out of the prefix cache."""

@@ -16,6 +16,7 @@ Extra fields arrive through pydantic's `model_extra`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +76,7 @@ def parse(chunk: Any) -> Chunk:
         usage=_usage(chunk.usage, extra),
     )
     for choice in chunk.choices[:1]:  # one answer per request (n=1)
-        out.content = choice.delta.content or "" if choice.delta is not None else ""
+        out.content = _text(choice.delta.content) if choice.delta is not None else ""
         out.finish = choice.finish_reason
         logprobs = choice.logprobs.content if choice.logprobs is not None else None
         ids = (choice.model_extra or {}).get("token_ids")
@@ -88,9 +89,9 @@ def parse(chunk: Any) -> Chunk:
 
 def _entry(item: Any, stream_id: int | None) -> Entry:
     extra = item.model_extra or {}
-    token_id = _int(extra.get("id"))
+    token_id = whole(extra.get("id"))
     if token_id is None:
-        token_id = _int(stream_id)
+        token_id = whole(stream_id)
     span = _bytes(item.bytes, item.token)
     alternatives = list(item.top_logprobs or ())
     top = tuple(_candidate(alt) for alt in alternatives)
@@ -110,7 +111,7 @@ def _candidate(alt: Any) -> Candidate:
     extra = alt.model_extra or {}
     logprob = _logprob(alt.logprob)
     prob = math.exp(logprob) if logprob is not None else 0.0  # -inf: filtered out by the server
-    return Candidate(_int(extra.get("id")), readable_bytes(_bytes(alt.bytes, alt.token)), prob)
+    return Candidate(whole(extra.get("id")), readable_bytes(_bytes(alt.bytes, alt.token)), prob)
 
 
 def _bytes(raw: list[int] | None, token: str | None) -> bytes:
@@ -119,13 +120,22 @@ def _bytes(raw: list[int] | None, token: str | None) -> bytes:
             return bytes(raw)
         except (TypeError, ValueError):
             pass
-    return (token or "").encode("utf-8")
+    return _text(token).encode("utf-8")
+
+
+def _text(value: Any) -> str:
+    """Text as the server sent it, a lone surrogate (JSON can spell one; UTF-8 cannot hold it)
+    made U+FFFD; anything but a string is no text."""
+    return _SURROGATE.sub("\ufffd", value) if isinstance(value, str) else ""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _progress(raw: Any) -> Progress | None:
     if not isinstance(raw, dict):
         return None
-    total, cache, processed = (_int(raw.get(k)) for k in ("total", "cache", "processed"))
+    total, cache, processed = (whole(raw.get(k)) for k in ("total", "cache", "processed"))
     if total is None:
         return None
     return Progress(total, cache or 0, processed or 0)
@@ -135,10 +145,10 @@ def _usage(usage: Any, extra: dict) -> Usage | None:
     if usage is None:
         return None
     details = getattr(usage, "prompt_tokens_details", None)
-    cached = _int(getattr(details, "cached_tokens", None)) if details is not None else None
+    cached = whole(getattr(details, "cached_tokens", None)) if details is not None else None
     if cached is None:  # SGLang's cache report, when enabled, travels in the usage's extras
-        cached = _int((usage.model_extra or {}).get("cached_tokens"))
-    return Usage(_int(usage.prompt_tokens), _int(usage.completion_tokens), cached)
+        cached = whole((usage.model_extra or {}).get("cached_tokens"))
+    return Usage(whole(usage.prompt_tokens), whole(usage.completion_tokens), cached)
 
 
 def _has(ids: Any, i: int) -> bool:
@@ -150,7 +160,7 @@ MAX_COUNT = 2**31 - 1
 SQLite's integers lost a whole answer)."""
 
 
-def _int(value: Any) -> int | None:
+def whole(value: Any) -> int | None:
     """A count or an id as the server sent it, or None where it is not one a server could send."""
     whole = isinstance(value, int) and not isinstance(value, bool)
     return value if whole and 0 <= value <= MAX_COUNT else None

@@ -16,7 +16,7 @@ import json
 import os
 import socket
 import ssl
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
@@ -24,22 +24,38 @@ import openai
 from openai.types.chat import ChatCompletionChunk
 
 from engine.remote.cancel import OpenConnections
-from engine.remote.target import RemoteTarget
+from engine.remote.target import RemoteTarget, shown_url, url_problem
+
+MAX_BODY = 16 * 2**20
+"""The most a side endpoint's reply may hold once decompressed, and the longest line of a stream:
+more is no answer of any server (a 3 MB gzip once inflated to 3.4 GB on /v1/models)."""
 
 
 class RemoteError(RuntimeError):
-    """A failure talking to the server; the message is one line for the user."""
+    """A failure talking to the server; the message is one line for the user, `status` the
+    HTTP status where the server answered one."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def refused(self) -> bool:
+        """401/403: the key or the server's permissions; trying the turn again cannot help."""
+        return self.status in (401, 403)
 
 
 def base_url(url: str) -> str:
-    """The /v1 base: `http://h:8000` and `http://h:8000/v1/` both become `http://h:8000/v1`."""
+    """The /v1 base: `http://h:8000` and `http://h:8000/v1/` both become `http://h:8000/v1`
+    (a URL no client can use, or one with a query that may hold a key, is refused)."""
+    problem = url_problem(url)
+    if problem:
+        raise RemoteError(f"not a server URL: {problem}")
     parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise RemoteError(f"not a server URL: {shown_url(url)!r}; expected http(s)://host:port/v1")
     path = parts.path.rstrip("/")
     if not path:
         path = "/v1"
-    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
 def root_url(base: str) -> str:
@@ -49,24 +65,32 @@ def root_url(base: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
-def shown_url(url: str) -> str:
-    """The URL as it may be shown and saved: no user:password, query or fragment."""
-    parts = urlsplit(url.strip())
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
-
-
 def api_key(env: str | None) -> str | None:
-    """The key from environment variable `env`; a named but empty or unset variable is an error."""
+    """The key from environment variable `env`; a named but empty or unset variable is an error,
+    and so is a key no HTTP header can carry (the error names what is wrong, never the key)."""
     if env is None:
         return None
     key = os.environ.get(env, "").strip()
     if not key:
         raise RemoteError(f"--api-key-env {env}: the environment variable {env} is not set")
+    problem = _key_problem(key)
+    if problem:
+        raise RemoteError(f"--api-key-env {env}: the key in ${env} holds {problem}; an API key is one word")
     return key
+
+
+def _key_problem(key: str) -> str | None:
+    """What in `key` cannot go into an Authorization header: a space, a control or non-ASCII character."""
+    for c in key:
+        if c == " ":
+            return "a space"
+        if c in "\r\n":
+            return "a line break"
+        if not c.isascii():
+            return "a non-ASCII character"
+        if not c.isprintable() or c.isspace():
+            return "a control character"
+    return None
 
 
 class RemoteClient:
@@ -80,21 +104,26 @@ class RemoteClient:
         self.read_timeout_s = target.read_timeout_s
         self.connect_timeout_s = target.connect_timeout_s
         key = api_key(target.api_key_env)
+        self._unkeyed = _without(key)
+        """Blanks the key out of a message (a server may echo the header it refused)."""
         self.connections = OpenConnections()
         """Both clients' sockets: a stop cuts the call in flight on any of them (engine/remote/cancel.py)."""
-        hooks = {"request": [self.connections.track]}
+        hooks = {"request": [self.connections.track], "response": [_cap_lines]}
         self.openai = openai.OpenAI(
             base_url=self.base,
             api_key=key or "no-key",  # the package insists on one; servers without auth ignore it
             timeout=openai.Timeout(target.read_timeout_s, connect=target.connect_timeout_s),
             max_retries=0,  # a retry would resend the prompt behind the user's back
-            http_client=openai.DefaultHttpxClient(event_hooks=hooks),
+            # A redirect would take the conversation where --server does not point (a 302 even
+            # turns the POST into a GET); `describe` says where it pointed instead.
+            http_client=openai.DefaultHttpxClient(event_hooks=hooks, follow_redirects=False),
         )
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = httpx2.Client(
             timeout=httpx2.Timeout(target.read_timeout_s, connect=target.connect_timeout_s),
             headers=headers,
             event_hooks=hooks,
+            follow_redirects=False,
         )
 
     def close(self) -> None:
@@ -110,7 +139,7 @@ class RemoteClient:
         return self._json(self._request("POST", path, v1, body))
 
     def get_text(self, path: str) -> str:
-        return self._request("GET", path, False).text
+        return self.read_body(self._request("GET", path, False)).decode("utf-8", "replace")
 
     def probe_json(self, path: str, method: str = "GET", body: dict | None = None) -> Any | None:
         """A side endpoint this server may not have: its JSON, or None on any failure."""
@@ -121,18 +150,37 @@ class RemoteClient:
 
     def _request(self, method: str, path: str, v1: bool, body: dict | None = None) -> httpx2.Response:
         url = (self.base if v1 else self.root) + path
-        try:
-            response = self.http.request(method, url, json=body)
-            response.raise_for_status()
-        except (httpx2.HTTPError, ssl.SSLError, OSError) as e:
-            raise RemoteError(self.describe(e, path)) from None
+        try:  # streamed, so that no reply is read whole before its size is known
+            response = self.http.send(self.http.build_request(method, url, json=body), stream=True)
+            if not response.is_success:
+                raise _ErrorReply(response, self.read_body(response))
+        except (httpx2.HTTPError, ssl.SSLError, OSError, _ErrorReply) as e:
+            raise RemoteError(self.describe(e, path), _status(e)[0]) from None
         return response
 
     def _json(self, response: httpx2.Response) -> Any:
         try:
-            return response.json()
+            return json.loads(self.read_body(response))
         except ValueError:
             raise RemoteError(f"{self.shown}: {response.url.path} did not answer JSON") from None
+
+    def read_body(self, response: httpx2.Response) -> bytes:
+        """The reply's bytes, decompressed, refused past MAX_BODY (read as they inflate, so a
+        small compressed reply cannot fill memory)."""
+        body = bytearray()
+        try:
+            for part in response.iter_bytes():
+                body += part
+                if len(body) > MAX_BODY:
+                    raise RemoteError(
+                        f"{self.shown}: {response.url.path} answered more than {MAX_BODY // 2**20} MiB; "
+                        "no server's reply is that long"
+                    )
+        except (httpx2.HTTPError, OSError) as e:
+            raise RemoteError(self.describe(e, response.url.path)) from None
+        finally:
+            response.close()
+        return bytes(body)
 
     # -- the chat stream ------------------------------------------------------------------
     def stream(self, request: dict) -> ChatStream:
@@ -140,12 +188,15 @@ class RemoteClient:
         try:
             return ChatStream(self.openai.chat.completions.create(**request), self)
         except (openai.OpenAIError, httpx2.HTTPError, OSError) as e:
-            raise RemoteError(self.describe(e, "/chat/completions")) from None
+            raise RemoteError(self.describe(e, "/chat/completions"), _status(e)[0]) from None
 
     # -- errors as one line -------------------------------------------------------------------
     def describe(self, error: BaseException, path: str = "", streaming: bool = False) -> str:
         """What went wrong, in one line, with what to do about it where that is clear
         (`streaming`: the answer had begun, so the server was reached and then lost)."""
+        return self._unkeyed(self._described(error, path, streaming))
+
+    def _described(self, error: BaseException, path: str, streaming: bool) -> str:
         status, detail = _status(error)
         where = self.shown
         if status in (401, 403):
@@ -157,6 +208,8 @@ class RemoteClient:
             return f"{where} refused the request ({status}{': ' + detail if detail else ''}); {hint}"
         if status == 404:
             return f"{where}{path}: not found (404); is {where} the server's OpenAI base (usually …/v1)?"
+        if status is not None and 300 <= status < 400:
+            return _redirected(error, status)
         if status is not None:
             return f"{where} answered {status}: {detail or 'no detail'}"[:300]
         cause = _root_cause(error)
@@ -186,16 +239,29 @@ class ChatStream:
         self._client = client
 
     def chunks(self) -> Iterator[ChatCompletionChunk]:
-        """The chunks as they arrive; a broken, stalled or malformed stream raises RemoteError."""
+        """The chunks as they arrive; a broken, stalled or malformed stream raises RemoteError.
+        A server that answers with one JSON completion instead of a stream gives it as one chunk."""
         begun = False
+        whole = "json" in self._stream.response.headers.get("content-type", "")
         try:
-            for chunk in self._stream:
+            for chunk in self._whole() if whole else self._stream:
                 begun = True
                 yield chunk
         except (openai.OpenAIError, httpx2.HTTPError, OSError, ValueError) as e:
             raise RemoteError(self._client.describe(e, streaming=begun)) from None
         finally:
             self.close()
+
+    def _whole(self) -> Iterator[ChatCompletionChunk]:
+        """A `chat.completion` object read as the chunk that would have streamed it."""
+        reply = json.loads(self._client.read_body(self._stream.response))
+        if not isinstance(reply, dict) or not isinstance(reply.get("choices"), list):
+            message = _server_message(reply) if isinstance(reply, dict) else ""
+            raise ValueError(f"a JSON reply that is no completion{': ' + message if message else ''}")
+        for choice in reply["choices"]:
+            if isinstance(choice, dict):
+                choice["delta"] = choice.pop("message", None)
+        yield ChatCompletionChunk.construct(**reply)
 
     def close(self) -> None:
         try:
@@ -208,13 +274,37 @@ def _status(error: BaseException) -> tuple[int | None, str]:
     """The HTTP status of an error response and the server's message, if any."""
     if isinstance(error, openai.APIStatusError):
         return error.status_code, _server_message(error.body) or _first_line(error)
-    if isinstance(error, httpx2.HTTPStatusError):
+    if isinstance(error, _ErrorReply):
         try:
-            body = error.response.json()
+            body = json.loads(error.body)
         except ValueError:
-            body = error.response.text
+            body = error.body.decode("utf-8", "replace")
         return error.response.status_code, _server_message(body)
     return None, ""
+
+
+class _ErrorReply(Exception):
+    """A side endpoint's answer outside 2xx, with its body (read within MAX_BODY)."""
+
+    def __init__(self, response: httpx2.Response, body: bytes):
+        super().__init__(f"{response.status_code}")
+        self.response = response
+        self.body = body
+
+
+def _redirected(error: openai.APIStatusError | _ErrorReply, status: int) -> str:
+    """A redirect, which is never followed: what was asked, where it pointed (both shown without
+    a query), and what to do."""
+    response = error.response
+    location = response.headers.get("location", "")
+    try:
+        pointed = shown_url(str(response.url.join(location))) if location else "nowhere (no Location)"
+    except Exception:  # a Location no URL parser takes is still a redirect; say so
+        pointed = "an address that is not a URL"
+    return (
+        f"{shown_url(str(response.url))} redirected ({status}) to {pointed}; llmchat follows no redirect: "
+        "give --server the address the server names, if you trust it"
+    )[:300]
 
 
 def _server_message(body: Any) -> str:
@@ -249,3 +339,33 @@ def _caused_by(error: BaseException, kind: type) -> bool:
 def _first_line(value: Any) -> str:
     lines = str(value).strip().splitlines()
     return lines[0][:240] if lines else ""
+
+
+def _without(key: str | None) -> Callable[[str], str]:
+    """A function that blanks `key` out of a message."""
+    if not key:
+        return lambda message: message
+    return lambda message: message.replace(key, "[the key]")
+
+
+def _cap_lines(response: httpx2.Response) -> None:
+    """Refuse a stream line longer than MAX_BODY while it arrives (a server sending megabytes
+    without a newline would otherwise fill memory inside the event-stream reader)."""
+    response.stream = _LineCapped(response.stream)
+
+
+class _LineCapped(httpx2.SyncByteStream):
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        run = 0
+        for part in self.stream:
+            newline = part.rfind(b"\n")
+            run = len(part) - newline - 1 if newline >= 0 else run + len(part)
+            if run > MAX_BODY:
+                raise httpx2.ReadError(f"a line ran past {MAX_BODY // 2**20} MiB without its end")
+            yield part
+
+    def close(self) -> None:
+        self.stream.close()

@@ -32,6 +32,8 @@ class Dialect:
     tokenize: str | None = None
     """How to get the prompt's token ids: 'llama.cpp' (/apply-template + /tokenize), 'vllm'
     (/tokenize with messages), or None."""
+    ignore_eos: bool = False
+    """Takes `ignore_eos`, so a benchmark's every answer is exactly as long as asked."""
 
 
 LLAMA_CPP = Dialect(
@@ -44,6 +46,7 @@ LLAMA_CPP = Dialect(
     ),
     fill_slots=True,
     tokenize="llama.cpp",
+    ignore_eos=True,
 )
 
 VLLM = Dialect(
@@ -61,6 +64,7 @@ VLLM = Dialect(
     ),
     fill_metrics=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     tokenize="vllm",
+    ignore_eos=True,
 )
 
 SGLANG = Dialect(
@@ -75,6 +79,7 @@ SGLANG = Dialect(
         "prefill progress: not reported",
     ),
     fill_metrics=("sglang:token_usage",),
+    ignore_eos=True,
 )
 
 OLLAMA = Dialect(

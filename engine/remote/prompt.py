@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.detok import _byte_decoder, readable_bytes
+from engine.remote.chunks import whole
 from engine.remote.client import RemoteClient
 from engine.remote.turn import Prompt
 
@@ -35,25 +36,33 @@ def _llama_cpp(client: RemoteClient, messages: list[dict[str, str]]) -> Prompt:
     tokens = (client.probe_json("/tokenize", "POST", body) or {}).get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, dict) for t in tokens):
         return UNKNOWN
-    return Prompt(tuple(int(t["id"]) for t in tokens), tuple(_piece(t.get("piece")) for t in tokens))
+    ids = tuple(whole(t.get("id")) for t in tokens)
+    if None in ids:
+        return UNKNOWN
+    return Prompt(ids, tuple(_piece(t.get("piece")) for t in tokens))
 
 
 def _vllm(client: RemoteClient, model: str, messages: list[dict[str, str]]) -> Prompt:
     body = {"model": model, "messages": messages, "add_generation_prompt": True, "return_token_strs": True}
     answer = client.probe_json("/tokenize", "POST", body) or {}
     ids, strs = answer.get("tokens"), answer.get("token_strs")
-    if not isinstance(ids, list):
+    ids = tuple(whole(i) for i in ids) if isinstance(ids, list) else (None,)
+    if None in ids:
         return UNKNOWN
     if not isinstance(strs, list) or len(strs) != len(ids):
         strs = [""] * len(ids)
-    return Prompt(tuple(int(i) for i in ids), tuple(_byte_level(s) for s in strs))
+    return Prompt(ids, tuple(_byte_level(str(s)) for s in strs))
 
 
 def _piece(raw: Any) -> str:
+    return readable_bytes(piece_bytes(raw)) if isinstance(raw, list) else str(raw or "")
+
+
+def piece_bytes(raw: Any) -> bytes:
     """llama.cpp sends a piece as text, or as a list of byte values when it is not valid UTF-8."""
     if isinstance(raw, list):
-        return readable_bytes(bytes(b for b in raw if isinstance(b, int) and 0 <= b < 256))
-    return str(raw or "")
+        return bytes(b for b in raw if isinstance(b, int) and 0 <= b < 256)
+    return str(raw or "").encode("utf-8", "replace")
 
 
 def _byte_level(token: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 from engine.capabilities import ON_SERVER
 from engine.errors import one_line
@@ -30,15 +30,16 @@ from engine.events import (
     TurnFinished,
 )
 from engine.instruments.trace import AnswerTrace
+from engine.prompt_format import CHAT_TEMPLATE
 from engine.remote import prompt as prompts
 from engine.remote.cancel import CancelEvent
 from engine.remote.chunks import parse
-from engine.remote.client import RemoteClient, RemoteError
+from engine.remote.client import ChatStream, RemoteClient, RemoteError
 from engine.remote.metrics import cache_fill
 from engine.remote.request import chat_request, unsupported
-from engine.remote.seen import SeenTokens
 from engine.remote.server import Server, detect
 from engine.remote.target import RemoteTarget
+from engine.remote.token_bytes import SeenTokens
 from engine.remote.tokenizer import ServerTokenizer
 from engine.remote.turn import Prompt, RemoteTurn
 from engine.sampling import SamplingSettings
@@ -102,6 +103,8 @@ class RemoteSession(Turns):
     """The server keeps the weights, the KV cache (no cache file) and the decode loop."""
     speculation = None
     """Never speculative here: the server decides how it decodes."""
+    prompt_format = CHAT_TEMPLATE
+    """The server applies its own chat template."""
 
     def __init__(
         self,
@@ -201,19 +204,24 @@ class RemoteSession(Turns):
         if prompt is None:  # refused before any other event, so SavedChat saves nothing
             yield self._refuse()
             return
-        yield from self._note_unsupported()
-        if trimmed:
-            yield trimmed
         waits = "return_progress" in self.server.dialect.reporting
         turn = RemoteTurn(prompt, time.perf_counter(), waits, self.namer)
         self.trace = AnswerTrace(prompt.ids, None, turn.steps)
-        error = ""
+        stream, error = None, ""
         try:
             if not self.cancel.is_set():  # stopped while the prompt was prepared: nothing to ask
-                yield from self._stream(self.chat(), turn)
-        except Exception as e:  # a failed turn ends like any other, its partial answer kept
-            if not self.cancel.is_set():  # a cut we made ourselves is a stop, not an error
-                error = failure(e)
+                stream = self._open(turn)
+        except Exception as e:
+            if isinstance(e, RemoteError) and e.refused:  # before any other event: nothing is saved
+                self.messages.pop()
+                yield Failed(str(e), lasting=True)
+                return
+            error = "" if self.cancel.is_set() else failure(e)
+        yield from self._note_unsupported()
+        if trimmed:
+            yield trimmed
+        if stream is not None:
+            error = yield from self._read(stream, turn)
         yield from self._finish(turn, error)
 
     def _refuse(self) -> Failed:
@@ -236,14 +244,26 @@ class RemoteSession(Turns):
         yield PhaseChanged("idle")
         yield TurnFinished(stats, text, error)
 
-    def _stream(self, chat: list[dict[str, str]], turn: RemoteTurn) -> Iterator[Event]:
+    def _open(self, turn: RemoteTurn) -> ChatStream:
+        """Send the chat request; RemoteError if the server will not stream an answer."""
         request = chat_request(
-            self.server.info.model, chat, self.sampling, self.server.dialect, self.show_top_k
+            self.server.info.model, self.chat(), self.sampling, self.server.dialect, self.show_top_k
         )
         if self.request_extra:
             request["extra_body"] = {**request.get("extra_body", {}), **self.request_extra}
         turn.sent()
-        stream = self.client.stream(request)
+        return self.client.stream(request)
+
+    def _read(self, stream: ChatStream, turn: RemoteTurn) -> Generator[Event, None, str]:
+        """The answer's events as its chunks arrive; returns why it failed ("" if it did not)."""
+        try:
+            yield from self._stream(stream, turn)
+        except Exception as e:  # a failed turn ends like any other, its partial answer kept
+            if not self.cancel.is_set():  # a cut we made ourselves is a stop, not an error
+                return failure(e)
+        return ""
+
+    def _stream(self, stream: ChatStream, turn: RemoteTurn) -> Iterator[Event]:
         yield from turn.opened()
         for chunk in stream.chunks():
             had_tokens, read = turn.entries, parse(chunk)

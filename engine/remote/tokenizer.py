@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Sequence
 
 from engine.detok import _byte_decoder, readable_bytes
 from engine.instruments.tokview import Piece, TextCost, TokenizerView, tokenizer_view
+from engine.remote.chunks import whole
 from engine.remote.client import RemoteClient, RemoteError
 from engine.remote.dialects import Dialect
-from engine.remote.seen import SeenTokens
+from engine.remote.prompt import piece_bytes
+from engine.remote.token_bytes import SeenTokens
 
 if TYPE_CHECKING:
     from engine.instruments.trace import AnswerTrace
@@ -168,9 +170,9 @@ class ServerTokenizer:
             if not isinstance(text, str):
                 raise RemoteError(f"{self.client.shown}/apply-template answered without a prompt")
             body = {"content": text, "add_special": True, "parse_special": True}
-            return [int(t) for t in _list(self.client.post_json("/tokenize", body), "tokens")]
+            return [_id(t) for t in _list(self.client.post_json("/tokenize", body), "tokens")]
         body = {"model": self.model, "messages": chat, "add_generation_prompt": False}
-        return [int(t) for t in _list(self.client.post_json("/tokenize", body), "tokens")]
+        return [_id(t) for t in _list(self.client.post_json("/tokenize", body), "tokens")]
 
     # -- one turn -----------------------------------------------------------------------------
     def turn_view(self, session: SessionView, trace: AnswerTrace) -> ServerTurnView:
@@ -228,10 +230,16 @@ def _llama_pieces(answer: object) -> list[tuple[int, bytes]]:
     for token in _list(answer, "tokens"):
         if not isinstance(token, dict) or "piece" not in token:
             raise RemoteError("the server's /tokenize sent no pieces (a llama.cpp too old for with_pieces?)")
-        piece = token["piece"]
-        data = bytes(piece) if isinstance(piece, list) else str(piece).encode("utf-8")
-        out.append((int(token["id"]), data))
+        out.append((_id(token.get("id")), piece_bytes(token["piece"])))
     return out
+
+
+def _id(value: object) -> int:
+    """A token id as the server sent it; one line where it sent something else."""
+    found = whole(value)
+    if found is None:
+        raise RemoteError(f"the server's /tokenize sent {str(value)[:40]!r} where a token id belongs")
+    return found
 
 
 def _vllm_pieces(answer: object) -> list[tuple[int, bytes]]:
@@ -244,6 +252,7 @@ def _vllm_pieces(answer: object) -> list[tuple[int, bytes]]:
     out = []
     for token, text in zip(ids, strs):
         text = str(text)
-        data = bytes(table[ch] for ch in text) if text and all(ch in table for ch in text) else text.encode()
-        out.append((int(token), data))
+        byte_level = text and all(ch in table for ch in text)
+        data = bytes(table[ch] for ch in text) if byte_level else text.encode("utf-8", "replace")
+        out.append((_id(token), data))
     return out

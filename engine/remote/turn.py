@@ -26,8 +26,8 @@ from engine.events import (
     TokenSampled,
     TurnStats,
 )
-from engine.remote.chunks import MAX_COUNT, Chunk, Entry, Progress, Usage
-from engine.remote.seen import SeenTokens
+from engine.remote.chunks import Chunk, Entry, Progress, Usage, whole
+from engine.remote.token_bytes import SeenTokens
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class RemoteTurn:
 
     def _tokens_in(self, chunk: Chunk) -> int:
         """Tokens this chunk carried: llama.cpp's running count where given, else its entries."""
-        counted = _whole((self.timings or {}).get("predicted_n"))
+        counted = whole((self.timings or {}).get("predicted_n"))
         if isinstance(counted, int) and counted > self.server_tokens:
             tokens, self.server_tokens = counted - self.server_tokens, counted
             return max(tokens, len(chunk.entries))
@@ -192,7 +192,7 @@ class RemoteTurn:
     def reused_tokens(self) -> int | None:
         if self.usage and self.usage.cached_tokens is not None:
             return self.usage.cached_tokens
-        cache_n = _whole((self.timings or {}).get("cache_n"))
+        cache_n = whole((self.timings or {}).get("cache_n"))
         if cache_n is not None:
             return cache_n
         return self.progress.cache if self.progress else None
@@ -247,10 +247,10 @@ class RemoteTurn:
             return None
         return ServerTimings(
             prompt_ms=_number(t.get("prompt_ms")),
-            prompt_tokens=_whole(t.get("prompt_n")),
-            cached_tokens=_whole(t.get("cache_n")) if cached is None else cached,
+            prompt_tokens=whole(t.get("prompt_n")),
+            cached_tokens=whole(t.get("cache_n")) if cached is None else cached,
             predicted_ms=_number(t.get("predicted_ms")),
-            predicted_tokens=_whole(t.get("predicted_n")),
+            predicted_tokens=whole(t.get("predicted_n")),
             predicted_per_token_ms=_number(t.get("predicted_per_token_ms")),
             fingerprint=self.fingerprint,
         )
@@ -267,9 +267,3 @@ def _number(value) -> float | None:
     """A figure the server reported, or None: a NaN or an infinity is no figure (and no JSON)."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     return float(value) if number and math.isfinite(value) and abs(value) < 1e15 else None
-
-
-def _whole(value) -> int | None:
-    return (
-        value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT else None
-    )

@@ -93,8 +93,7 @@ def save_cache(cache: KVCache, loaded: LoadedModel, path: Path, info: ModelInfo 
     if len(cache) == 0:
         raise CacheFileError("the KV cache is empty; nothing to save")
     tensors = _tensors(cache)
-    metadata = {**describe(loaded, info), "tokens": str(len(cache)), "token_ids": json.dumps(cache.ids)}
-    metadata["checksum"] = checksum(tensors, metadata)
+    metadata = _signed_metadata(cache, loaded, info, tensors)
     path = Path(path)
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -109,6 +108,16 @@ def save_cache(cache: KVCache, loaded: LoadedModel, path: Path, info: ModelInfo 
             staging.unlink(missing_ok=True)
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         raise CacheFileError(f"cannot save the KV cache to {path}: {_why(e, size)}") from None
+
+
+def _signed_metadata(
+    cache: KVCache, loaded: LoadedModel, info: ModelInfo | None, tensors: dict[str, torch.Tensor]
+) -> dict[str, str]:
+    """The file's metadata: the model and cache that made it, its token ids, and a checksum over
+    those and the tensors."""
+    metadata = {**describe(loaded, info), "tokens": str(len(cache)), "token_ids": json.dumps(cache.ids)}
+    metadata["checksum"] = checksum(tensors, metadata)
+    return metadata
 
 
 def _why(error: BaseException, size: int) -> str:
@@ -240,6 +249,12 @@ def _check_metadata(metadata: dict[str, str], loaded: LoadedModel, info: ModelIn
         raise _Mismatch(
             f"format version {metadata.get('format_version')}, this llmchat reads {FORMAT_VERSION}"
         )
+    _check_same_model(metadata, loaded, info)
+    return _token_ids(metadata, loaded.info.vocab_size)
+
+
+def _check_same_model(metadata: dict[str, str], loaded: LoadedModel, info: ModelInfo) -> None:
+    """Raise _Mismatch unless the file was made by this model with this chat's cache precision."""
     for key, expected in describe(loaded, info).items():
         if key == "dtype" and metadata.get(key) != expected:
             made = cache_precision_of(str(metadata.get(key)))
@@ -248,11 +263,14 @@ def _check_metadata(metadata: dict[str, str], loaded: LoadedModel, info: ModelIn
             )
         if metadata.get(key) != expected:
             raise _Mismatch(f"made with {key} {metadata.get(key)!r}, the loaded model has {expected!r}")
+
+
+def _token_ids(metadata: dict[str, str], vocab: int) -> list[int]:
+    """The file's token ids; _Mismatch unless they are ids below `vocab`, as many as it says."""
     try:
         ids = json.loads(metadata["token_ids"])
     except (KeyError, ValueError):
         raise _Mismatch("its token ids are missing or damaged") from None
-    vocab = loaded.info.vocab_size
     if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < vocab for i in ids):
         raise _Mismatch("its token ids are not ids of this model's vocabulary")
     if not ids or metadata.get("tokens") != str(len(ids)):

@@ -194,18 +194,25 @@ class SavedChat:
             yield Failed(f"message {index} has no saved versions")
             return
         try:
-            versions = self.store.siblings(shown)
-            position = [m.id for m in versions].index(shown) + step
-            if not 0 <= position < len(versions):
-                return
-            path = self.store.switch_branch(versions[position].id)
-            title = self.store.conversation(self.conversation_id).title
-            loaded = self._loaded_event(self.conversation_id, title, path)
+            switched = self._switch_version(shown, step)
         except StoreError as e:
             yield Failed(str(e))
             return
-        self._show(path)
-        yield loaded
+        if switched is not None:
+            path, loaded = switched
+            self._show(path)
+            yield loaded
+
+    def _switch_version(self, shown: int, step: int) -> tuple[list[StoredMessage], ConversationLoaded] | None:
+        """Switch the stored branch to the version `step` away from saved message `shown`: the new
+        path and the event that shows it, or None where there is no such version."""
+        versions = self.store.siblings(shown)
+        position = [m.id for m in versions].index(shown) + step
+        if not 0 <= position < len(versions):
+            return None
+        path = self.store.switch_branch(versions[position].id)
+        title = self.store.conversation(self.conversation_id).title
+        return path, self._loaded_event(self.conversation_id, title, path)
 
     def _show(self, path: list[StoredMessage]) -> None:
         """Make `path` the session's messages; the cache stays (the next turn reuses the common prefix)."""

@@ -233,24 +233,33 @@ def _damaged(path: Path, reason: str) -> str:
 def _explain(error: sqlite3.Error, path: Path) -> StoreError:
     """A one-line StoreError that says what is wrong and that nothing was changed."""
     text = one_line(error)
+    if _is_damage(error) and not _unreadable(text):
+        return StoreError(_damaged(path, text))
+    return StoreError(f"conversation store {path} {_reason(error, text)}")
+
+
+def _unreadable(text: str) -> bool:
+    """Does SQLite's message say the file is no database at all (rather than a damaged one)?"""
+    lowered = text.lower()
+    return "not a database" in lowered or "malformed" in lowered
+
+
+def _reason(error: sqlite3.Error, text: str) -> str:
+    """What went wrong, for "conversation store PATH ..." (`text`: the error on one line)."""
     lowered = text.lower()
     code = getattr(error, "sqlite_errorcode", None)
-    if "not a database" in lowered or "malformed" in lowered:
-        reason = (
+    if _unreadable(text):
+        return (
             "is not a readable llmchat database (corrupt?); it was left untouched, "
             "move it away to start afresh"
         )
-    elif _is_damage(error):
-        return StoreError(_damaged(path, text))
-    elif (code is not None and code & 0xFF == _SQLITE_FULL) or "disk is full" in lowered:
-        reason = "cannot be written: the disk is full (what was saved before is intact); free some space"
-    elif "locked" in lowered or "busy" in lowered:
-        reason = "is locked by another process; try again in a moment"
-    elif "readonly" in lowered or "unable to open" in lowered:
-        reason = f"cannot be opened for writing ({text}); check the directory's permissions"
-    else:
-        reason = f"failed: {text}"
-    return StoreError(f"conversation store {path} {reason}")
+    if (code is not None and code & 0xFF == _SQLITE_FULL) or "disk is full" in lowered:
+        return "cannot be written: the disk is full (what was saved before is intact); free some space"
+    if "locked" in lowered or "busy" in lowered:
+        return "is locked by another process; try again in a moment"
+    if "readonly" in lowered or "unable to open" in lowered:
+        return f"cannot be opened for writing ({text}); check the directory's permissions"
+    return f"failed: {text}"
 
 
 def _title_from(text: str) -> str:
@@ -325,14 +334,7 @@ class Store:
         self._db.row_factory = sqlite3.Row
         self._db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"conversation store {self.db_path} was written by a newer llmchat "
-                f"(format {version}, this one reads up to {SCHEMA_VERSION}); "
-                f"it was left untouched: upgrade llmchat or set {DATA_DIR_ENV}"
-            )
-        if version == 0 and self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-            raise StoreError(f"{self.db_path} is a database llmchat did not write; it was left untouched")
+        self._check_ours(version)
         problem = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
         if problem != "ok":
             found = [line for line in problem.splitlines() if not line.startswith("*** in database")]
@@ -343,6 +345,18 @@ class Store:
         self._db.execute("PRAGMA foreign_keys = ON")
         if version < SCHEMA_VERSION:
             self._migrate()
+
+    def _check_ours(self, version: int) -> None:
+        """Raise StoreError, changing nothing, unless this llmchat or an older one wrote the file
+        (format `version`) or it is empty."""
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"conversation store {self.db_path} was written by a newer llmchat "
+                f"(format {version}, this one reads up to {SCHEMA_VERSION}); "
+                f"it was left untouched: upgrade llmchat or set {DATA_DIR_ENV}"
+            )
+        if version == 0 and self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+            raise StoreError(f"{self.db_path} is a database llmchat did not write; it was left untouched")
 
     def _migrate(self) -> None:
         with self._write() as db:
@@ -731,11 +745,7 @@ def _held(path: Path, conversation_id: int) -> Iterator[None]:
     if fcntl is None:
         yield
         return
-    try:
-        path.parent.mkdir(exist_ok=True)
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as e:
-        raise StoreError(f"cannot lock conversation {conversation_id}: {e.strerror or e}") from None
+    descriptor = _open_lock_file(path, conversation_id)
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -747,6 +757,15 @@ def _held(path: Path, conversation_id: int) -> Iterator[None]:
         yield
     finally:
         os.close(descriptor)  # lets go of the lock
+
+
+def _open_lock_file(path: Path, conversation_id: int) -> int:
+    """The descriptor of a conversation's lock file, made if missing."""
+    try:
+        path.parent.mkdir(exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise StoreError(f"cannot lock conversation {conversation_id}: {e.strerror or e}") from None
 
 
 def describe_record(record: AnswerRecord) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tui.config import Config, load_config
 from tui.engine_link import resolve_sampling
 
@@ -66,3 +68,21 @@ def test_sampling_as_anything_but_an_object_is_named(tmp_path):
     config, problem = load_config(path)
     assert config == Config(precision="bf16")
     assert "sampling must be an object" in problem
+
+
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        ("http://127.0.0.1:99999/v1", "port"),
+        ("http://127.0.0.1:abc/v1", "port"),
+        ("http://[::1/v1", ""),
+        ("http://h:8000/v1?api_key=sk-SECRET", "query"),
+    ],
+)
+def test_a_server_url_no_client_can_use_is_named_when_the_file_is_read(tmp_path, url, why):
+    """It was caught only when the app connected (a traceback for a bad port), the key in a query shown."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"server": url, "theme": "llmchat-light"}), encoding="utf-8")
+    config, problem = load_config(path)
+    assert config.server is None and config.theme == "llmchat-light"
+    assert "server: " in problem and why in problem and "SECRET" not in problem

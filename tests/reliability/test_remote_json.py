@@ -52,3 +52,30 @@ def test_a_model_list_without_ids_is_one_line(hostile, models):
     with pytest.raises(RemoteError) as refused:
         connect(RemoteTarget(server.url))
     assert "\n" not in str(refused.value) and "model" in str(refused.value)
+
+
+LLAMA_PROPS = {"model_path": "x.gguf", "n_ctx": 4096, "build_info": "b1", "chat_template": "t"}
+PIECES = {
+    "tokens without id": {"tokens": [{"piece": "x"}]},
+    "an id a string": {"tokens": [{"id": "7", "piece": "x"}]},
+    "an id infinite": '{"tokens": [{"id": Infinity, "piece": "x"}]}',
+    "an id a dict": {"tokens": [{"id": {"a": 1}, "piece": "x"}]},
+    "a piece of bad bytes": {"tokens": [{"id": 1, "piece": [999, "a", -1]}]},
+    "ids not a list": {"tokens": 5},
+}
+
+
+@pytest.mark.parametrize("case", PIECES)
+def test_a_malformed_tokenize_in_the_tokenizer_view_is_one_line(hostile, case):
+    """F5 on a server asks /tokenize for pieces; a reply without ids ended the whole app (rc 1)."""
+    body = PIECES[case]
+    reply = raw_json_reply(body) if isinstance(body, str) else json_reply(body)
+    server = hostile({("GET", "/props"): json_reply(LLAMA_PROPS), ("POST", "/tokenize"): reply})
+    tokenizer = connect(RemoteTarget(server.url)).server_tokenizer
+    assert tokenizer.available
+    try:
+        pieces = tokenizer.pieces("hi")
+    except RemoteError as e:
+        assert "\n" not in str(e)
+    else:  # read, where what came can be read
+        assert case == "a piece of bad bytes" and pieces == [(1, b"")]

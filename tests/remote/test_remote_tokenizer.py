@@ -13,9 +13,9 @@ from engine.events import TurnFinished
 from engine.instruments.tokview import text_cost, tokenizer_view
 from engine.remote import dialects
 from engine.remote.client import RemoteClient, RemoteError
-from engine.remote.seen import SeenTokens
 from engine.remote.session import connect
 from engine.remote.target import RemoteTarget
+from engine.remote.token_bytes import SeenTokens
 from engine.remote.tokenizer import ServerTokenizer
 from engine.sampling import SamplingSettings
 from tests.remote.test_remote_app import WIDE, remote_app, turns_done

@@ -13,8 +13,8 @@ import pytest
 
 from engine.remote import dialects
 from engine.remote.client import RemoteClient, RemoteError
-from engine.remote.seen import SeenTokens
 from engine.remote.target import RemoteTarget
+from engine.remote.token_bytes import SeenTokens
 from engine.remote.tokenizer import ServerTokenizer, _vllm_pieces
 
 FIELDS = {

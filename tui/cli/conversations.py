@@ -18,6 +18,7 @@ import typer
 
 from engine.saved.store import ConversationSummary, SearchHit, Store, StoreError
 from engine.utf8 import utf8_problem
+from tui.cli.exits import FAILED, fail
 from tui.fmt import visible_controls
 
 conversations_app = typer.Typer(
@@ -29,8 +30,7 @@ RefArg = typer.Argument(..., help="A conversation id, or 'last' for the most rec
 
 
 def _fail(message: str) -> NoReturn:
-    typer.echo(f"llmchat: {message}", err=True)
-    raise typer.Exit(1)
+    fail(message, FAILED)  # a conversation that cannot be read or written: the work failed
 
 
 def open_store() -> Store:

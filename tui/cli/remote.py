@@ -3,10 +3,12 @@ describe the server and its own timings. (The app reaches the same through the w
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, NoReturn, Optional
 
 import typer
 
+from tui.cli import exits
 from tui.fmt import visible_controls
 
 if TYPE_CHECKING:
@@ -16,24 +18,26 @@ if TYPE_CHECKING:
     from engine.remote.target import RemoteTarget
     from engine.sampling import SamplingSettings
 
-ServerOpt = typer.Option(
-    None,
-    "--server",
-    help="Chat with a model on an OpenAI-compatible server (vLLM, SGLang, llama-server, Ollama), "
-    "e.g. http://host:8000/v1.",
-)
-ApiKeyEnvOpt = typer.Option(
-    None, "--api-key-env", help="With --server: the environment variable that holds the API key."
-)
-ReadTimeoutOpt = typer.Option(
-    120.0, "--read-timeout", help="With --server: seconds the server may stay silent mid-answer."
-)
 
+def target(
+    url: str,
+    model: Optional[str],
+    api_key_env: Optional[str],
+    read_timeout: float | None,
+    fail: Callable[[str], NoReturn],
+) -> RemoteTarget:
+    """Where to connect (`read_timeout` None: the default), or `fail` (it exits) naming the flag no
+    client can use: checked before anything connects, and never repeating a URL's query (it may
+    hold a key)."""
+    from engine.remote.target import RemoteTarget, target_problem
 
-def target(url: str, model: Optional[str], api_key_env: Optional[str], read_timeout: float) -> RemoteTarget:
-    from engine.remote.target import RemoteTarget
-
-    return RemoteTarget(url, model, api_key_env, read_timeout_s=read_timeout)
+    where = RemoteTarget(url, model, api_key_env)
+    if read_timeout is not None:
+        where = replace(where, read_timeout_s=read_timeout)
+    problem = target_problem(where)
+    if problem:
+        fail(problem)
+    return where
 
 
 def connect_or_fail(
@@ -106,5 +110,4 @@ def bench(config: RemoteBenchConfig) -> dict:
     try:
         return run(config, report=lambda line: typer.echo(line, err=True))
     except (RemoteError, BenchError) as e:
-        typer.echo(f"llmchat: {visible_controls(str(e), one_line=True)}", err=True)
-        raise typer.Exit(2)
+        exits.fail(visible_controls(str(e), one_line=True))

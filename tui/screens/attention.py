@@ -79,20 +79,18 @@ def span_lines(view: AttentionView, width: int) -> list[Content]:
     return lines
 
 
+TOP_HEAD = Content.assemble(
+    ("position".rjust(8), "bold"),
+    ("  piece".ljust(18), "bold"),
+    ("weight".rjust(8), "bold"),
+    ("  message", "bold"),
+)
+
+
 def top_lines(view: AttentionView, pieces: list[str], count: int = 8) -> list[Content]:
     order = sorted(range(len(view.weights)), key=lambda i: view.weights[i], reverse=True)[:count]
-    role_at = {}
-    for sw in view.spans:
-        for i in range(sw.span.start, sw.span.end):
-            role_at[i] = span_label(sw.span)
-    lines = [
-        Content.assemble(
-            ("position".rjust(8), "bold"),
-            ("  piece".ljust(18), "bold"),
-            ("weight".rjust(8), "bold"),
-            ("  message", "bold"),
-        )
-    ]
+    role_at = {i: span_label(sw.span) for sw in view.spans for i in range(sw.span.start, sw.span.end)}
+    lines = [TOP_HEAD]
     for i in order:
         lines.append(
             Content.assemble(
@@ -151,6 +149,11 @@ class AttentionScreen(InstrumentScreen):
         yield Static(SLOW, classes="warning")
         yield Static(id="selector")
         yield Static(id="status", classes="muted")
+        yield from self._newest_row()
+        yield from self._whole_matrix()
+
+    def _newest_row(self) -> ComposeResult:
+        """The newest position's attention: by message, its strongest positions, by head, as heat."""
         with Vertical(id="newest"):
             yield Static("Attention by message", classes="section")
             yield Static(id="spans")
@@ -160,6 +163,9 @@ class AttentionScreen(InstrumentScreen):
             yield Static(id="groups")
             yield Static("The context, shaded by attention", classes="section")
             yield Static(id="heat")
+
+    def _whole_matrix(self) -> ComposeResult:
+        """The whole prompt's causal matrix (m), and the chosen query row under it."""
         with Vertical(id="matrix"):
             yield Static(id="window", classes="muted")
             yield Static(legend(), id="legend")
@@ -270,35 +276,18 @@ class AttentionScreen(InstrumentScreen):
         if self.head_no is not None and self.n_kv_heads:
             head += f", reads K/V head {self.head_no // (self.n_heads // self.n_kv_heads)}"
         keys = (
-            ("  ← →", "$text-muted"),
-            ("   head ", "bold"),
-            head,
-            ("  [ ]", "$text-muted"),
-            ("   query ↑↓ PgUp PgDn Home End", "$text-muted"),
+            (("  [ ]", "$text-muted"), ("   query ↑↓ PgUp PgDn Home End", "$text-muted"))
+            if self.matrix_mode
+            else (("  ↑ ↓", "$text-muted"), ("   a averages both · m: the whole prompt", "$text-muted"))
         )
-        if not self.matrix_mode:
-            keys = (
-                ("  ← →", "$text-muted"),
-                ("   head ", "bold"),
-                head,
-                ("  ↑ ↓", "$text-muted"),
-                ("   a averages both · m: the whole prompt", "$text-muted"),
-            )
+        keys = (("  ← →", "$text-muted"), ("   head ", "bold"), head, *keys)
         self.query_one("#selector", Static).update(Content.assemble(("layer ", "bold"), layer, *keys))
 
     # -- reading the probe -------------------------------------------------------------
     def refresh_view(self) -> None:
         session = self.link.session
         if session.step_gate.pending is not None:  # the inference thread waits at the gate
-            if self.matrix_mode:
-                self._status(
-                    "a step waits at the gate (step mode): the matrix is one more forward pass, computed "
-                    "between answers; finish or resume the answer (F3), or m for the newest row"
-                )
-                return
-            layer, head = self.layer_no, self.head_no
-            view = self.link.engine.call_at_gate(lambda s: enabled_view(s, layer, head))
-            self.show(view, waiting="recorded from the next step on: take a token")
+            self._at_gate()
             return
         if getattr(self.app, "turns", None) is not None and self.app.turns.busy:
             self._status(
@@ -306,6 +295,18 @@ class AttentionScreen(InstrumentScreen):
                 "(or at each step in step mode, F3)"
             )
         self.run_worker(self._fetch_matrix() if self.matrix_mode else self._fetch(), exclusive=True)
+
+    def _at_gate(self) -> None:
+        """Step mode: the newest row is read at the gate; the matrix would need a forward pass."""
+        if self.matrix_mode:
+            self._status(
+                "a step waits at the gate (step mode): the matrix is one more forward pass, computed "
+                "between answers; finish or resume the answer (F3), or m for the newest row"
+            )
+            return
+        layer, head = self.layer_no, self.head_no
+        view = self.link.engine.call_at_gate(lambda s: enabled_view(s, layer, head))
+        self.show(view, waiting="recorded from the next step on: take a token")
 
     async def _fetch(self) -> None:
         layer, head = self.layer_no, self.head_no
@@ -364,15 +365,17 @@ class AttentionScreen(InstrumentScreen):
         cols = max(16, self.size.width - LABEL_WIDTH - 4)
         window = self.window = window_for(matrix.size, query, self._top, rows, cols)
         self._top = window.top
-        prefill = ""
-        if matrix.prefilled is not None:
-            start, end = matrix.prefilled
-            prefill = f" · rows {start}–{end - 1}: the last turn's prefill" if end > start else ""
-        self._status(f"the causal matrix of one prefill over {matrix.context} cached positions{prefill}")
+        self._status(
+            f"the causal matrix of one prefill over {matrix.context} cached positions{prefill_rows(matrix)}"
+        )
         self.query_one("#window", Static).update(window_line(matrix, window))
         self.query_one("#grid", Static).update(Content("\n").join(grid_lines(matrix, window, query, pieces)))
         self.query_one("#sink", Static).update(sink_line(matrix, window))
         self.query_one("#sink-groups", Static).update(sink_groups(matrix, self.n_heads, self.n_kv_heads))
+        self._show_row(matrix, query, pieces)
+
+    def _show_row(self, matrix: PrefillMatrix, query: int, pieces: list[str]) -> None:
+        """The chosen query row under the matrix: by message and its strongest positions."""
         row = matrix.row_view(query)
         self.query_one("#row-title", Static).update(
             Content.assemble(
@@ -387,6 +390,14 @@ class AttentionScreen(InstrumentScreen):
     def engine_said(self, event: Event) -> None:
         if isinstance(event, (StepPaused, TurnFinished)):
             self.refresh_view()
+
+
+def prefill_rows(matrix: PrefillMatrix) -> str:
+    """Which rows the last turn's prefill computed, where the matrix knows."""
+    if matrix.prefilled is None:
+        return ""
+    start, end = matrix.prefilled
+    return f" · rows {start}–{end - 1}: the last turn's prefill" if end > start else ""
 
 
 def _matrix(session, layer: int, head: int) -> PrefillMatrix | None:

@@ -150,28 +150,22 @@ def head_group_lines(
 ) -> list[Content]:
     """Each query head's strongest positions, under the K/V head it shares: same K and V, other queries."""
     lines = []
-    size = heads // kv_heads
     for kv, group in enumerate(kv_groups(heads, kv_heads)):
-        lines.append(
-            Content.assemble(
-                (f"K/V head {kv}", "bold"),
-                (f"  one cached K and V read by query heads {', '.join(map(str, group))}", "$text-muted")
-                if size > 1
-                else ("  its own K and V (one query head)", "$text-muted"),
-            )
-        )
-        for head in group:
-            row = view.head_weights[head]
-            best = sorted(range(len(row)), key=lambda i: row[i], reverse=True)[:top]
-            picks: list = []
-            for i in best:
-                picks += [visible_piece(pieces[i])[:12], (f"@{i}", "$text-muted"), f" {row[i]:.0%}   "]
-            mark = "▶" if head == selected else " "
-            lines.append(
-                Content.assemble(
-                    (f"  {mark} head {head:<3}", "bold $accent" if head == selected else ""),
-                    "looks at  ",
-                    *picks,
-                )
-            )
+        shared = f"  one cached K and V read by query heads {', '.join(map(str, group))}"
+        readers = shared if heads // kv_heads > 1 else "  its own K and V (one query head)"
+        lines.append(Content.assemble((f"K/V head {kv}", "bold"), (readers, "$text-muted")))
+        lines += [_head_line(view.head_weights[head], head, pieces, head == selected, top) for head in group]
     return lines
+
+
+def _head_line(row: Sequence[float], head: int, pieces: Sequence[str], selected: bool, top: int) -> Content:
+    """A query head's `top` strongest positions: piece, position, weight."""
+    best = sorted(range(len(row)), key=lambda i: row[i], reverse=True)[:top]
+    picks: list = []
+    for i in best:
+        picks += [visible_piece(pieces[i])[:12], (f"@{i}", "$text-muted"), f" {row[i]:.0%}   "]
+    return Content.assemble(
+        (f"  {'▶' if selected else ' '} head {head:<3}", "bold $accent" if selected else ""),
+        "looks at  ",
+        *picks,
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -63,34 +63,57 @@ def beside(left: list[Content], right: list[Content], width: int, gap: int = 4) 
     return [a + " " * (left_width - a.cell_length + gap) + b for a, b in zip(left, right)]
 
 
+def chart(
+    title: str,
+    labels: list[str],
+    values: list[float | None],
+    fmt: Callable[[float], str],
+    style: str,
+    top: float | None = None,
+) -> list[Content]:
+    """A titled bar chart with the sizes and axis of every chart here, so they line up."""
+    lines = bar_chart(labels, values, fmt, CHART_HEIGHT, style, top=top, column=COLUMN, axis=AXIS)
+    return [Content.styled(title, "bold $text-primary"), *lines]
+
+
 SHORT_PATH = {"compiled step": "compiled", "eager fast path": "eager", "HF forward": "HF"}
+
+
+COLUMNS = {
+    "context": 8,
+    "TTFT": 9,
+    "per token": 10,
+    "ITL": 9,
+    "decode": 10,
+    "KV/step": 11,
+    "of W": 7,
+    "cores": 10,
+}
+"""The measured table's columns and their widths (74 cells: it fits 80 columns)."""
+
+
+def _table_row(values, style: str = "") -> Content:
+    return Content.assemble(*((str(v).rjust(w), style) for v, w in zip(values, COLUMNS.values())))
+
+
+def _point_values(p: ContextPoint, shape: CacheShape) -> tuple[str, ...]:
+    """One size's figures, in the order of COLUMNS."""
+    kv = shape.kv_bytes(p.context)
+    return (
+        f"{p.context:,}",
+        ms(p.ttft_s),
+        f"{p.ttft_s / p.context * 1e3:.2f} ms",
+        ms(p.itl_s),
+        SHORT_PATH.get(p.decode_path, p.decode_path),
+        human_bytes(kv),
+        f"{kv / shape.weight_bytes:.1%}",
+        f"{p.cpu_share:.1f} of {p.threads}",
+    )
 
 
 def point_rows(points: list[ContextPoint], shape: CacheShape) -> list[Content]:
     """The measured table: one row per size (74 cells: it fits 80 columns)."""
-    columns = ("context", "TTFT", "per token", "ITL", "decode", "KV/step", "of W", "cores")
-    widths = (8, 9, 10, 9, 10, 11, 7, 10)
-
-    def row(values, style: str = "") -> Content:
-        return Content.assemble(*((str(v).rjust(w), style) for v, w in zip(values, widths)))
-
-    lines = [row(columns, "bold")]
-    for p in points:
-        kv = shape.kv_bytes(p.context)
-        lines.append(
-            row(
-                (
-                    f"{p.context:,}",
-                    ms(p.ttft_s),
-                    f"{p.ttft_s / p.context * 1e3:.2f} ms",
-                    ms(p.itl_s),
-                    SHORT_PATH.get(p.decode_path, p.decode_path),
-                    human_bytes(kv),
-                    f"{kv / shape.weight_bytes:.1%}",
-                    f"{p.cpu_share:.1f} of {p.threads}",
-                )
-            )
-        )
+    lines = [_table_row(COLUMNS, "bold"), *(_table_row(_point_values(p, shape)) for p in points)]
     if len({p.decode_path for p in points}) > 1:
         lines.append(
             Content.styled(
@@ -119,23 +142,21 @@ def crossover_lines(this: CacheShape, window: int) -> list[Content]:
             ("   kv = 2 · layers · KV heads · head dim · bytes per element", "$text-muted"),
         )
     ]
-    for shape in (this, LLAMA_2_7B, LLAMA_2_70B):
-        beyond = (
-            f" (beyond its {window:,}-token window: here the weights dominate every step)"
-            if shape is this and shape.crossover > window
-            else ""
-        )
-        lines.append(
-            Content.assemble(
-                (shape.name + ":", "bold"),
-                f" W {human_bytes(shape.weight_bytes)}, kv 2·{shape.layers}·{shape.kv_heads}·"
-                f"{shape.head_dim}·{shape.element_bytes} = {shape.kv_bytes_per_token:,} B/token → ",
-                (f"c* = {shape.crossover:,} tokens", "bold $text-accent"),
-                beyond,
-                (f"  ({shape.source})", "$text-muted"),
-            )
-        )
-    return lines
+    beyond = f" (beyond its {window:,}-token window: here the weights dominate every step)"
+    lines.append(_crossover(this, beyond if this.crossover > window else ""))
+    return lines + [_crossover(shape) for shape in (LLAMA_2_7B, LLAMA_2_70B)]
+
+
+def _crossover(shape: CacheShape, beyond: str = "") -> Content:
+    """One model's W, kv and the context c* where its cache outweighs its weights."""
+    return Content.assemble(
+        (shape.name + ":", "bold"),
+        f" W {human_bytes(shape.weight_bytes)}, kv 2·{shape.layers}·{shape.kv_heads}·"
+        f"{shape.head_dim}·{shape.element_bytes} = {shape.kv_bytes_per_token:,} B/token → ",
+        (f"c* = {shape.crossover:,} tokens", "bold $text-accent"),
+        beyond,
+        (f"  ({shape.source})", "$text-muted"),
+    )
 
 
 def summary(points: list[ContextPoint], shape: CacheShape) -> Content:
@@ -237,32 +258,37 @@ class ContextScreen(InstrumentScreen):
         sweep = ContextSweep()
         started = time.perf_counter()
         try:
-            busy = getattr(self.app, "turns", None) is not None and self.app.turns.busy
-            self._status("starting" + (" after the answer in progress…" if busy else "…"), "$text-warning")
-            self.sizes = await self.on_engine(self.link.engine.call(lambda s: sizes(s.context)))
-            self.draw()
-            for i, n in enumerate(self.sizes):
-                if cancel.is_set():
-                    break
-                self._status(f"measuring {n:,} tokens ({i + 1} of {len(self.sizes)})…", "$text-warning")
-                point = await self.on_engine(
-                    self.link.engine.call(lambda s, n=n: sweep.measure(s, n, cancel))
-                )
-                if point is None:
-                    break
-                self.points.append(point)
-                self.draw()
+            await self._measure_each(sweep, cancel)
         except Exception as e:  # a model switched away, a window too small
             self._status(f"✖ {e}", "$text-error")
             return
         finally:
             self.running = False
             self.link.engine.call(lambda s: sweep.close())  # frees its cache on the inference thread
+        self._say_done(time.perf_counter() - started)
+
+    async def _measure_each(self, sweep: ContextSweep, cancel: threading.Event) -> None:
+        """Ask the engine for the sizes, then measure them one `engine.call` each, drawing as they come."""
+        busy = getattr(self.app, "turns", None) is not None and self.app.turns.busy
+        self._status("starting" + (" after the answer in progress…" if busy else "…"), "$text-warning")
+        self.sizes = await self.on_engine(self.link.engine.call(lambda s: sizes(s.context)))
+        self.draw()
+        for i, n in enumerate(self.sizes):
+            if cancel.is_set():
+                break
+            self._status(f"measuring {n:,} tokens ({i + 1} of {len(self.sizes)})…", "$text-warning")
+            point = await self.on_engine(self.link.engine.call(lambda s, n=n: sweep.measure(s, n, cancel)))
+            if point is None:
+                break
+            self.points.append(point)
+            self.draw()
+
+    def _say_done(self, seconds: float) -> None:
         done = len(self.points)
         if not self.sizes:
             self._status("✖ no size from 16 tokens up fits this chat's context window", "$text-error")
             return
-        took = f" in {time.perf_counter() - started:.0f} s"
+        took = f" in {seconds:.0f} s"
         if done < len(self.sizes):
             self._status(
                 f"stopped after {done} of {len(self.sizes)} sizes{took} · r runs again", "$text-muted"
@@ -280,38 +306,27 @@ class ContextScreen(InstrumentScreen):
             self.draw()
 
     def draw(self) -> None:
-        labels = [f"{n:,}" for n in self.sizes]
-        measured = {p.context: p for p in self.points}
-        ttft = [measured[n].ttft_s if n in measured else None for n in self.sizes]
-        itl = [measured[n].itl_s if n in measured else None for n in self.sizes]
-        kv = [float(self.shape.kv_bytes(n)) if n in measured else None for n in self.sizes]
-
-        def chart(title: str, values, fmt, style: str, top: float | None = None) -> list[Content]:
-            lines = bar_chart(labels, values, fmt, CHART_HEIGHT, style, top=top, column=COLUMN, axis=AXIS)
-            return [Content.styled(title, "bold $text-primary"), *lines]
-
-        left = chart("Time to first token against prompt length", ttft, short_time, "$text-primary")
-        right = chart(
-            f"Inter-token latency against context (median of {DECODE_STEPS} steps)",
-            itl,
-            short_time,
-            "$text-success",
-        )
-        self.query_one("#charts", Static).update(Content("\n").join(beside(left, right, self.size.width - 4)))
-        self.query_one("#kv", Static).update(
-            Content("\n").join(
-                chart(
-                    "KV cache bytes each decode step reads (top of the axis: the weights' W)",
-                    kv,
-                    short_bytes,
-                    "$text-warning",
-                    top=float(self.shape.weight_bytes),
-                )
-            )
-        )
+        self._draw_charts()
         if self.points:
             self.query_one("#table", Static).update(Content("\n").join(point_rows(self.points, self.shape)))
         if len(self.points) > 1:
             self.query_one("#summary", Static).update(summary(self.points, self.shape))
         warning = contention(self.points)
         self.query_one("#contention", Static).update(warning or "")
+
+    def _draw_charts(self) -> None:
+        """TTFT and ITL side by side (where they fit), and the KV bytes a step reads under them."""
+        labels = [f"{n:,}" for n in self.sizes]
+        measured = {p.context: p for p in self.points}
+        ttft = [measured[n].ttft_s if n in measured else None for n in self.sizes]
+        itl = [measured[n].itl_s if n in measured else None for n in self.sizes]
+        kv = [float(self.shape.kv_bytes(n)) if n in measured else None for n in self.sizes]
+        left = chart("Time to first token against prompt length", labels, ttft, short_time, "$text-primary")
+        itl_title = f"Inter-token latency against context (median of {DECODE_STEPS} steps)"
+        right = chart(itl_title, labels, itl, short_time, "$text-success")
+        self.query_one("#charts", Static).update(Content("\n").join(beside(left, right, self.size.width - 4)))
+        kv_title = "KV cache bytes each decode step reads (top of the axis: the weights' W)"
+        kv_chart = chart(
+            kv_title, labels, kv, short_bytes, "$text-warning", top=float(self.shape.weight_bytes)
+        )
+        self.query_one("#kv", Static).update(Content("\n").join(kv_chart))

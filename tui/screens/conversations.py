@@ -11,6 +11,7 @@ import json
 import threading
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -29,6 +30,9 @@ from tui.fmt import visible_controls
 from tui.screens.dialogs import ConfirmDialog, TextDialog
 
 EXPORTS = {"md": "Markdown", "json": "JSON"}
+LIST_COLUMNS = ("", "#", "Title", "Updated", "Turns", "Model")
+"""The table's columns when listing; a search shows the match instead of the last three."""
+SEARCH_COLUMNS = ("", "#", "Title", "Match")
 
 
 @dataclass(frozen=True)
@@ -292,24 +296,23 @@ class ConversationsScreen(ModalScreen[int | None]):
         selected = self.selected()
         table.clear(columns=True)
         searching = bool(query.strip())
-        if searching:
-            table.add_columns("", "#", "Title", "Match")
-        else:
-            table.add_columns("", "#", "Title", "Updated", "Turns", "Model")
+        table.add_columns(*(SEARCH_COLUMNS if searching else LIST_COLUMNS))
         self.rows = {row.id: row for row in rows}
         width = table.size.width or self.size.width
         titles = title_width(width, searching, rows)
         for row in rows:
-            mark = "●" if row.id == self.open_id else ""
-            title = fitted(cell(row.title or "(untitled)"), titles)
-            if searching:
-                match = fitted(highlight(row.match_parts), width - titles - 2 * 4 - 3 - len(str(row.id)))
-                cells = (mark, str(row.id), title, match)
-            else:
-                cells = (mark, str(row.id), title, date(row.updated), str(row.turns), cell(row.model or "?"))
-            table.add_row(*cells, key=str(row.id))
+            table.add_row(*self._cells(row, searching, width, titles), key=str(row.id))
         if selected in self.rows:
             table.move_cursor(row=table.get_row_index(str(selected)))
+
+    def _cells(self, row: Row, searching: bool, width: int, titles: int) -> tuple:
+        """A row's cells: the open mark, id and title, then the match or the date, turns and model."""
+        mark = "●" if row.id == self.open_id else ""
+        title = fitted(cell(row.title or "(untitled)"), titles)
+        if searching:
+            match = fitted(highlight(row.match_parts), width - titles - 2 * 4 - 3 - len(str(row.id)))
+            return (mark, str(row.id), title, match)
+        return (mark, str(row.id), title, date(row.updated), str(row.turns), cell(row.model or "?"))
 
     def _summary(self, query: str, count: int) -> str:
         if query.strip():
@@ -401,19 +404,19 @@ class ConversationsScreen(ModalScreen[int | None]):
                 error=True,
             )
             return
-
-        def confirmed(yes: bool | None) -> None:
-            if yes:
-                self._delete(row.id)
-            else:
-                self._say("Nothing was deleted.")
-
         title = visible_controls(row.title, one_line=True) or "(untitled)"
         question = (
             f"Delete conversation {row.id}, “{title}”, with every branch and its saved "
             "KV cache? This cannot be undone."
         )
-        self.app.push_screen(ConfirmDialog(question, yes="Delete"), confirmed)
+        self.app.push_screen(ConfirmDialog(question, yes="Delete"), partial(self._delete_if, row.id))
+
+    def _delete_if(self, conversation_id: int, yes: bool | None) -> None:
+        """The answer to the confirmation: delete, or say that nothing was."""
+        if yes:
+            self._delete(conversation_id)
+        else:
+            self._say("Nothing was deleted.")
 
     def action_export(self, extension: str) -> None:
         row = self._chosen()

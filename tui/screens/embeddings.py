@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.content import Content
 from textual.widgets import Input, Static
 
-from engine.instruments.embeddings import RopeEffect, TokenEmbedding, token_embedding, tokens_of
+from engine.instruments.embeddings import RopeEffect, RopeRow, TokenEmbedding, token_embedding, tokens_of
 from tui.fmt import human_bytes, subscript, visible_controls, visible_piece
 from tui.screens.instrument import InstrumentScreen
 from tui.widgets.token_strip import StripToken, TokenStrip
@@ -29,11 +29,9 @@ BAR = 12
 
 
 def fact_lines(e: TokenEmbedding, model: str) -> list[Content]:
-    lines = [
+    return [
         Content.assemble(
-            ("token ", "bold"),
-            (visible_piece(e.piece), "bold $text-accent"),
-            f"  id {e.token_id:,}",
+            ("token ", "bold"), (visible_piece(e.piece), "bold $text-accent"), f"  id {e.token_id:,}"
         ),
         Content.assemble(
             ("embedding row ", "bold"),
@@ -45,23 +43,22 @@ def fact_lines(e: TokenEmbedding, model: str) -> list[Content]:
                 "$text-muted",
             ),
         ),
+        _tied_line(e, model),
     ]
+
+
+def _tied_line(e: TokenEmbedding, model: str) -> Content:
+    """Whether the row is also the LM head's row for the token."""
     if e.tied:
-        lines.append(
-            Content.assemble(
-                ("tied ", "bold"),
-                f"{model} ties its input and output embeddings: this same row is the LM head's row for "
-                f"{visible_piece(e.piece)}, so its logit at every step is the final hidden state · this row.",
-            )
+        return Content.assemble(
+            ("tied ", "bold"),
+            f"{model} ties its input and output embeddings: this same row is the LM head's row for "
+            f"{visible_piece(e.piece)}, so its logit at every step is the final hidden state · this row.",
         )
-    else:
-        lines.append(
-            Content.assemble(
-                ("not tied ", "bold"),
-                "the LM head has a matrix of its own; this row only feeds the model in.",
-            )
-        )
-    return lines
+    return Content.assemble(
+        ("not tied ", "bold"),
+        "the LM head has a matrix of its own; this row only feeds the model in.",
+    )
 
 
 def neighbour_lines(e: TokenEmbedding) -> list[Content]:
@@ -81,48 +78,57 @@ def neighbour_lines(e: TokenEmbedding) -> list[Content]:
     return lines
 
 
+ROPE_LABEL = 12
+ROPE_CELL = 6
+"""The RoPE table's label and cell widths: 12 + 10 distances · 6 = 72 cells fits 80 columns."""
+
+
 def rope_lines(rope: RopeEffect) -> list[Content]:
-    label = 12
-    cell = 6  # 12 + 10 distances · 6 = 72 cells: fits 80 columns
     lines = [
         Content.styled(
             "cos(x at position p, the same x at p + Δ), x rotated as the model rotates it:", "bold"
         ),
         Content.assemble(
-            ("Δ =".ljust(label), "bold"), *((f"{d:,}".rjust(cell), "bold") for d in rope.distances)
+            ("Δ =".ljust(ROPE_LABEL), "bold"), *((f"{d:,}".rjust(ROPE_CELL), "bold") for d in rope.distances)
         ),
+        *(_rope_row(row) for row in rope.rows),
+        _rope_how(rope),
     ]
-    for row in rope.rows:
-        lines.append(
-            Content.assemble(
-                f"{row.vector}, p={row.start:,}".ljust(label),
-                *((f"{c:.3f}".rjust(cell), "$text-success" if c > 0.9 else "") for c in row.cosines),
-            )
-        )
     q_rows = [r for r in rope.rows if r.vector == "q"]
-    same = len(q_rows) > 1 and all(
-        math.isclose(a, b, abs_tol=1e-3) for a, b in zip(q_rows[0].cosines, q_rows[1].cosines)
-    )
-    lines.append(
-        Content.styled(
-            f"Layer 0, this token alone: q = W_q · rmsnorm(row), k = W_k · rmsnorm(row); cosine of the same "
-            f"vector rotated to two positions, mean over {rope.heads} query heads (k: {rope.kv_heads} KV "
-            f"heads), with the model's rotary embedding: base θ {rope.base:,.0f}, head dim {rope.head_dim}.",
-            "$text-muted",
-        )
-    )
     if len(q_rows) > 1:
-        lines.append(
-            Content.assemble(
-                ("The two q rows are " + ("equal" if same else "NOT equal") + ": ", "bold"),
-                "the rotation between two positions depends only on how far apart they are (Δ), not where "
-                "they are, which is how RoPE makes attention's q·k depend on relative position. "
-                f"The fastest pair of dimensions turns {rope.fastest_rad:.3f} rad "
-                f"({math.degrees(rope.fastest_rad):.1f}°) per position; the slowest needs "
-                f"{rope.slowest_period:,.0f} positions for one turn.",
-            )
-        )
+        lines.append(_relative_only(rope, q_rows))
     return lines
+
+
+def _rope_row(row: RopeRow) -> Content:
+    """A vector's cosines at each distance; near 1 (the rotation barely moved it) in green."""
+    return Content.assemble(
+        f"{row.vector}, p={row.start:,}".ljust(ROPE_LABEL),
+        *((f"{c:.3f}".rjust(ROPE_CELL), "$text-success" if c > 0.9 else "") for c in row.cosines),
+    )
+
+
+def _rope_how(rope: RopeEffect) -> Content:
+    """How the table's cosines were computed."""
+    return Content.styled(
+        f"Layer 0, this token alone: q = W_q · rmsnorm(row), k = W_k · rmsnorm(row); cosine of the same "
+        f"vector rotated to two positions, mean over {rope.heads} query heads (k: {rope.kv_heads} KV "
+        f"heads), with the model's rotary embedding: base θ {rope.base:,.0f}, head dim {rope.head_dim}.",
+        "$text-muted",
+    )
+
+
+def _relative_only(rope: RopeEffect, q_rows: list[RopeRow]) -> Content:
+    """The lesson of two q rows at different starts: the same cosines, so only Δ matters."""
+    same = all(math.isclose(a, b, abs_tol=1e-3) for a, b in zip(q_rows[0].cosines, q_rows[1].cosines))
+    return Content.assemble(
+        ("The two q rows are " + ("equal" if same else "NOT equal") + ": ", "bold"),
+        "the rotation between two positions depends only on how far apart they are (Δ), not where "
+        "they are, which is how RoPE makes attention's q·k depend on relative position. "
+        f"The fastest pair of dimensions turns {rope.fastest_rad:.3f} rad "
+        f"({math.degrees(rope.fastest_rad):.1f}°) per position; the slowest needs "
+        f"{rope.slowest_period:,.0f} positions for one turn.",
+    )
 
 
 class EmbeddingsScreen(InstrumentScreen):

@@ -55,14 +55,9 @@ def record_lines(
     """What the inspector says about one step; `ended`: it is the last step of a finished answer.
     `server`: it came from a server, and what the server did not send is said so."""
     label = lambda name: (f"{name:<10}", "bold")  # noqa: E731
-    more = record.rank - 1
-    were = "was" if more == 1 else "were"
-    rank = f"{count(more, 'token')} {were} more probable" if more else "the most probable"
-    if record.rank == 0:
-        rank = "unknown"
     text = step_text(record, ended)
     position = "not known" if record.position is None else f"{record.position}"
-    lines = [
+    return [
         Content.assemble(
             ("step ", "bold"), f"{record.step + 1} of {steps}", ("  · KV cache position ", "bold"), position
         ),
@@ -70,12 +65,27 @@ def record_lines(
         Content.assemble(label("piece"), (visible_piece(record.piece), logprob_style(record.logprob))),
         Content.assemble(label("bytes"), byte_text(record.bytes, server)),
         _logprob_line(record, label),
-        Content.assemble(label("rank"), f"{record.rank}", (f"  ({rank})", "$text-muted")),
+        Content.assemble(label("rank"), f"{record.rank}", (f"  ({_rank_text(record)})", "$text-muted")),
         _entropy_line(record, label),
         Content.assemble(label("text"), text),
+        *_step_notes(forked_here, ended, server),
     ]
+
+
+def _rank_text(record: TokenRecord) -> str:
+    """How many tokens were more probable than the one taken (rank 0: not known)."""
+    if record.rank == 0:
+        return "unknown"
+    more = record.rank - 1
+    were = "was" if more == 1 else "were"
+    return f"{count(more, 'token')} {were} more probable" if more else "the most probable"
+
+
+def _step_notes(forked_here: bool, ended: bool, server: bool) -> list[Content]:
+    """The lines under a step: why the last token is not in the cache, and where a fork began."""
+    notes = []
     if ended and not server:  # a server's cache is its own: it does not say what it fed back
-        lines.append(
+        notes.append(
             Content.styled(
                 "not in the cache at the time: decoding stopped on this token, so it was never fed back "
                 "(the next turn prefills it)",
@@ -83,10 +93,10 @@ def record_lines(
             )
         )
     if forked_here:
-        lines.append(
+        notes.append(
             Content.styled("⑂ forked here: this token was chosen from the alternatives", "$text-accent")
         )
-    return lines
+    return notes
 
 
 def _logprob_line(record: TokenRecord, label) -> Content:
@@ -111,6 +121,26 @@ def _entropy_line(record: TokenRecord, label) -> Content:
             "$text-muted",
         ),
     )
+
+
+def fork_hint(can_fork: bool, finished: bool) -> str:
+    """Under the alternatives: how to fork, or why this answer cannot be forked."""
+    if not can_fork:
+        return "Forking from a token needs the local engine (a server cannot continue from one)."
+    if not finished:
+        return "Only a finished answer in the conversation can be forked."
+    return "↑↓ or click choose · f / Enter forks: the answer continues from the highlighted token"
+
+
+def _show_alternatives(alternatives: AlternativesList, record: TokenRecord) -> None:
+    """The step's candidates with the taken one marked (added below them when it was not among them)."""
+    candidates = record.top_k
+    taken = [c for c in candidates if same_token(c, record)]
+    if not taken and record.prob is not None:  # drawn from outside the top-k shown
+        candidates = (*candidates, Candidate(record.id, record.piece, record.prob))
+    key = taken[0] if taken else record
+    marks = {key.id if key.id is not None else key.piece: "◀ taken"}
+    alternatives.set_candidates(candidates, marks, alternatives.cursor)
 
 
 class InspectorScreen(InstrumentScreen):
@@ -189,28 +219,29 @@ class InspectorScreen(InstrumentScreen):
             self.query_one(TokenStrip).set_tokens([])
             self._show_step()
             return
-        trace = self.ref.trace
+        which.update(self._which_line(self.ref))
+        self.query_one(TokenStrip).set_tokens(
+            [StripToken(s.id, s.piece, logprob_style(s.logprob)) for s in self.steps], self.step
+        )
+        self._show_step()
+
+    def _which_line(self, ref: AnswerRef) -> Content:
+        """Which answer is shown: its place among the conversation's answers, and the fork it came from."""
+        trace = ref.trace
         number = next((i for i, r in enumerate(self.refs) if r.trace is trace), None)
         position = (
             f" · {number + 1} of {len(self.refs)} answers"
             if number is not None
             else " · not in the conversation now"
         )
-        branch = ""
-        if trace.parent is not None:
-            branch = f" · forked at step {trace.fork_step + 1} (b shows the original)"
-        which.update(
-            Content.assemble(
-                (self.ref.label, "bold"),
-                f" · {len(self.steps)} steps{position}",
-                (branch, "$text-accent"),
-                ("   [ ] other answers · ← → steps · click a chip", "$text-muted"),
-            )
+        forked = trace.parent is not None
+        branch = f" · forked at step {trace.fork_step + 1} (b shows the original)" if forked else ""
+        return Content.assemble(
+            (ref.label, "bold"),
+            f" · {len(self.steps)} steps{position}",
+            (branch, "$text-accent"),
+            ("   [ ] other answers · ← → steps · click a chip", "$text-muted"),
         )
-        self.query_one(TokenStrip).set_tokens(
-            [StripToken(s.id, s.piece, logprob_style(s.logprob)) for s in self.steps], self.step
-        )
-        self._show_step()
 
     def _show_step(self) -> None:
         record_view = self.query_one("#record", Static)
@@ -229,23 +260,10 @@ class InspectorScreen(InstrumentScreen):
         can = session.capabilities
         lines = record_lines(record, len(self.steps), forked_here, ended, can.on_server)
         record_view.update(Content("\n").join(lines))
-        candidates = record.top_k
-        taken = [c for c in candidates if same_token(c, record)]
-        if not taken and record.prob is not None:  # drawn from outside the top-k shown
-            candidates = (*candidates, Candidate(record.id, record.piece, record.prob))
-        key = taken[0] if taken else record
-        marks = {key.id if key.id is not None else key.piece: "◀ taken"}
-        alternatives.set_candidates(candidates, marks, alternatives.cursor)
+        _show_alternatives(alternatives, record)
         self.query_one(TokenStrip).move_to(self.step)
         self.set_title_line(f"{self.ref.label} · step {self.step + 1} of {len(self.steps)}")
-        if not can.can_fork:
-            hint.update("Forking from a token needs the local engine (a server cannot continue from one).")
-        elif self.ref.message is None:
-            hint.update("Only a finished answer in the conversation can be forked.")
-        else:
-            hint.update(
-                "↑↓ or click choose · f / Enter forks: the answer continues from the highlighted token"
-            )
+        hint.update(fork_hint(can.can_fork, self.ref.message is not None))
 
     # -- keys -------------------------------------------------------------------------
     def action_step(self, delta: int) -> None:

@@ -39,6 +39,12 @@ FIELDS = (("users", "requests", 8), ("max B", "max_batch", 4), ("pool MiB", "bud
 """(label, LabConfig field, default): short labels, so the row fits 80 columns."""
 
 
+def done_line(outputs_agree: bool) -> str:
+    """The status once the lab is done: whether every policy gave every request the same tokens."""
+    agree = "the same tokens" if outputs_agree else "different tokens (a near tie in the numerics)"
+    return f"done: every policy gave {agree} for every request · the pool is freed · r runs again"
+
+
 class LabScreen(InstrumentScreen):
     INSTRUMENT = "lab"
     DEFAULT_CSS = """
@@ -75,6 +81,12 @@ class LabScreen(InstrumentScreen):
             "time, in static batches and with continuous batching, then decode is swept over B. "
             "A teaching instrument at classroom scale, not a serving path (llmchat --server serves for real)."
         )
+        yield from self._controls()
+        yield Static(id="status", classes="muted")
+        yield from self._view_sections()
+
+    def _controls(self) -> ComposeResult:
+        """The workload's fields, how requests arrive, and Run."""
         with Horizontal(id="controls"):
             for label, name, default in FIELDS:
                 yield Label(f" {label}")
@@ -88,7 +100,9 @@ class LabScreen(InstrumentScreen):
                 compact=True,
             )
             yield Button("Run r", id="run", variant="primary", compact=True)
-        yield Static(id="status", classes="muted")
+
+    def _view_sections(self) -> ComposeResult:
+        """Each view under its title and its explanation (closed until ?), then the sweep's plot."""
         titles = {
             "timeline": "Requests",
             "pool": "The paged KV pool: one cell per block (the owner's id; · free)",
@@ -165,6 +179,21 @@ class LabScreen(InstrumentScreen):
         info = self.link.session.info
         peaks = phases.cached_calibration(info.device, phases.dtype_of(info.compute_dtype))
         self.balance = peaks.balance if peaks is not None else None
+        try:
+            self.result = await self.on_engine(self.link.engine.call(self._lab_run(config, peaks)))
+        except LabStopped:
+            return
+        except ValueError as e:  # LabError, PoolError: the budget, the model
+            self._status(f"✖ {e}")
+            return
+        finally:
+            self.running = False
+        self._touch()
+        self._draw()
+        self._status(done_line(self.result.outputs_agree))
+
+    def _lab_run(self, config: LabConfig, peaks):
+        """The lab as one call on the inference thread, reporting through this screen's callbacks."""
 
         def lab_run(session):
             return run(
@@ -178,23 +207,7 @@ class LabScreen(InstrumentScreen):
                 stop=self.stop,
             )
 
-        try:
-            self.result = await self.on_engine(self.link.engine.call(lab_run))
-        except LabStopped:
-            return
-        except ValueError as e:  # LabError, PoolError: the budget, the model
-            self._status(f"✖ {e}")
-            return
-        finally:
-            self.running = False
-        self._touch()
-        self._draw()
-        agree = (
-            "the same tokens"
-            if self.result.outputs_agree
-            else "different tokens (a near tie in the numerics)"
-        )
-        self._status(f"done: every policy gave {agree} for every request · the pool is freed · r runs again")
+        return lab_run
 
     # -- callbacks on the inference thread: store the newest data only --------------------------
     def _touch(self) -> None:
@@ -224,29 +237,17 @@ class LabScreen(InstrumentScreen):
         if self._drawn == self._version or self.lab is None:
             return
         self._drawn = self._version
-        lab, views = self.lab, self._views
         if self.running:
-            phase = (
-                f"sweeping B = {self._sweep[-1].batch if self._sweep else '…'}"
-                if len(self._policies) == 3
-                else ""
-            )
-            self._status(
-                phase
-                or f"policy {self._policy or '…'}: step {self._steps[-1][0].index if self._steps else 0}"
-                f" · clock {self._clock:.2f} s · the chat waits until the lab is done · Esc stops"
-            )
+            self._status(self._progress())
         self.query_one("#timeline-title", Static).update(f"Requests ({self._policy or 'waiting'})")
         timeline = self.query_one("#timeline", Static)
         width = max(10, min(40, timeline.size.width - 60))  # the bar takes what the row leaves
-        timeline.update(Content("\n").join(lab_views.timeline_lines(views, self._clock, width)))
-        pool = lab.pool_json() if lab.pool.num_blocks else self._pool_info()
-        longest = max(len(s.prompt) for s in lab.specs) + lab.config.max_new
-        lines = lab_views.pool_lines(pool, views, longest, lab.kv.token_bytes())
-        lines += lab_views.block_map(views, pool["blocks"])
-        preempted = sum(v.preemptions for v in views)
-        lines.append(Content.styled(f"preemptions in this policy so far: {preempted}", "$text-muted"))
-        self.query_one("#pool", Static).update(Content("\n").join(lines))
+        timeline.update(Content("\n").join(lab_views.timeline_lines(self._views, self._clock, width)))
+        self.query_one("#pool", Static).update(Content("\n").join(self._pool_lines(self.lab, self._views)))
+        self._draw_tables()
+
+    def _draw_tables(self) -> None:
+        """The last steps, the three policies, and the sweep as a table and a plot."""
         self.query_one("#steps", Static).update(
             Content("\n").join(lab_views.step_lines(list(self._steps), self.balance))
         )
@@ -256,6 +257,25 @@ class LabScreen(InstrumentScreen):
             Content("\n").join(lab_views.sweep_lines(self._sweep, skipped))
         )
         self.query_one("#plot", lab_views.SweepPlot).show(self._sweep)
+
+    def _progress(self) -> str:
+        """Where the run is: the policy and step, or the sweep's B once the three policies are done."""
+        if len(self._policies) == 3:
+            return f"sweeping B = {self._sweep[-1].batch if self._sweep else '…'}"
+        return (
+            f"policy {self._policy or '…'}: step {self._steps[-1][0].index if self._steps else 0}"
+            f" · clock {self._clock:.2f} s · the chat waits until the lab is done · Esc stops"
+        )
+
+    def _pool_lines(self, lab: Lab, views: tuple[RequestView, ...]) -> list[Content]:
+        """The paged pool: its figures, the block map, and the preemptions so far."""
+        pool = lab.pool_json() if lab.pool.num_blocks else self._pool_info()
+        longest = max(len(s.prompt) for s in lab.specs) + lab.config.max_new
+        lines = lab_views.pool_lines(pool, views, longest, lab.kv.token_bytes())
+        lines += lab_views.block_map(views, pool["blocks"])
+        preempted = sum(v.preemptions for v in views)
+        lines.append(Content.styled(f"preemptions in this policy so far: {preempted}", "$text-muted"))
+        return lines
 
     def _pool_info(self) -> dict:
         """The pool as it was (once released, the lab's result keeps its description)."""

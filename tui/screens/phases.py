@@ -48,33 +48,10 @@ def axis_column(intensity: float, width: int) -> int:
 def roofline(measures: list[PhaseMeasure], peaks: Calibration, width: int) -> list[Content]:
     """Each phase's arithmetic intensity on a log axis, with the machine's balance point."""
     balance = axis_column(peaks.balance, width)
-    ticks = [" "] * width
-    labels = [" "] * (width + 8)
-    for value in (0.1, 1, 10, 100, 1000, 10_000):
-        col = axis_column(value, width)
-        ticks[col] = "┼"
-        for i, ch in enumerate(f"{value:g}"):
-            if col + i < len(labels):
-                labels[col + i] = ch
-    ticks[balance] = "┃"
-    lines = [Content.assemble(("FLOP/byte ", "bold"), ("".join(ticks), "$text-muted"))]
-    for m in measures:
-        col = axis_column(m.intensity, width)
-        row = [" "] * width
-        for i in range(min(col, balance) + 1, max(col, balance)):
-            row[i] = "─"
-        row[balance] = "┃"
-        style = "$text-success" if m.bound(peaks) == "compute" else "$text-warning"
-        lines.append(
-            Content.assemble(
-                (f"{m.phase:<10}", "bold"),
-                ("".join(row[:col]), "$text-muted"),
-                ("●", f"bold {style}"),
-                ("".join(row[col + 1 :]), "$text-muted"),
-                (f" {m.intensity:,.1f}", style),
-            )
-        )
-    lines.append(Content.assemble(" " * 10, ("".join(labels).rstrip(), "$text-muted")))
+    ticks, labels = _axis(width, balance)
+    lines = [Content.assemble(("FLOP/byte ", "bold"), (ticks, "$text-muted"))]
+    lines += [_phase_point(m, peaks, width, balance) for m in measures]
+    lines.append(Content.assemble(" " * 10, (labels, "$text-muted")))
     lines.append(
         Content.assemble(
             " " * 10,
@@ -86,6 +63,37 @@ def roofline(measures: list[PhaseMeasure], peaks: Calibration, width: int) -> li
     return lines
 
 
+def _axis(width: int, balance: int) -> tuple[str, str]:
+    """The axis's ticks, one a decade with the balance point marked, and the labels under them."""
+    ticks = [" "] * width
+    labels = [" "] * (width + 8)
+    for value in (0.1, 1, 10, 100, 1000, 10_000):
+        col = axis_column(value, width)
+        ticks[col] = "┼"
+        for i, ch in enumerate(f"{value:g}"):
+            if col + i < len(labels):
+                labels[col + i] = ch
+    ticks[balance] = "┃"
+    return "".join(ticks), "".join(labels).rstrip()
+
+
+def _phase_point(m: PhaseMeasure, peaks: Calibration, width: int, balance: int) -> Content:
+    """A phase's row: its point on the axis, joined to the balance point by a line."""
+    col = axis_column(m.intensity, width)
+    row = [" "] * width
+    for i in range(min(col, balance) + 1, max(col, balance)):
+        row[i] = "─"
+    row[balance] = "┃"
+    style = "$text-success" if m.bound(peaks) == "compute" else "$text-warning"
+    return Content.assemble(
+        (f"{m.phase:<10}", "bold"),
+        ("".join(row[:col]), "$text-muted"),
+        ("●", f"bold {style}"),
+        ("".join(row[col + 1 :]), "$text-muted"),
+        (f" {m.intensity:,.1f}", style),
+    )
+
+
 def column_name(m: PhaseMeasure) -> str:
     """A decode column's figures are for one step (its median), a prefill's for the whole pass."""
     return "decode, per step" if m.phase == "decode" else m.phase
@@ -95,16 +103,19 @@ def per(m: PhaseMeasure) -> str:
     return " /step" if m.phase == "decode" else ""
 
 
+COLUMN = 22
+"""The width of a phase's column in the table."""
+
+
+def _table_row(name: str, values: list[str]) -> Content:
+    return Content.assemble((name.ljust(24), "bold"), *(v.rjust(COLUMN) for v in values))
+
+
 def measure_rows(turn: TurnPhases, peaks: Calibration | None) -> list[Content]:
     measures = [m for m in (turn.prefill, turn.decode) if m is not None]
-    width = 22
-    head = Content.assemble(("".ljust(24), ""), *((column_name(m).rjust(width), "bold") for m in measures))
-
-    def row(name: str, values: list[str]) -> Content:
-        return Content.assemble((name.ljust(24), "bold"), *(v.rjust(width) for v in values))
-
+    row = _table_row
     lines = [
-        head,
+        Content.assemble(("".ljust(24), ""), *((column_name(m).rjust(COLUMN), "bold") for m in measures)),
         row("tokens", [f"{m.tokens:,}" + (" new" if m.phase == "prefill" else " steps") for m in measures]),
         row(
             "time",
@@ -116,64 +127,76 @@ def measure_rows(turn: TurnPhases, peaks: Calibration | None) -> list[Content]:
         row("achieved compute", [si(m.flop_s, "FLOP/s") for m in measures]),
         row("achieved bandwidth", [human_bytes(m.bytes_s) + "/s" for m in measures]),
     ]
-    if peaks is not None:
-        lines += [
-            row("  of peak FLOP/s", [f"{m.compute_use(peaks):.1%}" for m in measures]),
-            row("  of peak bandwidth", [f"{m.memory_use(peaks):.1%}" for m in measures]),
-            row("roofline allows", [si(m.attainable_flop_s(peaks), "FLOP/s") for m in measures]),
-        ]
-        roofs = [ROOF_NAMES[m.bound(peaks)] for m in measures]
-        lines.append(
-            Content.assemble(
-                ("under the roof of".ljust(24), "bold"),
-                *((r.rjust(width), "bold " + ROOF_STYLES[m.bound(peaks)]) for r, m in zip(roofs, measures)),
-            )
-        )
-        lines.append(
-            Content.assemble(
-                ("  reached of that roof".ljust(24), "bold"),
-                *((f"{m.roof_use(peaks):.1%}".rjust(width), LIMIT_STYLES[m.limit(peaks)]) for m in measures),
-            )
-        )
-    return lines
+    return lines + (_peak_rows(measures, peaks) if peaks is not None else [])
+
+
+def _peak_rows(measures: list[PhaseMeasure], peaks: Calibration) -> list[Content]:
+    """The rows measured against the machine's peaks: the share of each, and which roof is over it."""
+    row = _table_row
+    return [
+        row("  of peak FLOP/s", [f"{m.compute_use(peaks):.1%}" for m in measures]),
+        row("  of peak bandwidth", [f"{m.memory_use(peaks):.1%}" for m in measures]),
+        row("roofline allows", [si(m.attainable_flop_s(peaks), "FLOP/s") for m in measures]),
+        Content.assemble(
+            ("under the roof of".ljust(24), "bold"),
+            *(
+                (ROOF_NAMES[m.bound(peaks)].rjust(COLUMN), "bold " + ROOF_STYLES[m.bound(peaks)])
+                for m in measures
+            ),
+        ),
+        Content.assemble(
+            ("  reached of that roof".ljust(24), "bold"),
+            *((f"{m.roof_use(peaks):.1%}".rjust(COLUMN), LIMIT_STYLES[m.limit(peaks)]) for m in measures),
+        ),
+    ]
 
 
 ROOF_NAMES = {"compute": "compute (FLOP/s)", "memory": "memory (bytes/s)"}
 ROOF_STYLES = {"compute": "$text-success", "memory": "$text-warning"}
 LIMIT_STYLES = {"roof": "bold $text-success", "below": "", "neither": "bold $text-error"}
+HOW = {
+    "roof": "near the roof: this roof is what limits it.",
+    "below": "well under the roof: the roof is not what limits it yet.",
+    "neither": "far from both roofs: neither arithmetic nor memory limits it.",
+}
+"""What limits a phase, by how near it came to its roof (`PhaseMeasure.limit`)."""
 
 
 def phase_verdict(m: PhaseMeasure, peaks: Calibration) -> Content:
     """Which roof the phase is under, how far from it, and what limits it."""
     name = "decode, per step" if m.phase == "decode" else "prefill, the whole pass"
     side = "≥" if m.bound(peaks) == "compute" else "<"
-    if m.bound(peaks) == "compute":
-        roof = (
-            f"its roof is compute, {si(peaks.matmul_flop_s, 'FLOP/s')}; it reached {si(m.flop_s, 'FLOP/s')}"
-        )
-    else:
-        roof = (
-            f"its roof is memory, {human_bytes(peaks.bandwidth_bytes_s)}/s; "
-            f"it moved {human_bytes(m.bytes_s)}/s"
-        )
-    how = {
-        "roof": "near the roof: this roof is what limits it.",
-        "below": "well under the roof: the roof is not what limits it yet.",
-        "neither": "far from both roofs: neither arithmetic nor memory limits it.",
-    }[m.limit(peaks)]
-    if m.roof_use(peaks) > 1:  # w8's 129 MiB a step can come partly from a large last-level cache
-        how = (
-            "above the measured roof: part of what it read came from the chip's caches, which are "
-            "faster than memory (or the calibration ran slow: c measures again)."
-            if m.bound(peaks) == "memory"
-            else f"above the measured roof: faster than the calibration's {peaks.dtype} matmul ran "
-            "(another kernel or number type computes more a second; c measures again)."
-        )
     return Content.assemble(
         (f"{name}: ", "bold"),
-        f"{m.intensity:,.1f} FLOP/B {side} balance {peaks.balance:,.1f}, so {roof}, ",
+        f"{m.intensity:,.1f} FLOP/B {side} balance {peaks.balance:,.1f}, so {_roof(m, peaks)}, ",
         (f"{m.roof_use(peaks):.1%} of it", LIMIT_STYLES[m.limit(peaks)] or "bold"),
-        f": {how}",
+        f": {_what_limits(m, peaks)}",
+    )
+
+
+def _roof(m: PhaseMeasure, peaks: Calibration) -> str:
+    """The phase's roof and what it reached against it."""
+    if m.bound(peaks) == "compute":
+        return (
+            f"its roof is compute, {si(peaks.matmul_flop_s, 'FLOP/s')}; it reached {si(m.flop_s, 'FLOP/s')}"
+        )
+    return (
+        f"its roof is memory, {human_bytes(peaks.bandwidth_bytes_s)}/s; it moved {human_bytes(m.bytes_s)}/s"
+    )
+
+
+def _what_limits(m: PhaseMeasure, peaks: Calibration) -> str:
+    if m.roof_use(peaks) <= 1:
+        return HOW[m.limit(peaks)]
+    # w8's 129 MiB a step can come partly from a large last-level cache
+    if m.bound(peaks) == "memory":
+        return (
+            "above the measured roof: part of what it read came from the chip's caches, which are "
+            "faster than memory (or the calibration ran slow: c measures again)."
+        )
+    return (
+        f"above the measured roof: faster than the calibration's {peaks.dtype} matmul ran "
+        "(another kernel or number type computes more a second; c measures again)."
     )
 
 
@@ -183,57 +206,52 @@ def verdict(turn: TurnPhases, peaks: Calibration) -> list[Content]:
     far = [m for m in measures if m.limit(peaks) == "neither"]
     if far:
         which = "Both phases" if len(far) == len(measures) and len(far) > 1 else f"The {far[0].phase}"
-        out.append(
-            Content.styled(
-                f"{which} stayed under {FAR_FROM_ROOF:.0%} of both roofs: the time goes to fixed costs per "
-                "pass (Python, launching each small op, the sampler, threads waking up) or to other work "
-                "on the machine, not to arithmetic or memory traffic. A bigger model or a longer prompt "
-                "does more work per pass and moves a phase toward its roof.",
-                "$text-muted",
-            )
-        )
-    if turn.decode is not None and turn.step_path in SLOWER_STEPS:
-        out.append(
-            Content.styled(
-                f"⚠ This answer was decoded on the {SLOWER_STEPS[turn.step_path]}, not the compiled "
-                "step (still being built, turned off, or not for this model): decode's rates are "
-                "that slower step's.",
-                "bold $text-warning",
-            )
-        )
+        out.append(Content.styled(_far_from_roofs(which), "$text-muted"))
+    warnings = (_slower_step(turn), _busy_turn(turn), _busy_calibration(peaks))
+    return out + [Content.styled(w, "bold $text-warning") for w in warnings if w]
+
+
+def _far_from_roofs(which: str) -> str:
+    return (
+        f"{which} stayed under {FAR_FROM_ROOF:.0%} of both roofs: the time goes to fixed costs per "
+        "pass (Python, launching each small op, the sampler, threads waking up) or to other work "
+        "on the machine, not to arithmetic or memory traffic. A bigger model or a longer prompt "
+        "does more work per pass and moves a phase toward its roof."
+    )
+
+
+def _slower_step(turn: TurnPhases) -> str | None:
+    if turn.decode is None or turn.step_path not in SLOWER_STEPS:
+        return None
+    return (
+        f"⚠ This answer was decoded on the {SLOWER_STEPS[turn.step_path]}, not the compiled "
+        "step (still being built, turned off, or not for this model): decode's rates are "
+        "that slower step's."
+    )
+
+
+def _busy_turn(turn: TurnPhases) -> str | None:
     contention = turn.contention
-    if contention is not None and contention.busy:
-        out.append(
-            Content.styled(
-                f"⚠ This turn ran on a busy machine ({contention.figures()}): "
-                "its times include waiting for a core, so the rates above are lower than the model's own.",
-                "bold $text-warning",
-            )
-        )
-    if peaks.busy:
-        out.append(
-            Content.styled(
-                "⚠ The calibration ran on a busy machine: the peaks are low, so the fractions are high. "
-                "Press c when the machine is quieter.",
-                "bold $text-warning",
-            )
-        )
-    return out
+    if contention is None or not contention.busy:
+        return None
+    return (
+        f"⚠ This turn ran on a busy machine ({contention.figures()}): "
+        "its times include waiting for a core, so the rates above are lower than the model's own."
+    )
+
+
+def _busy_calibration(peaks: Calibration) -> str | None:
+    if not peaks.busy:
+        return None
+    return (
+        "⚠ The calibration ran on a busy machine: the peaks are low, so the fractions are high. "
+        "Press c when the machine is quieter."
+    )
 
 
 def machine_line(peaks: Calibration) -> Content:
     """The peaks: each the median of several runs, with their range."""
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(peaks.measured_at))
-    if peaks.matmul_runs:
-        flops, reads = Spread.of(peaks.matmul_runs), Spread.of(peaks.bandwidth_runs)
-        spread = (
-            f"median of {flops.runs} runs · matmul {si(flops.low, 'FLOP/s')} to {si(flops.high, 'FLOP/s')}"
-            f" · bandwidth {human_bytes(reads.low)}/s to {human_bytes(reads.high)}/s"
-        )
-        if peaks.cpu_share is not None:
-            spread += f" · CPU share {peaks.cpu_share:.0%}"
-    else:
-        spread = "one run, saved before spreads were kept"
     return Content.assemble(
         ("machine ", "bold"),
         f"{peaks.device}, {peaks.dtype}, {peaks.threads} threads: peak matmul ",
@@ -242,7 +260,35 @@ def machine_line(peaks: Calibration) -> Content:
         (human_bytes(peaks.bandwidth_bytes_s) + "/s", "bold"),
         f" · balance {peaks.balance:,.1f} FLOP/B",
         "\n",
-        (f"  {spread} (measured {when}; c measures again)", "$text-warning" if peaks.busy else "$text-muted"),
+        (
+            f"  {_spread(peaks)} (measured {when}; c measures again)",
+            "$text-warning" if peaks.busy else "$text-muted",
+        ),
+    )
+
+
+def _spread(peaks: Calibration) -> str:
+    """The range of the calibration's runs."""
+    if not peaks.matmul_runs:
+        return "one run, saved before spreads were kept"
+    flops, reads = Spread.of(peaks.matmul_runs), Spread.of(peaks.bandwidth_runs)
+    spread = (
+        f"median of {flops.runs} runs · matmul {si(flops.low, 'FLOP/s')} to {si(flops.high, 'FLOP/s')}"
+        f" · bandwidth {human_bytes(reads.low)}/s to {human_bytes(reads.high)}/s"
+    )
+    if peaks.cpu_share is not None:
+        spread += f" · CPU share {peaks.cpu_share:.0%}"
+    return spread
+
+
+def model_line(s: ModelShape) -> Content:
+    """The work the model's shape sets per token: weights, bytes read per pass, K/V per token."""
+    return Content.assemble(
+        ("model ", "bold"),
+        f"P = {s.matmul_params:,} weights per token in {s.layers} layers ",
+        ("(2·P FLOPs per token)", "$text-muted"),
+        f" · LM head {s.head_params:,} · W = {human_bytes(s.streamed_weight_bytes)} "
+        f"read per pass · KV {s.kv_bytes_per_token:,} B/token",
     )
 
 
@@ -268,17 +314,8 @@ class PhasesScreen(InstrumentScreen):
 
     def on_mount(self) -> None:
         info = self.link.session.info
-        s = self.shape
         self.set_title_line(f"{info.name} · {info.precision} · {info.device}")
-        self.query_one("#model", Static).update(
-            Content.assemble(
-                ("model ", "bold"),
-                f"P = {s.matmul_params:,} weights per token in {s.layers} layers ",
-                ("(2·P FLOPs per token)", "$text-muted"),
-                f" · LM head {s.head_params:,} · W = {human_bytes(s.streamed_weight_bytes)} "
-                f"read per pass · KV {s.kv_bytes_per_token:,} B/token",
-            )
-        )
+        self.query_one("#model", Static).update(model_line(self.shape))
         self.peaks = phases.cached_calibration(info.device, phases.dtype_of(info.compute_dtype))
         if self.peaks is None:
             self.action_calibrate()
@@ -333,22 +370,8 @@ class PhasesScreen(InstrumentScreen):
         peaks = self.peaks
         if peaks is not None:
             self.query_one("#machine", Static).update(machine_line(peaks))
-        stats = self.link.last_stats
-        if stats is None:
-            self.query_one("#table", Static).update(
-                Content.styled(
-                    "No finished turn yet: send a prompt; this view fills in when the answer ends.",
-                    "$text-muted",
-                )
-            )
-            return
-        turn = turn_phases(self.shape, stats)
-        if turn.prefill is None and turn.decode is None:
-            self.query_one("#table", Static).update(
-                Content.styled(
-                    "The last turn had nothing to measure (no prefill, under two tokens).", "$text-muted"
-                )
-            )
+        turn = self._last_turn()
+        if turn is None:
             return
         self.query_one("#table", Static).update(Content("\n").join(measure_rows(turn, peaks)))
         if peaks is not None:
@@ -356,6 +379,18 @@ class PhasesScreen(InstrumentScreen):
             measures = [m for m in (turn.prefill, turn.decode) if m is not None]
             self.query_one("#roofline", Static).update(Content("\n").join(roofline(measures, peaks, width)))
             self.query_one("#verdict", Static).update(Content("\n").join(verdict(turn, peaks)))
+
+    def _last_turn(self) -> TurnPhases | None:
+        """The last turn's phases, or None (and the table says why) when there is nothing to measure."""
+        stats = self.link.last_stats
+        if stats is None:
+            why = "No finished turn yet: send a prompt; this view fills in when the answer ends."
+        elif (turn := turn_phases(self.shape, stats)).prefill is None and turn.decode is None:
+            why = "The last turn had nothing to measure (no prefill, under two tokens)."
+        else:
+            return turn
+        self.query_one("#table", Static).update(Content.styled(why, "$text-muted"))
+        return None
 
     def engine_said(self, event: Event) -> None:
         if isinstance(event, TurnFinished):

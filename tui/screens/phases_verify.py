@@ -11,7 +11,7 @@ from textual.content import Content
 
 from engine.events import TurnStats
 from engine.instruments.phases import ModelShape
-from engine.instruments.verify_cost import MeasuredRounds, verify_cost
+from engine.instruments.verify_cost import MeasuredRounds, VerifyCost, verify_cost
 from engine.speculative.speedup import PlainRun
 from tui.fmt import human_bytes, ms, si
 
@@ -33,12 +33,35 @@ def verify_lines(
     k = rounds.k if rounds is not None else k
     context = stats.prompt_tokens + stats.generated_tokens // 2 if stats and stats.prompt_tokens else 0
     cost = verify_cost(shape, k, context)
-    lines = [
+    return [
         Content.assemble(
             f"K = {k} drafts: one forward pass feeds the last token and the drafts, {k + 1} tokens, "
             f"at context {context:,}",
             (" (the last turn's mean)" if stats else " (no turn yet)", "$text-muted"),
         ),
+        *_cost_rows(cost, k),
+        _time_row(rounds, plain),
+        *_speculative_note(stats),
+        _why_it_pays(shape, k, cost.verify_bytes - cost.step_bytes),
+    ]
+
+
+def _speculative_note(stats: TurnStats | None) -> list[Content]:
+    """After a speculative answer: why the table times no plain decode step."""
+    if stats is None or stats.speculative is None:
+        return []
+    return [
+        Content.styled(
+            f"The last answer was speculative ({stats.speculative}): its tokens came a round at a time, "
+            "so the table above times no plain decode step; its verify passes are timed here.",
+            "$text-warning",
+        )
+    ]
+
+
+def _cost_rows(cost: VerifyCost, k: int) -> list[Content]:
+    """The counted rows: FLOPs and bytes of one decode step against one verify pass."""
+    return [
         _row("", "one decode step", f"verify pass ({k + 1} tokens)", "verify / step", style="bold"),
         _row("FLOPs", si(cost.step_flops, "FLOP"), si(cost.verify_flops, "FLOP"), f"{cost.flops_ratio:.2f}×"),
         _row(
@@ -47,29 +70,20 @@ def verify_lines(
             human_bytes(cost.verify_bytes),
             f"{cost.bytes_ratio:.4f}×",
         ),
-        _time_row(rounds, plain),
     ]
-    if stats is not None and stats.speculative is not None:
-        lines.append(
-            Content.styled(
-                f"The last answer was speculative ({stats.speculative}): its tokens came a round at a time, "
-                "so the table above times no plain decode step; its verify passes are timed here.",
-                "$text-warning",
-            )
-        )
-    extra = cost.verify_bytes - cost.step_bytes
-    lines.append(
-        Content.styled(
-            f"The weights (W = {human_bytes(shape.streamed_weight_bytes)}) are read once either way; the {k} "
-            f"extra tokens add {human_bytes(extra)} of K/V. Counted in bytes, checking {k} drafts is one "
-            "decode step: a step waits on its bytes, not its arithmetic, so the extra work rides along, and "
-            "each kept draft is a token without a step of its own. That is the reason speculation pays. "
-            "Where the measured ratio is well above 1, this machine does not run a few-row matmul at memory "
-            "speed (CPUs often do not): the pass then costs more than its bytes.",
-            "$text-muted",
-        )
+
+
+def _why_it_pays(shape: ModelShape, k: int, extra: int) -> Content:
+    """The lesson under the table: the weights are read once either way."""
+    return Content.styled(
+        f"The weights (W = {human_bytes(shape.streamed_weight_bytes)}) are read once either way; the {k} "
+        f"extra tokens add {human_bytes(extra)} of K/V. Counted in bytes, checking {k} drafts is one "
+        "decode step: a step waits on its bytes, not its arithmetic, so the extra work rides along, and "
+        "each kept draft is a token without a step of its own. That is the reason speculation pays. "
+        "Where the measured ratio is well above 1, this machine does not run a few-row matmul at memory "
+        "speed (CPUs often do not): the pass then costs more than its bytes.",
+        "$text-muted",
     )
-    return lines
 
 
 def _time_row(rounds: MeasuredRounds | None, plain: PlainRun | None) -> Content:

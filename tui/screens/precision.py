@@ -55,18 +55,16 @@ def intro(precision: str, sampling) -> str:
     )
 
 
+def _side_row(name: str, left: str, right: str) -> Content:
+    return Content.assemble((name.ljust(22), "bold"), left.rjust(18), right.rjust(18))
+
+
 def side_by_side(result: PrecisionComparison) -> list[Content]:
     a, b = result.reference, result.other
-    width = 18
-
-    def row(name: str, left: str, right: str) -> Content:
-        return Content.assemble((name.ljust(22), "bold"), left.rjust(width), right.rjust(width))
-
+    row = _side_row
     return [
         Content.assemble(
-            "".ljust(22),
-            (f"{a.precision} (reference)".rjust(width), "bold"),
-            (b.precision.rjust(width), "bold"),
+            "".ljust(22), (f"{a.precision} (reference)".rjust(18), "bold"), (b.precision.rjust(18), "bold")
         ),
         row("weights in memory", human_bytes(a.weight_bytes), human_bytes(b.weight_bytes)),
         row("KV cache per token", f"{a.kv_bytes_per_token:,} B", f"{b.kv_bytes_per_token:,} B"),
@@ -107,31 +105,30 @@ def agreement_lines(result: PrecisionComparison, piece) -> list[Content]:
             f"{max((s.kl for s in steps), default=0.0):.5f} nats",
         )
     ]
+    return [*lines, _first_divergence(result, piece)]
+
+
+def _first_divergence(result: PrecisionComparison, piece) -> Content:
+    """The first step where the other precision's top-1 is not the reference's token, if any."""
     first = result.first_divergence
     if first is None:
-        lines.append(
-            Content.assemble(
-                ("first divergent token ", "bold"),
-                (
-                    f"none: at every one of the {len(steps)} steps "
-                    f"the {result.other.precision} model would pick the same token",
-                    "$text-success",
-                ),
-            )
+        return Content.assemble(
+            ("first divergent token ", "bold"),
+            (
+                f"none: at every one of the {len(result.steps)} steps "
+                f"the {result.other.precision} model would pick the same token",
+                "$text-success",
+            ),
         )
-    else:
-        lines.append(
-            Content.assemble(
-                ("first divergent token ", "bold"),
-                f"step {first.step + 1}: {result.reference.precision} takes ",
-                (visible_piece(piece(first.token)), "bold"),
-                f" (p {first.ref_prob:.1%}); {result.other.precision} would take ",
-                (visible_piece(piece(first.other_top)), "bold $text-error"),
-                f" (it gave {visible_piece(piece(first.token))} "
-                f"p {first.other_prob:.1%}). A free-running {result.other.precision} answer parts ways here.",
-            )
-        )
-    return lines
+    return Content.assemble(
+        ("first divergent token ", "bold"),
+        f"step {first.step + 1}: {result.reference.precision} takes ",
+        (visible_piece(piece(first.token)), "bold"),
+        f" (p {first.ref_prob:.1%}); {result.other.precision} would take ",
+        (visible_piece(piece(first.other_top)), "bold $text-error"),
+        f" (it gave {visible_piece(piece(first.token))} "
+        f"p {first.other_prob:.1%}). A free-running {result.other.precision} answer parts ways here.",
+    )
 
 
 def step_chips(result: PrecisionComparison, piece) -> Content:
@@ -161,17 +158,19 @@ def budget_lines(info, gib: int = BUDGET_GIB) -> list[Content]:
     for shape, row in zip(shapes, rows):
         name = shape.name if len(shape.name) < NAME_WIDTH else shape.name[: NAME_WIDTH - 2] + "…"
         lines.append(Content.assemble((name.ljust(NAME_WIDTH), "bold"), *(cell.rjust(width) for cell in row)))
+    return [*lines, _budget_note(gib)]
+
+
+def _budget_note(gib: int) -> Content:
+    """How a cell is computed, and where the 7B and 70B configs come from."""
     others = "; ".join(f"{s.name}: {s.source}" for s in kv_budget.OTHERS)
-    lines.append(
-        Content.styled(
-            f"Each cell: bytes per token → tokens that fit. The first row is the loaded model. Bytes per "
-            f"token = 2 (K,V) × layers × kv heads × (head_dim × element bytes + scale: 4 B for int8); "
-            f"{gib} GiB ÷ that. The 7B and 70B rows are computed from this formula with the configs "
-            f"named, not measured ({others}).",
-            "$text-muted",
-        )
+    return Content.styled(
+        f"Each cell: bytes per token → tokens that fit. The first row is the loaded model. Bytes per "
+        f"token = 2 (K,V) × layers × kv heads × (head_dim × element bytes + scale: 4 B for int8); "
+        f"{gib} GiB ÷ that. The 7B and 70B rows are computed from this formula with the configs "
+        f"named, not measured ({others}).",
+        "$text-muted",
     )
-    return lines
 
 
 class PrecisionScreen(InstrumentScreen):
@@ -193,16 +192,8 @@ class PrecisionScreen(InstrumentScreen):
 
     def compose_body(self) -> ComposeResult:
         current = self.link.session.info.precision
-        others = [p for p in PRECISIONS if p != current]
-        default = "bf16" if "bf16" in others else others[0]
         yield Static(intro(current, self.link.session.sampling))
-        with Horizontal(id="controls"):
-            yield Label("second precision")
-            choices = [(p, p) for p in others] + KV_CHOICES
-            yield Select(choices, value=default, allow_blank=False, id="other", compact=True)
-            yield Label("  tokens")
-            yield Input(str(DEFAULT_TOKENS), id="tokens", type="integer", compact=True)
-            yield Button("Run (r)", id="run", variant="primary", compact=True)
+        yield from self._controls(current)
         yield Static(id="status", classes="muted")
         yield Static("Speed and memory", classes="section")
         yield Static(id="sides")
@@ -216,6 +207,18 @@ class PrecisionScreen(InstrumentScreen):
         title = f"Context that fits in {BUDGET_GIB} GiB of KV cache, by cache precision"
         yield Static(title, classes="section")
         yield Static(Content("\n").join(budget_lines(self.link.session.info)), id="budget")
+
+    def _controls(self, current: str) -> ComposeResult:
+        """The second precision (a weight precision or a KV cache one), the tokens to run, and Run."""
+        others = [p for p in PRECISIONS if p != current]
+        default = "bf16" if "bf16" in others else others[0]
+        with Horizontal(id="controls"):
+            yield Label("second precision")
+            choices = [(p, p) for p in others] + KV_CHOICES
+            yield Select(choices, value=default, allow_blank=False, id="other", compact=True)
+            yield Label("  tokens")
+            yield Input(str(DEFAULT_TOKENS), id="tokens", type="integer", compact=True)
+            yield Button("Run (r)", id="run", variant="primary", compact=True)
 
     def on_mount(self) -> None:
         options = getattr(self.app, "options", None)
@@ -236,11 +239,8 @@ class PrecisionScreen(InstrumentScreen):
     @on(Input.Submitted, "#tokens")
     def action_run(self) -> None:
         precision = self.query_one("#other", Select).value
-        try:
-            tokens = int(self.query_one("#tokens", Input).value)
-            if tokens < 1:
-                raise ValueError
-        except ValueError:
+        tokens = whole_at_least_1(self.query_one("#tokens", Input).value)
+        if tokens is None:
             self._status("✖ tokens must be a whole number of at least 1")
             return
         busy = getattr(self.app, "turns", None) is not None and self.app.turns.busy
@@ -253,16 +253,11 @@ class PrecisionScreen(InstrumentScreen):
         self.run_worker(self._run(str(precision), tokens), exclusive=True)
 
     async def _run(self, precision: str, tokens: int) -> None:
-        if precision.startswith(KV):
-            cache = precision.removeprefix(KV)
-
-            def compare(s):
-                return compare_turn_kv_cache(s, cache, tokens, self.cancel)
-        else:
-
-            def compare(s):
-                return compare_turn_at(s, precision, tokens, self.cancel)
-
+        compare = (
+            (lambda s: compare_turn_kv_cache(s, precision.removeprefix(KV), tokens, self.cancel))
+            if precision.startswith(KV)
+            else (lambda s: compare_turn_at(s, precision, tokens, self.cancel))
+        )
         try:
             result = await self.on_engine(self.link.engine.call(compare))
         except Exception as e:  # a precision this machine cannot load, or no turn yet
@@ -278,3 +273,11 @@ class PrecisionScreen(InstrumentScreen):
         self.query_one("#agreement", Static).update(Content("\n").join(agreement_lines(result, piece)))
         self.query_one("#chips", Static).update(step_chips(result, piece))
         self.set_title_line(f"{result.reference.precision} vs {result.other.precision}")
+
+
+def whole_at_least_1(text: str) -> int | None:
+    try:
+        number = int(text)
+    except ValueError:
+        return None
+    return number if number >= 1 else None

@@ -56,6 +56,14 @@ def speculation_choices(model: str) -> list[tuple[str, str]]:
     ]
 
 
+def drafters(choice: str | None, model: str) -> list[tuple[str, str]]:
+    """The drafters offered, with the one in use added where it is none of them (a path)."""
+    choices = speculation_choices(model)
+    if choice is not None and choice not in [value for _, value in choices]:
+        choices.append((plain_text(f"draft model: {choice}", one_line=True), choice))
+    return choices
+
+
 def draft_tokens_problem(text: str) -> str | None:
     text = text.strip()
     if not (text.isdigit() and 1 <= int(text) <= 8):
@@ -101,6 +109,18 @@ def describe_changes(old: SamplingSettings, new: SamplingSettings) -> str:
 def field_text(settings: SamplingSettings, name: str) -> str:
     value = getattr(settings, name)
     return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _choice(options: list[tuple[str, str]], value: str, id: str) -> Select:
+    """A compact drop-down that always holds a value."""
+    return Select(options, value=value, allow_blank=False, compact=True, id=id)
+
+
+def _problem(name: str) -> Static:
+    """The hidden line under a field that says what is wrong with its value."""
+    problem = Static("", id=f"{name}-error", classes="error", markup=False)
+    problem.display = False
+    return problem
 
 
 class SettingsScreen(ModalScreen[None]):
@@ -173,43 +193,36 @@ class SettingsScreen(ModalScreen[None]):
             # The theme sits high in the dialog, so its list opens inside the dialog on a small terminal.
             with Horizontal(classes="row"):
                 yield Label("Theme (remembered)")
-                yield Select(
-                    [(t, t) for t in self.themes],
-                    value=self.app.theme,
-                    allow_blank=False,
-                    compact=True,
-                    id="theme",
-                )
-            yield Static(self._sampling_heading(), classes="heading")
-            unsupported = self.server.unsupported_settings if self.server else ()
-            for name, label in FIELDS.items():
-                with Horizontal(classes="row"):
-                    yield Label(label + (" ✖ not supported by this server" if name in unsupported else ""))
-                    yield Input(field_text(self.sampling, name), id=name, compact=True, select_on_focus=True)
-                problem = Static("", id=f"{name}-error", classes="error", markup=False)
-                problem.display = False
-                yield problem
-            choice, k, model = self.speculation
-            choices = speculation_choices(model)
-            if choice is not None and choice not in [value for _, value in choices]:
-                choices.append((plain_text(f"draft model: {choice}", one_line=True), choice))  # a path
-            yield Static(
-                "Speculative decoding: a drafter proposes K tokens, the model checks them in one "
-                "forward pass (same answers at temperature 0); from the next answer on.",
-                classes="heading",
-            )
-            with Horizontal(classes="row"):
-                yield Label("Drafter")
-                yield Select(choices, value=choice or OFF, allow_blank=False, compact=True, id="speculative")
-            with Horizontal(classes="row"):
-                yield Label("Draft tokens K (1..8)")
-                yield Input(str(k), id="draft_tokens", compact=True, select_on_focus=True)
-            problem = Static("", id="draft_tokens-error", classes="error", markup=False)
-            problem.display = False
-            yield problem
+                yield _choice([(t, t) for t in self.themes], self.app.theme, "theme")
+            yield from self._sampling_fields()
+            yield from self._speculation_fields()
             with Horizontal(id="buttons"):
                 yield Button("Apply  ^s", id="apply", variant="primary")
                 yield Button("Close  esc", id="close")
+
+    def _sampling_fields(self):
+        yield Static(self._sampling_heading(), classes="heading")
+        unsupported = self.server.unsupported_settings if self.server else ()
+        for name, label in FIELDS.items():
+            with Horizontal(classes="row"):
+                yield Label(label + (" ✖ not supported by this server" if name in unsupported else ""))
+                yield Input(field_text(self.sampling, name), id=name, compact=True, select_on_focus=True)
+            yield _problem(name)
+
+    def _speculation_fields(self):
+        choice, k, model = self.speculation
+        yield Static(
+            "Speculative decoding: a drafter proposes K tokens, the model checks them in one "
+            "forward pass (same answers at temperature 0); from the next answer on.",
+            classes="heading",
+        )
+        with Horizontal(classes="row"):
+            yield Label("Drafter")
+            yield _choice(drafters(choice, model), choice or OFF, "speculative")
+        with Horizontal(classes="row"):
+            yield Label("Draft tokens K (1..8)")
+            yield Input(str(k), id="draft_tokens", compact=True, select_on_focus=True)
+        yield _problem("draft_tokens")
 
     def _precision_choice(self):
         yield Static(
@@ -219,14 +232,11 @@ class SettingsScreen(ModalScreen[None]):
         )
         with Horizontal(classes="row"):
             yield Label("Precision")
-            yield Select(
-                [(p, p) for p in PRECISIONS],
-                value=self.precision,
-                allow_blank=False,
-                compact=True,
-                id="precision",
-            )
+            yield _choice([(p, p) for p in PRECISIONS], self.precision, "precision")
         yield Static(self._precision_note(self.precision), id="precision-note", classes="hint")
+        yield from self._kv_cache_choice()
+
+    def _kv_cache_choice(self):
         yield Static(
             "KV cache precision: what the cache stores (int8: one scale per token and head); from "
             "the next turn, which prefills the conversation again. F8 compares it with fp32.",
@@ -234,13 +244,8 @@ class SettingsScreen(ModalScreen[None]):
         )
         with Horizontal(classes="row"):
             yield Label("KV cache")
-            yield Select(
-                [(p, p) for p in KV_CACHE_CHOICES],
-                value=self.kv_cache if self.kv_cache in KV_CACHE_CHOICES else KV_CACHE_CHOICES[0],
-                allow_blank=False,
-                compact=True,
-                id="kv_cache",
-            )
+            kv_cache = self.kv_cache if self.kv_cache in KV_CACHE_CHOICES else KV_CACHE_CHOICES[0]
+            yield _choice([(p, p) for p in KV_CACHE_CHOICES], kv_cache, "kv_cache")
 
     def _server_precision(self):
         weights = self.server.quantization or "not reported"  # the server's words: text, not markup
@@ -338,6 +343,17 @@ class SettingsScreen(ModalScreen[None]):
 
     def _apply(self) -> bool:
         """Apply every field if all are valid; otherwise show each problem and change nothing."""
+        values = self._valid_fields()
+        if not (self._apply_speculation() and values is not None):
+            return False
+        settings = replace(self.sampling, **values)
+        if settings != self.sampling:
+            self.sampling = settings
+            self.post_message(self.SamplingApplied(settings))
+        return True
+
+    def _valid_fields(self) -> dict[str, Any] | None:
+        """Every sampling field's value, or None when one is wrong (each problem is shown)."""
         values, ok = {}, True
         for name in FIELDS:
             text = self.query_one(f"#{name}", Input).value
@@ -347,11 +363,4 @@ class SettingsScreen(ModalScreen[None]):
                 ok = False
             else:
                 values[name] = parse_field(name, text)
-        ok = self._apply_speculation() and ok
-        if not ok:
-            return False
-        settings = replace(self.sampling, **values)
-        if settings != self.sampling:
-            self.sampling = settings
-            self.post_message(self.SamplingApplied(settings))
-        return True
+        return values if ok else None

@@ -44,12 +44,6 @@ def cell(stage: Stage, token: int, removed_before: bool) -> tuple[str, str]:
 
 def table(stages: SamplerStages, rows: int = 12) -> list[Content]:
     """Rows: the most probable tokens (model's first, then any later stage's); columns: the stages."""
-    order: list[tuple[int, str]] = []
-    for stage in stages.stages:
-        for c in stage.top:
-            if all(c.id != i for i, _ in order):
-                order.append((c.id, c.piece))
-    order = order[:rows]
     head = Content.assemble(
         ("token".ljust(PIECE_WIDTH), "bold"),
         *(
@@ -60,39 +54,36 @@ def table(stages: SamplerStages, rows: int = 12) -> list[Content]:
             for s in stages.stages
         ),
     )
-    lines = [head]
-    for token, piece in order:
-        parts: list = [(visible_piece(piece)[: PIECE_WIDTH - 1].ljust(PIECE_WIDTH), "")]
-        gone = False
-        for stage in stages.stages:
-            text, style = cell(stage, token, gone)
-            gone = gone or text.startswith("✗")
-            parts.append((text.rjust(COLUMN), style))
-        lines.append(Content.assemble(*parts))
     kept = Content.assemble(
         ("kept".ljust(PIECE_WIDTH), "bold"), *((f"{s.kept:,}".rjust(COLUMN), "") for s in stages.stages)
     )
-    return [*lines, kept]
+    return [head, *(_token_row(stages, token, piece) for token, piece in _tokens(stages)[:rows]), kept]
+
+
+def _tokens(stages: SamplerStages) -> list[tuple[int, str]]:
+    """Each stage's top tokens in order of first appearance, the model's first."""
+    order: list[tuple[int, str]] = []
+    for stage in stages.stages:
+        for c in stage.top:
+            if all(c.id != i for i, _ in order):
+                order.append((c.id, c.piece))
+    return order
+
+
+def _token_row(stages: SamplerStages, token: int, piece: str) -> Content:
+    """A token's probability after each stage, ✗ from the stage that removed it."""
+    parts: list = [(visible_piece(piece)[: PIECE_WIDTH - 1].ljust(PIECE_WIDTH), "")]
+    gone = False
+    for stage in stages.stages:
+        text, style = cell(stage, token, gone)
+        gone = gone or text.startswith("✗")
+        parts.append((text.rjust(COLUMN), style))
+    return Content.assemble(*parts)
 
 
 def stage_lines(stages: SamplerStages) -> list[Content]:
     """One line per stage: its setting, whether it did anything, what it removed."""
-    lines = []
-    for stage in stages.stages[1:]:
-        if not stage.active:
-            lines.append(
-                Content.styled(
-                    f"{stage.name:<19}{stage.setting}: off, the distribution passes unchanged", "$text-muted"
-                )
-            )
-            continue
-        removed = ", ".join(f"{visible_piece(c.piece)} {c.prob:.2%}" for c in stage.removed_top[:5])
-        what = f"removed {stage.removed:,} tokens" + (f" (the likeliest: {removed})" if removed else "")
-        if stage.removed == 0:
-            what = "reshaped the probabilities, removed none"
-        lines.append(
-            Content.assemble((f"{stage.name:<19}", "bold"), f"{stage.setting}: {what}; {stage.kept:,} left")
-        )
+    lines = [_stage_line(stage) for stage in stages.stages[1:]]
     final = stages.final.top[0] if stages.final.top else None
     if final is not None:
         verdict = "takes the most probable" if stages.greedy else "draws from the last column"
@@ -103,6 +94,29 @@ def stage_lines(stages: SamplerStages) -> list[Content]:
             )
         )
     return lines
+
+
+def _stage_line(stage: Stage) -> Content:
+    if not stage.active:
+        return Content.styled(
+            f"{stage.name:<19}{stage.setting}: off, the distribution passes unchanged", "$text-muted"
+        )
+    removed = ", ".join(f"{visible_piece(c.piece)} {c.prob:.2%}" for c in stage.removed_top[:5])
+    what = f"removed {stage.removed:,} tokens" + (f" (the likeliest: {removed})" if removed else "")
+    if stage.removed == 0:
+        what = "reshaped the probabilities, removed none"
+    return Content.assemble((f"{stage.name:<19}", "bold"), f"{stage.setting}: {what}; {stage.kept:,} left")
+
+
+def recomputed_at(answer: AnswerRef, step: int, settings) -> str:
+    """Which step is shown, and the settings it was recomputed at (today's, not the answer's)."""
+    return (
+        f"step {step + 1} of {answer.label} ({len(answer.trace)} steps), recomputed at the current "
+        "settings "
+        f"(T {settings.temperature:g}, top-k {settings.top_k}, top-p {settings.top_p:g}, "
+        f"min-p {settings.min_p:g}, penalty {settings.repetition_penalty:g})  ← → other steps · "
+        "[ ] other answers"
+    )
 
 
 class StagesScreen(InstrumentScreen):
@@ -138,12 +152,7 @@ class StagesScreen(InstrumentScreen):
     def load(self) -> None:
         session = self.link.session
         if self.step is None and self.answer is None and session.step_gate.pending is not None:
-            pending = session.step_gate.pending
-            self.pending = True
-            self.show(
-                pending_stages(session),
-                f"the step waiting in step mode: step {pending.index + 1}, from its own logits",
-            )
+            self._show_pending()
             return
         if self.answer is None:
             refs = answers(session)
@@ -157,17 +166,24 @@ class StagesScreen(InstrumentScreen):
             self.step = len(self.answer.trace) - 1
         self._recompute_shown()
 
+    def _show_pending(self) -> None:
+        """The step waiting in step mode, from its own logits (no forward pass needed)."""
+        session = self.link.session
+        self.pending = True
+        where = (
+            f"the step waiting in step mode: step {session.step_gate.pending.index + 1}, from its own logits"
+        )
+        self.show(pending_stages(session), where)
+
     def _recompute_shown(self) -> None:
         answer, step = self.answer, self.step
         where = f"step {step + 1} of {answer.label} ({len(answer.trace)} steps)"
         if self.link.app.turns.busy:  # engine.call queues behind the answer being written
-            self.query_one("#source", Static).update(
-                Content.styled(
-                    f"{where}: recomputing it needs the model, which is busy answering; it runs as soon as "
-                    "the answer ends (Esc in the chat stops it; F3 step mode shows a waiting step at once).",
-                    "$text-warning",
-                )
+            why = (
+                f"{where}: recomputing it needs the model, which is busy answering; it runs as soon as "
+                "the answer ends (Esc in the chat stops it; F3 step mode shows a waiting step at once)."
             )
+            self.query_one("#source", Static).update(Content.styled(why, "$text-warning"))
         else:
             self.query_one("#source", Static).update(f"recomputing {where} on the inference thread…")
         self.run_worker(self._recompute(answer, step), exclusive=True)
@@ -205,15 +221,7 @@ class StagesScreen(InstrumentScreen):
         except Exception as e:  # the engine said why (e.g. no such step)
             self.query_one("#source", Static).update(plain_text(f"✖ {e}"))
             return
-        settings = self.link.session.sampling
-        self.show(
-            stages,
-            f"step {step + 1} of {answer.label} ({len(answer.trace)} steps), recomputed at the current "
-            "settings "
-            f"(T {settings.temperature:g}, top-k {settings.top_k}, top-p {settings.top_p:g}, "
-            f"min-p {settings.min_p:g}, penalty {settings.repetition_penalty:g})  ← → other steps · "
-            "[ ] other answers",
-        )
+        self.show(stages, recomputed_at(answer, step, self.link.session.sampling))
 
     def show(self, stages: SamplerStages, source: str) -> None:
         self.stages = stages

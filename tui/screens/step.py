@@ -39,6 +39,33 @@ def marks_of(event: StepPaused) -> dict[int, str]:
     return {event.sampled.id: "◀ sampled", event.greedy.id: "◀ greedy"}
 
 
+def waiting_line(event: StepPaused) -> Content:
+    """The waiting step: where it is, what the sampler drew, and what greedy would take."""
+    s, g = event.sampled, event.greedy
+    return Content.assemble(
+        ("step ", "bold"),
+        f"{event.index + 1}",
+        (" · KV position ", "bold"),
+        f"{event.position}",
+        " · ",
+        ("the sampler drew ", "bold"),
+        f"{visible_piece(s.piece)} ({s.prob:.1%})",
+        " · ",
+        ("greedy would take ", "bold"),
+        f"{visible_piece(g.piece)} ({g.prob:.1%})",
+    )
+
+
+def held_back(steps: list) -> list[str]:
+    """The pieces of the last steps that add no text yet: they hold part of a UTF-8 character."""
+    held: list[str] = []
+    for step in reversed(steps):
+        if step.text:
+            break
+        held.insert(0, visible_piece(step.piece))
+    return held
+
+
 class StepScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     StepScreen { align: center top; }
@@ -83,23 +110,9 @@ class StepScreen(ModalScreen[None]):
     def show(self, event: StepPaused) -> None:
         self.event, self.waiting = event, True
         self._so_far()
-        s, g = event.sampled, event.greedy
-        self.query_one("#state", Static).update(
-            Content.assemble(
-                ("step ", "bold"),
-                f"{event.index + 1}",
-                (" · KV position ", "bold"),
-                f"{event.position}",
-                " · ",
-                ("the sampler drew ", "bold"),
-                f"{visible_piece(s.piece)} ({s.prob:.1%})",
-                " · ",
-                ("greedy would take ", "bold"),
-                f"{visible_piece(g.piece)} ({g.prob:.1%})",
-            )
-        )
+        self.query_one("#state", Static).update(waiting_line(event))
         candidates = candidates_of(event)
-        cursor = next((i for i, c in enumerate(candidates) if c.id == s.id), 0)
+        cursor = next((i for i, c in enumerate(candidates) if c.id == event.sampled.id), 0)
         self.query_one(AlternativesList).set_candidates(candidates, marks_of(event), cursor)
 
     def _so_far(self) -> None:
@@ -109,11 +122,7 @@ class StepScreen(ModalScreen[None]):
         """
         trace = self.link.session.trace
         steps = list(trace.steps) if trace is not None else []
-        held: list[str] = []
-        for step in reversed(steps):
-            if step.text:
-                break
-            held.insert(0, visible_piece(step.piece))
+        held = held_back(steps)
         text = "".join(step.text for step in steps).replace("\n", " ↵ ")
         tail = text[-max(20, self.size.width - 40) :]
         parts: list = [("answer so far ", "bold"), repr(tail) if tail else "(no text yet)"]
@@ -133,14 +142,9 @@ class StepScreen(ModalScreen[None]):
             return
         self.waiting = False
         self.link.answer_note(f"step mode: token {self.event.index + 1} taken; the model computes the next…")
-        piece = self.link.session.namer.piece(draw.id)
-        self.query_one("#state", Static).update(
-            Content.assemble(
-                ("took ", "bold"),
-                visible_piece(piece),
-                (" · the model is computing the next step…", "$text-muted"),
-            )
-        )
+        piece = visible_piece(self.link.session.namer.piece(draw.id))
+        computing = (" · the model is computing the next step…", "$text-muted")
+        self.query_one("#state", Static).update(Content.assemble(("took ", "bold"), piece, computing))
 
     def action_take_sampled(self) -> None:
         self._take(None)

@@ -77,22 +77,38 @@ def template_content(view: TokenizerView, specials: list[str]) -> Content:
         if specials
         else None
     )
-
-    def styled(text: str, base: str) -> list:
-        text = visible_controls(text)  # a server's template, the conversation's words: shown, never obeyed
-        if pattern is None:
-            return [(text, base)]
-        out, at = [], 0
-        for m in pattern.finditer(text):
-            out += [(text[at : m.start()], base), (m.group(), SPECIAL)]
-            at = m.end()
-        return [*out, (text[at:], base)]
-
-    parts = styled(cached, "$text-muted")
+    parts = _specials_marked(cached, "$text-muted", pattern)
     if view.reused:
         parts.append(BOUNDARY)
-    parts += styled(view.template[len(cached) :], "")
+    parts += _specials_marked(view.template[len(cached) :], "", pattern)
     return Content.assemble(*parts)
+
+
+def _specials_marked(text: str, base: str, pattern: re.Pattern | None) -> list:
+    """`text` in the `base` style with each special token (a match of `pattern`) highlighted."""
+    text = visible_controls(text)  # a server's template, the conversation's words: shown, never obeyed
+    if pattern is None:
+        return [(text, base)]
+    out, at = [], 0
+    for m in pattern.finditer(text):
+        out += [(text[at : m.start()], base), (m.group(), SPECIAL)]
+        at = m.end()
+    return [*out, (text[at:], base)]
+
+
+def token_sources(view: TokenizerView, label: str) -> Content:
+    """The turn's tokens by where they came from: cached, prefilled, generated."""
+    return Content.assemble(
+        ("prompt ", "bold"),
+        f"{count(view.prompt_tokens, 'token')}: ",
+        (f"{view.reused} cached", SOURCE_STYLES["cached"][0]),
+        " + ",
+        (f"{view.prefilled} prefilled", SOURCE_STYLES["prefilled"][0]),
+        " · ",
+        ("answer ", "bold"),
+        (f"{view.generated} generated", SOURCE_STYLES["generated"][0]),
+        f" · {len(view.pieces)} tokens in all ({label})",
+    )
 
 
 def span_label(span: Span) -> str:
@@ -104,19 +120,17 @@ def span_label(span: Span) -> str:
     return "system" if span.role == "system" else "answer (as generated)"
 
 
+SPAN_HEAD = Content.assemble(
+    ("message".ljust(22), "bold"),
+    ("tokens".rjust(8), "bold"),
+    ("characters".rjust(12), "bold"),
+    ("chars/token".rjust(13), "bold"),
+)
+
+
 def span_lines(view: TokenizerView) -> list[Content]:
-    lines = [
-        Content.assemble(
-            ("message".ljust(22), "bold"),
-            ("tokens".rjust(8), "bold"),
-            ("characters".rjust(12), "bold"),
-            ("chars/token".rjust(13), "bold"),
-        )
-    ]
-    for span in view.spans:
-        cost = view.span_cost(span)
-        per = f"{cost.chars_per_token:.2f}" if cost.tokens else "–"
-        lines.append(Content(f"{span_label(span):<22}{span.tokens:>8}{cost.characters:>12}{per:>13}"))
+    lines = [SPAN_HEAD]
+    lines += [_span_line(view, span) for span in view.spans]
     if any(span.default for span in view.spans):
         lines.append(
             Content.styled(
@@ -126,6 +140,12 @@ def span_lines(view: TokenizerView) -> list[Content]:
             )
         )
     return lines
+
+
+def _span_line(view: TokenizerView, span: Span) -> Content:
+    cost = view.span_cost(span)
+    per = f"{cost.chars_per_token:.2f}" if cost.tokens else "–"
+    return Content(f"{span_label(span):<22}{span.tokens:>8}{cost.characters:>12}{per:>13}")
 
 
 def cost_lines(cost: TextCost) -> Content:
@@ -217,12 +237,8 @@ class TokenizerScreen(InstrumentScreen):
             refs = answers(session)
             answer = refs[-1] if refs else None
         if answer is None:
-            self.query_one("#summary", Static).update(
-                Content.styled(
-                    "No turn yet: send a prompt to see it as the model does. The cost comparison works now.",
-                    "$text-muted",
-                )
-            )
+            no_turn = "No turn yet: send a prompt to see it as the model does. The cost comparison works now."
+            self.query_one("#summary", Static).update(Content.styled(no_turn, "$text-muted"))
             return
         if self.server is not None:
             self._server_turn(answer)
@@ -237,15 +253,7 @@ class TokenizerScreen(InstrumentScreen):
         self.set_title_line(label)
         self.query_one("#summary", Static).update(
             Content.assemble(
-                ("prompt ", "bold"),
-                f"{count(view.prompt_tokens, 'token')}: ",
-                (f"{view.reused} cached", SOURCE_STYLES["cached"][0]),
-                " + ",
-                (f"{view.prefilled} prefilled", SOURCE_STYLES["prefilled"][0]),
-                " · ",
-                ("answer ", "bold"),
-                (f"{view.generated} generated", SOURCE_STYLES["generated"][0]),
-                f" · {len(view.pieces)} tokens in all ({label})",
+                token_sources(view, label),
                 *self._source_line(),
                 *((f"\n{note}", "$text-muted") for note in notes),
             )

@@ -58,26 +58,25 @@ class AlternativesList(Widget):
         top = max(c.prob for c in self.candidates) or 1.0
         mark_width = max((len(m) for m in self.marks.values()), default=0)
         bar_width = max(4, min(40, self.content_size.width - PIECE_WIDTH - ID_WIDTH - mark_width - 18))
-        lines = []
-        for row, c in enumerate(self.candidates):
-            here = row == self.cursor
-            click = f" @click={self.action.format(row)}"
-            filled = round(bar_width * c.prob / top)
-            mark = self.marks.get(c.id if c.id is not None else c.piece, "")
-            lines.append(
-                Content.assemble(
-                    ("›" if here else " ", "bold $accent" + click),
-                    (f"{row + 1:>2} ", ("bold $accent" if here else "$text-muted") + click),
-                    (
-                        visible_piece(c.piece)[:PIECE_WIDTH].ljust(PIECE_WIDTH),
-                        ("reverse bold" if here else "") + click,
-                    ),
-                    " ",
-                    (subscript(c.id).ljust(ID_WIDTH), "$text-muted" + click),
-                    (f"{c.prob:7.2%} ", click),
-                    ("█" * filled, prob_color(c.prob) + click),
-                    " " * (bar_width - filled),
-                    (f" {mark}", "bold $text-accent"),
-                )
-            )
-        return Content("\n").join(lines)
+        return Content("\n").join(self._row(row, c, top, bar_width) for row, c in enumerate(self.candidates))
+
+    def _row(self, row: int, c: Candidate, top: float, bar_width: int) -> Content:
+        """One candidate, clickable: cursor, rank, piece, id, probability, bar, and its mark."""
+        here = row == self.cursor
+        click = f" @click={self.action.format(row)}"
+        filled = round(bar_width * c.prob / top)
+        mark = self.marks.get(c.id if c.id is not None else c.piece, "")
+        return Content.assemble(
+            ("›" if here else " ", "bold $accent" + click),
+            (f"{row + 1:>2} ", ("bold $accent" if here else "$text-muted") + click),
+            (
+                visible_piece(c.piece)[:PIECE_WIDTH].ljust(PIECE_WIDTH),
+                ("reverse bold" if here else "") + click,
+            ),
+            " ",
+            (subscript(c.id).ljust(ID_WIDTH), "$text-muted" + click),
+            (f"{c.prob:7.2%} ", click),
+            ("█" * filled, prob_color(c.prob) + click),
+            " " * (bar_width - filled),
+            (f" {mark}", "bold $text-accent"),
+        )

@@ -47,17 +47,24 @@ def bar_chart(
         Content.assemble(" " * axis, " ", *((t.center(width), "$text-muted" if t else "") for t in texts))
     ]
     levels = [bar_levels(v, top, height) if v is not None else None for v in values]
-    bar = max(1, width - 2)
     for row in range(height):
         tick = fmt(top) if row == 0 and top > 0 else ""
-        parts: list = [(tick.rjust(axis) + "┤" if tick else " " * axis + "│", "$text-muted")]
-        for level in levels:
-            if level is None:
-                cell = ("·" if row == height - 1 else " ").center(width)
-                parts.append((cell, "$text-muted"))
-            else:
-                parts.append((" " + EIGHTHS[level[row]] * bar + " " * (width - bar - 1), style))
-        lines.append(Content.assemble(*parts))
+        lines.append(_bar_row(levels, row, height, tick, axis, width, style))
     lines.append(Content.styled("0".rjust(axis) + "└" + "─" * (width * len(values)), "$text-muted"))
     lines.append(Content.assemble(" " * axis, " ", *(label.center(width) for label in labels)))
     return lines
+
+
+def _bar_row(
+    levels: list[list[int] | None], row: int, height: int, tick: str, axis: int, width: int, style: str
+) -> Content:
+    """One row of the chart: the axis (with its tick on the top row), then each column's slice of its bar."""
+    bar = max(1, width - 2)
+    parts: list = [(tick.rjust(axis) + "┤" if tick else " " * axis + "│", "$text-muted")]
+    for level in levels:
+        if level is None:
+            cell = ("·" if row == height - 1 else " ").center(width)
+            parts.append((cell, "$text-muted"))
+        else:
+            parts.append((" " + EIGHTHS[level[row]] * bar + " " * (width - bar - 1), style))
+    return Content.assemble(*parts)

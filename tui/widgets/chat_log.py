@@ -353,11 +353,7 @@ class ChatLog(VerticalScroll):
         self, heading: str, messages: Sequence[SavedMessage], focus: int | None = None
     ) -> None:
         """Redraw the log as `messages`; prompts still waiting to be answered stay below them."""
-        keep = {answer for answer in self._waiting} | {
-            a.prompt for a in self._waiting if a.prompt is not None
-        }
-        if self._unanswered is not None:
-            keep.add(self._unanswered)
+        keep = self._still_waiting()
         self.current = None
         await self.remove_children([child for child in self.children if child not in keep])
         widgets = [Static(heading, classes="note", markup=False), *self._history_widgets(messages)]
@@ -369,6 +365,15 @@ class ChatLog(VerticalScroll):
         else:
             self.scroll_end(animate=False)
             self.anchor()
+
+    def _still_waiting(self) -> set[ChatMessage]:
+        """The prompts not answered yet and their placeholders: a redraw keeps them."""
+        keep = {answer for answer in self._waiting} | {
+            a.prompt for a in self._waiting if a.prompt is not None
+        }
+        if self._unanswered is not None:
+            keep.add(self._unanswered)
+        return keep
 
     @staticmethod
     def _history_widgets(messages: Iterable[SavedMessage]) -> list[ChatMessage]:

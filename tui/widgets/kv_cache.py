@@ -168,26 +168,13 @@ class KVCachePanel(Widget):
         info, cache = self.info, self.cache
         used = cache.tokens if cache else None
         capacity = cache.capacity if cache else info.window
-        if used is not None and capacity:
-            top = Content.assemble(gauge(used, capacity), f" {used / capacity:.1%} of the window")
-        else:
-            top = Content.styled("the window's use: not reported by the server", "$text-muted")
         tokens = "not reported" if used is None else f"{used:,}"
         window = f" / {capacity:,}" if capacity else ""
-        per_token = info.kv_bytes_per_token
-        if per_token and used is not None:
-            total = Content.assemble(
-                ("formula ", "bold"), f"{used:,} × {per_token:,} B = {human_bytes(used * per_token)}"
-            )
-        else:
-            total = Content.styled("bytes: held by the server, not reported", "$text-muted")
         return [
-            top,
+            _server_gauge(used, capacity),
             Content.assemble(("tokens ", "bold"), f"{tokens}{window} on the server (this chat)"),
-            total,
-            Content.assemble(("per token ", "bold"), short_formula(info))
-            if per_token
-            else Content.styled("per token: the model's shape is not reported", "$text-muted"),
+            _server_total(used, info.kv_bytes_per_token),
+            _per_token_line(info),
             self._server_fill_line(),
             self._turn_line(),
         ]
@@ -214,16 +201,8 @@ class KVCachePanel(Widget):
         ]
 
     def _turn_line(self) -> Content:
-        if self.resumed and self.cache is not None and self.cache.tokens:
-            return Content.styled(
-                f"resumed from disk: next turn reuses {self.cache.tokens:,} tokens", "$text-success"
-            )
-        if self.resumed:
-            return Content.styled("resumed: the next turn prefills the history", "$text-warning")
-        if self.fresh and self.info is not None and self.info.server is not None:
-            return Content.styled("next turn: the server's prefix cache decides the reuse", "$text-muted")
-        if self.fresh:
-            return Content.styled("new cache: the next turn prefills the whole conversation", "$text-warning")
+        if self.resumed or self.fresh:
+            return self._next_turn_line()
         if self.turn is None:
             return Content.styled("this turn: –", "$text-muted")
         if self.turn.reused is None:
@@ -234,3 +213,38 @@ class KVCachePanel(Widget):
             " · ",
             (f"{self.turn.tokens:,} newly prefilled", "$text-warning"),
         )
+
+    def _next_turn_line(self) -> Content:
+        """Before the first turn on a resumed or a new cache: what the next turn will reuse."""
+        if self.resumed and self.cache is not None and self.cache.tokens:
+            return Content.styled(
+                f"resumed from disk: next turn reuses {self.cache.tokens:,} tokens", "$text-success"
+            )
+        if self.resumed:
+            return Content.styled("resumed: the next turn prefills the history", "$text-warning")
+        if self.info is not None and self.info.server is not None:
+            return Content.styled("next turn: the server's prefix cache decides the reuse", "$text-muted")
+        return Content.styled("new cache: the next turn prefills the whole conversation", "$text-warning")
+
+
+def _server_gauge(used: int | None, capacity: int | None) -> Content:
+    """The share of the window this chat holds on the server, where the server says."""
+    if used is not None and capacity:
+        return Content.assemble(gauge(used, capacity), f" {used / capacity:.1%} of the window")
+    return Content.styled("the window's use: not reported by the server", "$text-muted")
+
+
+def _server_total(used: int | None, per_token: int | None) -> Content:
+    """The cache's bytes by the formula, where the server says the tokens and the shape is known."""
+    if per_token and used is not None:
+        return Content.assemble(
+            ("formula ", "bold"), f"{used:,} × {per_token:,} B = {human_bytes(used * per_token)}"
+        )
+    return Content.styled("bytes: held by the server, not reported", "$text-muted")
+
+
+def _per_token_line(info: ModelInfo) -> Content:
+    """The bytes a token's K and V take, where the server reports the model's shape."""
+    if info.kv_bytes_per_token:
+        return Content.assemble(("per token ", "bold"), short_formula(info))
+    return Content.styled("per token: the model's shape is not reported", "$text-muted")

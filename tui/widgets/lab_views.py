@@ -52,27 +52,24 @@ def timeline_lines(views: Sequence[RequestView], clock: float, width: int = 40) 
         ],
         (f"(bar: 0 to {ms(clock)} on the lab's clock)", "$text-muted"),
     )
-    lines = [legend]
-    for v in views:
-        cells: list = []
-        for i in range(width):
-            state = state_at(v, (i + 0.5) / width * clock) if clock > 0 else None
-            mark, style = STATE_MARKS.get(state, (" ", "")) if state else (" ", "")
-            cells.append((mark, style))
-        ttft = ms(v.ttft_s) if v.ttft_s is not None else "–"
-        itl = ms(v.itl_p50_s) if v.itl_p50_s is not None else "–"
-        preempted = f"  preempted ×{v.preemptions}" if v.preemptions else ""
-        lines.append(
-            Content.assemble(
-                (f"#{v.id:<2}{v.prompt_tokens:>4} tok ", "bold"),
-                "▕",
-                *cells,
-                "▏ ",
-                (f"{v.state:<9}", STATE_MARKS[v.state][1] or "$text-muted"),
-                f"{v.generated:>3}/{v.max_new:<3}TTFT {ttft:>8} ITL {itl:>8}{preempted}",
-            )
-        )
-    return lines
+    return [legend, *(_request_line(v, clock, width) for v in views)]
+
+
+def _request_line(v: RequestView, clock: float, width: int) -> Content:
+    """A request's states over the lab's clock as a bar, then its state now and its times."""
+    states = [state_at(v, (i + 0.5) / width * clock) if clock > 0 else None for i in range(width)]
+    cells = [STATE_MARKS.get(state, (" ", "")) if state else (" ", "") for state in states]
+    ttft = ms(v.ttft_s) if v.ttft_s is not None else "–"
+    itl = ms(v.itl_p50_s) if v.itl_p50_s is not None else "–"
+    preempted = f"  preempted ×{v.preemptions}" if v.preemptions else ""
+    return Content.assemble(
+        (f"#{v.id:<2}{v.prompt_tokens:>4} tok ", "bold"),
+        "▕",
+        *cells,
+        "▏ ",
+        (f"{v.state:<9}", STATE_MARKS[v.state][1] or "$text-muted"),
+        f"{v.generated:>3}/{v.max_new:<3}TTFT {ttft:>8} ITL {itl:>8}{preempted}",
+    )
 
 
 def block_map(
@@ -80,29 +77,24 @@ def block_map(
 ) -> list[Content]:
     """One cell per block: the owning request's mark (its id in base 36), or · when free. A pool
     larger than `max_rows` rows shows those and counts the rest."""
-    owner: dict[int, int] = {}
-    for v in views:
-        for block in v.blocks:
-            owner[block] = v.id
+    owner = {block: v.id for v in views for block in v.blocks}
     shown = min(num_blocks, per_row * max_rows)
     rows = []
     for start in range(0, shown, per_row):
-        cells = []
-        for block in range(start, min(num_blocks, start + per_row)):
-            rid = owner.get(block)
-            if rid is None:
-                cells.append(("·", "$text-muted"))
-            else:
-                cells.append(
-                    (OWNER_MARKS[rid % len(OWNER_MARKS)], f"bold {OWNER_STYLES[rid % len(OWNER_STYLES)]}")
-                )
+        cells = [_owner_mark(owner.get(block)) for block in range(start, min(num_blocks, start + per_row))]
         rows.append(Content.assemble((f"{start:>4} ", "$text-muted"), *cells))
     if shown < num_blocks:
         held = sum(1 for block in owner if block >= shown)
-        rows.append(
-            Content.styled(f"     … {num_blocks - shown:,} more blocks, {held} of them held", "$text-muted")
-        )
+        more = f"     … {num_blocks - shown:,} more blocks, {held} of them held"
+        rows.append(Content.styled(more, "$text-muted"))
     return rows
+
+
+def _owner_mark(rid: int | None) -> tuple[str, str]:
+    """A block's cell: its owner's id in base 36 in the owner's colour, or · when free."""
+    if rid is None:
+        return ("·", "$text-muted")
+    return (OWNER_MARKS[rid % len(OWNER_MARKS)], f"bold {OWNER_STYLES[rid % len(OWNER_STYLES)]}")
 
 
 def pool_lines(
@@ -132,25 +124,26 @@ def pool_lines(
 
 
 def step_lines(steps: Sequence[tuple[StepRecord, float]], balance: float | None) -> list[Content]:
-    lines = []
-    for record, intensity in steps:
-        if balance is None:
-            bound = ("balance point not measured yet (F6 calibrates)", "$text-muted")
-        elif intensity >= balance:
-            bound = (f"compute-bound (balance {balance:.1f})", "$text-warning")
-        else:
-            bound = (f"memory-bound (balance {balance:.1f})", "$text-success")
-        lines.append(
-            Content.assemble(
-                (f"step {record.index:>4}", "bold"),
-                f"  B {record.batch:>2}  tokens {record.tokens:>3} ({record.decode_tokens} decode"
-                f" + {record.prefill_tokens} prefill)  {ms(record.seconds):>8}  {record.tok_s:7.1f} tok/s"
-                f"  {intensity:6.2f} FLOP/byte  ",
-                bound,
-                (f"  preempted {record.preempted}", "$text-error") if record.preempted else "",
-            )
+    return [
+        Content.assemble(
+            (f"step {record.index:>4}", "bold"),
+            f"  B {record.batch:>2}  tokens {record.tokens:>3} ({record.decode_tokens} decode"
+            f" + {record.prefill_tokens} prefill)  {ms(record.seconds):>8}  {record.tok_s:7.1f} tok/s"
+            f"  {intensity:6.2f} FLOP/byte  ",
+            _bound(intensity, balance),
+            (f"  preempted {record.preempted}", "$text-error") if record.preempted else "",
         )
-    return lines
+        for record, intensity in steps
+    ]
+
+
+def _bound(intensity: float, balance: float | None) -> tuple[str, str]:
+    """Which side of the machine's balance point a step's intensity falls."""
+    if balance is None:
+        return ("balance point not measured yet (F6 calibrates)", "$text-muted")
+    if intensity >= balance:
+        return (f"compute-bound (balance {balance:.1f})", "$text-warning")
+    return (f"memory-bound (balance {balance:.1f})", "$text-success")
 
 
 def policy_lines(policies: Sequence[dict]) -> list[Content]:
@@ -186,17 +179,19 @@ def sweep_lines(points: Sequence[SweepPoint], skipped: Sequence[int] = ()) -> li
             )
         )
     if len(points) > 1:
-        at = bend(list(points))
-        lines.append(
-            Content(f"the curve bends at B = {at}: from there a doubling gains less than 1.7×")
-            if at
-            else Content("no bend over these B: every doubling gained 1.7× or more")
-        )
+        lines.append(_bend_line(points))
     if skipped:
         lines.append(
             Content.styled(f"left out (the pool cannot hold them): B = {list(skipped)}", "$text-muted")
         )
     return lines
+
+
+def _bend_line(points: Sequence[SweepPoint]) -> Content:
+    at = bend(list(points))
+    if at:
+        return Content(f"the curve bends at B = {at}: from there a doubling gains less than 1.7×")
+    return Content("no bend over these B: every doubling gained 1.7× or more")
 
 
 class SweepPlot(Static):

@@ -16,7 +16,7 @@ from textual.widget import Widget
 
 from engine.events import DecodeStep, DraftRound, PhaseChanged, PrefillProgress, TokenSampled, TurnStats
 from engine.speculative.speedup import SpeedUp
-from tui.fmt import count, ms, sparkline
+from tui.fmt import count, ms, prefill_rate, sparkline
 
 BADGES = {
     "idle": ("IDLE", "$text-muted on $panel"),
@@ -69,18 +69,6 @@ def step_word(step: DecodeStep | None, building_s: float | None = None) -> str:
     if step.compile == "building":
         return f" · eager, compiling {elapsed(step.elapsed_s if building_s is None else building_s)}"
     return f" · {STEPS[step.step]}"
-
-
-def prefill_rate(stats: TurnStats) -> str:
-    """Prefill throughput; for a prefill of one token (a fork, a regeneration) its time instead,
-    since a rate of one token is a latency in disguise. '–' where a server did not tell the count."""
-    if stats.prefilled_tokens is None:
-        return "–"
-    if stats.prefilled_tokens >= 2 and stats.prefill_tok_s > 0:
-        return f"{stats.prefill_tok_s:,.0f} tok/s"
-    if stats.prefilled_tokens == 1 and stats.prefill_tok_s > 0:
-        return f"1 token, {ms(1 / stats.prefill_tok_s)}"
-    return "–"
 
 
 class PhasePanel(Widget):
@@ -185,8 +173,6 @@ class PhasePanel(Widget):
         if self.content_size.height <= 1:
             return self._strip()
         label, style = BADGES[self.phase]
-        last = self.itl[-1] if self.itl else None
-        prefill = prefill_rate(self.final) if self.final else "–"
         return Content.assemble(
             (f" {label} ", style),
             " ",
@@ -196,6 +182,18 @@ class PhasePanel(Widget):
             "\n",
             self._why(),
             "\n",
+            self._timings(),
+            "\n",
+            self._sparkline_and_share(),
+            "\n",
+            self._caption(),
+        )
+
+    def _timings(self) -> Content:
+        """Two lines: TTFT and ITL, then the decode and prefill rates."""
+        last = self.itl[-1] if self.itl else None
+        prefill = prefill_rate(self.final) if self.final else "–"
+        return Content.assemble(
             ("TTFT ", "bold"),
             ms(self.ttft_s),
             "  ",
@@ -207,10 +205,6 @@ class PhasePanel(Widget):
             "  ",
             ("prefill ", "bold"),
             prefill,
-            "\n",
-            self._sparkline_and_share(),
-            "\n",
-            self._caption(),
         )
 
     def _caption(self) -> Content:
@@ -292,10 +286,7 @@ class PhasePanel(Widget):
             waiting = f"⏸ step mode: token {self.waiting_step + 1} waits for your choice"
             return Content.styled(waiting, "$text-accent")
         if self.phase == "prefill":
-            done = f" · {self.progress[0]}/{self.progress[1]} done" if self.progress else ""
-            new = "? new tokens" if self.prompt_new is None else count(self.prompt_new, "new token")
-            reused = "reuse not reported" if self.prompt_reused is None else f"{self.prompt_reused:,} reused"
-            return Content(f"{new} · {reused} from the cache{done}")
+            return Content(self._prefill_detail())
         if self.phase == "decode":
             return Content(f"token {self.tokens}")
         if self.final is not None:
@@ -304,6 +295,13 @@ class PhasePanel(Widget):
                 "$text-muted",
             )
         return Content("")
+
+    def _prefill_detail(self) -> str:
+        """New and reused prompt tokens (a server may report neither) and the chunks done."""
+        done = f" · {self.progress[0]}/{self.progress[1]} done" if self.progress else ""
+        new = "? new tokens" if self.prompt_new is None else count(self.prompt_new, "new token")
+        reused = "reuse not reported" if self.prompt_reused is None else f"{self.prompt_reused:,} reused"
+        return f"{new} · {reused} from the cache{done}"
 
     @property
     def median_itl(self) -> float | None:

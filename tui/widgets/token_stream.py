@@ -164,12 +164,7 @@ class TokenStream(Widget):
         if self.prompt is None:  # a server that does not tokenize: the answer's tokens only
             note = Content.styled("prompt: the server does not tokenize it for us", "$text-muted")
             return Content("\n").join([note, answer, *block(self.chips, width, max(1, height - 2))])
-        p = self.prompt
-        if p.reused is None:
-            split = [("cache reuse not reported by the server", "$text-muted")]
-        else:
-            split = [(f"{p.reused} reused", REUSED), " · ", (f"{len(p.ids) - p.reused} prefilled now", NEW)]
-        prompt = Content.assemble(("prompt ", "bold"), f"{count(len(p.ids), 'token')}: ", *split)
+        prompt = self._prompt_line()
         if prompt.cell_length + answer.cell_length + 3 <= width:
             summary = [Content.assemble(prompt, "   ", answer)]
         else:
@@ -180,3 +175,12 @@ class TokenStream(Widget):
         lines = [*summary, *block(self.prompt_chips, width, room - answer_rows)]
         lines += block(self.chips, width, answer_rows)
         return Content("\n").join(lines)
+
+    def _prompt_line(self) -> Content:
+        """The prompt's tokens: how many the cache reused and how many were prefilled now."""
+        p = self.prompt
+        if p.reused is None:
+            split = [("cache reuse not reported by the server", "$text-muted")]
+        else:
+            split = [(f"{p.reused} reused", REUSED), " · ", (f"{len(p.ids) - p.reused} prefilled now", NEW)]
+        return Content.assemble(("prompt ", "bold"), f"{count(len(p.ids), 'token')}: ", *split)

@@ -73,46 +73,49 @@ class TopKPanel(Widget):
 
     def _lines(self, token: TokenSampled) -> list[Content]:
         probs = [c.prob for c in token.top_k]
-        position = "–" if token.position is None else token.position
-        lines = [
-            Content.assemble(
-                ("step ", "bold"),
-                f"{token.index + 1} · position {position} · ",
-                ("entropy ", "bold"),
-                f"≥ {fixed(max(0.0, entropy_bits(probs)), 2)} bits",
-            )
-        ]
+        lines = [_step_line(token, probs)]
         if not token.top_k:
             lines.append(Content.styled("the server sent no alternatives (no logprobs)", "$text-warning"))
             return lines
         width = max(6, self.content_size.width - PIECE_WIDTH - 12)
         top = probs[0] if probs else 1.0
-        for rank, c in enumerate(token.top_k, 1):
-            chosen = is_chosen(c, token)
-            filled = round(width * c.prob / top) if top > 0 else 0
-            lines.append(
-                Content.assemble(
-                    ("▶" if chosen else " ", "bold $accent"),
-                    (f"{rank:>2} ", "bold $accent" if chosen else "$text-muted"),
-                    (
-                        visible_piece(c.piece)[:PIECE_WIDTH].ljust(PIECE_WIDTH),
-                        "bold reverse" if chosen else "",
-                    ),
-                    " ",
-                    ("█" * filled, prob_color(c.prob)),
-                    " " * (width - filled),
-                    f" {c.prob:6.1%}",
-                )
-            )
-        if not any(is_chosen(c, token) for c in token.top_k):
-            p = "?" if token.logprob is None else f"{math.exp(token.logprob):.2%}"
-            lines.append(
-                Content.styled(
-                    f"▶ chosen {visible_piece(token.piece)[:PIECE_WIDTH]} p={p}, not in the top {len(probs)}",
-                    "$text-warning",
-                )
-            )
-        else:
-            these = "this one holds" if len(probs) == 1 else f"these {len(probs)} hold"
-            lines.append(Content.styled(f"{these} {sum(probs):.0%}; the rest add entropy", "$text-muted"))
+        lines += [_bar(rank, c, is_chosen(c, token), width, top) for rank, c in enumerate(token.top_k, 1)]
+        lines.append(_coverage(token, probs))
         return lines
+
+
+def _bar(rank: int, c: Candidate, chosen: bool, width: int, top: float) -> Content:
+    """One candidate: rank, piece, and a bar as long as its probability against the top one's."""
+    filled = round(width * c.prob / top) if top > 0 else 0
+    return Content.assemble(
+        ("▶" if chosen else " ", "bold $accent"),
+        (f"{rank:>2} ", "bold $accent" if chosen else "$text-muted"),
+        (visible_piece(c.piece)[:PIECE_WIDTH].ljust(PIECE_WIDTH), "bold reverse" if chosen else ""),
+        " ",
+        ("█" * filled, prob_color(c.prob)),
+        " " * (width - filled),
+        f" {c.prob:6.1%}",
+    )
+
+
+def _coverage(token: TokenSampled, probs: list[float]) -> Content:
+    """The line under the bars: what the candidates hold, or the chosen token when it is not among them."""
+    if not any(is_chosen(c, token) for c in token.top_k):
+        p = "?" if token.logprob is None else f"{math.exp(token.logprob):.2%}"
+        return Content.styled(
+            f"▶ chosen {visible_piece(token.piece)[:PIECE_WIDTH]} p={p}, not in the top {len(probs)}",
+            "$text-warning",
+        )
+    these = "this one holds" if len(probs) == 1 else f"these {len(probs)} hold"
+    return Content.styled(f"{these} {sum(probs):.0%}; the rest add entropy", "$text-muted")
+
+
+def _step_line(token: TokenSampled, probs: list[float]) -> Content:
+    """The step, its KV position, and a lower bound on the entropy (the candidates' share only)."""
+    position = "–" if token.position is None else token.position
+    return Content.assemble(
+        ("step ", "bold"),
+        f"{token.index + 1} · position {position} · ",
+        ("entropy ", "bold"),
+        f"≥ {fixed(max(0.0, entropy_bits(probs)), 2)} bits",
+    )
