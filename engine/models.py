@@ -228,33 +228,37 @@ def load(
     progress: Progress | None = None,
     fast_only: bool = False,
     chat: bool = True,
+    chat_template: str | None = None,
 ) -> LoadedModel:
     """Load a model spec at a precision; raises ModelError or PrecisionError with a one-line reason.
 
     `fast_only`: the caller runs only the fast path (no reference forward, no attention hooks, no
     bitsandbytes), so a Llama checkpoint on a CPU is read without transformers where
     engine/fast/checkpoint.py covers it (~2 s sooner); anything else loads as usual.
-    `chat`: the model must have a chat template (False for `--raw`, where a base model is fine)."""
+    `chat`: the model must have a chat template (False for `--raw`, where a base model is fine);
+    `chat_template`: one to use instead of the model's own (engine/chat_templates.py)."""
     progress = progress or (lambda stage, fraction: None)
     device = resolve_device(device)
     prec = precision_for(precision, device)
     source = resolve(spec)
     try:
-        return _load(spec, source, prec, device, progress, fast_only, chat)
+        loaded = _load(spec, source, prec, device, progress, fast_only and chat_template is None)
     except Exception as e:
         if not out_of_memory(e, device):
             raise
         raise ModelError(not_enough_memory(source, prec)) from None
+    if chat_template is not None:
+        loaded.tokenizer.chat_template = chat_template
+    if chat and not getattr(loaded.tokenizer, "chat_template", None):
+        raise ModelError(
+            f"{spec} has no chat template, so it is not a chat model: pass --raw to have it continue "
+            "text as it is (a base model), or --chat-template NAME|FILE"
+        )
+    return loaded
 
 
 def _load(
-    spec: str,
-    source: ModelSource,
-    prec: Precision,
-    device: str,
-    progress: Progress,
-    fast_only: bool,
-    chat: bool = True,
+    spec: str, source: ModelSource, prec: Precision, device: str, progress: Progress, fast_only: bool
 ) -> LoadedModel:
     """`load` once the spec is resolved and the precision chosen."""
     started = time.perf_counter()
@@ -264,9 +268,7 @@ def _load(
         parts = None
         if fast_only and source.kind != "hub":
             parts = _read_for_fast_path(Path(directory), prec, device, progress)
-        model, tokenizer = parts or _load_with_transformers(
-            spec, source, directory, prec, device, progress, chat
-        )
+        model, tokenizer = parts or _load_with_transformers(spec, source, directory, prec, device, progress)
         _quantize(model, tokenizer, prec, progress)
     model.eval()
     progress("ready", 1.0)
@@ -360,13 +362,7 @@ def _read_for_fast_path(directory: Path, prec: Precision, device: str, progress:
 
 
 def _load_with_transformers(
-    spec: str,
-    source: ModelSource,
-    directory: str,
-    prec: Precision,
-    device: str,
-    progress: Progress,
-    chat: bool = True,
+    spec: str, source: ModelSource, directory: str, prec: Precision, device: str, progress: Progress
 ):
     """(model, tokenizer) through transformers' Auto classes."""
     _quiet_transformers()
@@ -378,11 +374,6 @@ def _load_with_transformers(
     progress("loading tokenizer", 0.7)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=offline)
-        if chat and not getattr(tokenizer, "chat_template", None):
-            raise ModelError(
-                f"{spec} has no chat template, so it is not a chat model: pass --raw to have it continue "
-                f"text as it is (a base model), or {ALTERNATIVES}"
-            )
         progress(f"loading weights at {prec.name} on {device}", 0.75)
         kwargs, quant, narrow_later = _weights_kwargs(directory, prec, device)
         model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=offline, **kwargs)

@@ -23,6 +23,7 @@ import torch
 
 from engine.answer_stream import AnswerStream
 from engine.capabilities import LOCAL
+from engine.chat_templates import END_OF_TURN
 from engine.contention import ContentionMeter
 from engine.conversation import Message, Turns
 from engine.detok import PieceNamer, StreamingDetokenizer
@@ -204,9 +205,10 @@ class ChatSession(Turns):
                 ids.add(source)
             elif source:
                 ids.update(source)
-        end_of_turn = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(end_of_turn, int) and end_of_turn != self.tokenizer.unk_token_id:
-            ids.add(end_of_turn)
+        for token in END_OF_TURN:  # a chat template's end of a turn, where the vocabulary has it
+            end_of_turn = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(end_of_turn, int) and end_of_turn != self.tokenizer.unk_token_id:
+                ids.add(end_of_turn)
         return ids
 
     def reset(self, system_prompt: str | None = None) -> None:

@@ -53,6 +53,8 @@ class Load:
     device: str
     raw: bool = False
     """The model continues raw text (no chat template: a base model may be loaded)."""
+    chat_template: str | None = None
+    """A template to use instead of the model's own (its text, engine/chat_templates.py)."""
 
 
 @dataclass(frozen=True)
@@ -186,8 +188,15 @@ class InferenceWorker:
         self._thread.start()
 
     # -- the calls the UI makes (any thread) -------------------------------------
-    def load(self, spec: str, precision: str = "fp32", device: str = "auto", raw: bool = False) -> None:
-        self.commands.put(Load(spec, precision, device, raw))
+    def load(
+        self,
+        spec: str,
+        precision: str = "fp32",
+        device: str = "auto",
+        raw: bool = False,
+        chat_template: str | None = None,
+    ) -> None:
+        self.commands.put(Load(spec, precision, device, raw, chat_template))
 
     def connect(self, target: "RemoteTarget") -> None:
         """Chat with a model on a server: ModelReady (with its ServerInfo) once it answered."""
@@ -410,6 +419,7 @@ class InferenceWorker:
                 # Loading runs on this thread, so progress can go straight out.
                 progress=lambda stage, fraction: self.emit(ModelLoading(stage, fraction)),
                 chat=not command.raw,
+                chat_template=command.chat_template,
             )
         except (models.ModelError, PrecisionError, ValueError) as e:
             yield Failed(str(e))

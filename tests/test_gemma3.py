@@ -9,7 +9,8 @@ import torch
 from typer.testing import CliRunner
 
 from engine import models
-from engine.events import TokenSampled
+from engine.chat_templates import template_text
+from engine.events import PromptTokens, TokenSampled, TurnFinished
 from engine.fast import fused
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -49,3 +50,16 @@ def test_a_base_model_without_raw_says_how_to_run_it(gemma_gguf):
     assert result.exit_code == 2
     assert "has no chat template" in result.stderr and "pass --raw" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_the_gemma_template_makes_it_answer_in_turns(gemma_gguf):
+    """`--chat-template gemma` on the base model: its turns as Gemma writes them, ending at <end_of_turn>."""
+    loaded = models.load(str(gemma_gguf), "fp32", "cpu", chat_template=template_text("gemma"))
+    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=8))
+    events = list(session.send("What is the capital of France?"))
+    ids = next(e for e in events if isinstance(e, PromptTokens)).ids
+    assert loaded.tokenizer.decode(ids) == (
+        "<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"
+    )
+    assert loaded.tokenizer.convert_tokens_to_ids("<end_of_turn>") in session.stop_ids
+    assert isinstance(events[-1], TurnFinished) and events[-1].text

@@ -21,6 +21,7 @@ ENGINE_FRONT = (
     "engine.sampling",  # the settings it sends
     "engine.conversation",
     "engine.utf8",  # checks on text from outside before it is sent
+    "engine.chat_templates",  # --chat-template: names, and a file checked before loading
     "engine.worker",  # the inference thread (tui/engine_link.py starts it)
     "engine.quant.precision",  # the precisions' records: choices, help, notes
     "engine.kvcache",  # the cache precisions

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine import models
+from engine.chat_templates import NAMED
 from engine.events import TokenSampled, TurnFinished
 from engine.models import ModelError
 from engine.quant import load_16bit
@@ -82,7 +83,11 @@ def test_model_without_chat_template(tiny_model_dir, tmp_path):
     with pytest.raises(ModelError) as error:
         models.load(str(base), "fp32", "cpu")
     message = one_line(error.value)
-    assert "no chat template" in message and str(base) in message and "smollm2-135m" in message
+    assert "no chat template" in message and str(base) in message
+    assert "pass --raw" in message and "--chat-template NAME|FILE" in message
+    assert not models.load(str(base), "fp32", "cpu", chat=False).tokenizer.chat_template  # --raw takes it
+    given = models.load(str(base), "fp32", "cpu", chat_template=NAMED["chatml"])
+    assert given.tokenizer.chat_template == NAMED["chatml"]
 
 
 def test_hub_id_offline_fails_with_alternatives(tmp_path):

@@ -140,7 +140,14 @@ class FakeEngine:
         self._thread.start()
 
     # -- the interface the app uses --------------------------------------------------
-    def load(self, spec: str, precision: str = "fp32", device: str = "auto", raw: bool = False) -> None:
+    def load(
+        self,
+        spec: str,
+        precision: str = "fp32",
+        device: str = "auto",
+        raw: bool = False,
+        chat_template: str | None = None,
+    ) -> None:
         self.calls.append(("load", spec, precision, device))
         self._queue.put(("load", precision))
 

@@ -250,7 +250,7 @@ class ChatApp(App[None]):
         else:
             if self.kv_cache:  # before the load: the first cache is made at this precision
                 self.engine.set_cache_precision(self.kv_cache)
-            self.engine.load(self.options.model, self.precision, self.options.device, raw=self.options.raw)
+            self._load_model()
             if self.speculation[0]:  # queued after the load: the draft needs the model's tokenizer
                 self.engine.set_speculation(*self.speculation)
         self.history.engine_started()  # a --resume goes after the load in the engine's queue
@@ -358,6 +358,11 @@ class ChatApp(App[None]):
             self.engine.send(prompt)
         self._refresh_keys()
 
+    def _load_model(self) -> None:
+        """Load the model at the precision in force, as the options say it is prompted."""
+        options = self.options
+        self.engine.load(options.model, self.precision, options.device, options.raw, options.template_text)
+
     def _turn_over(self) -> None:
         self.turns.turn_over()
         self._pump()
@@ -462,7 +467,7 @@ class ChatApp(App[None]):
         self.precision = message.precision
         self.turns.load_started()
         self.part(StatusBar).loading(self.options.model, self.precision, "queued", 0.0)
-        self.engine.load(self.options.model, self.precision, self.options.device, raw=self.options.raw)
+        self._load_model()
         self._refresh_keys()
 
     def on_settings_screen_sampling_applied(self, message) -> None:

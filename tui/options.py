@@ -43,6 +43,17 @@ class AppOptions:
     """With a server: how long it may stay silent mid-answer."""
     raw: bool = False
     """The prompt goes as raw text, no chat template (`--raw`): a base model continues it."""
+    chat_template: str | None = None
+    """`--chat-template`: a template name (engine/chat_templates.py) or a file, for a model without one."""
+
+    @property
+    def template_text(self) -> str | None:
+        """The chat template `chat_template` names (checked by the command line before the app starts)."""
+        if self.chat_template is None:
+            return None
+        from engine.chat_templates import template_text
+
+        return template_text(self.chat_template)
 
     @property
     def remote(self) -> bool:
@@ -83,4 +94,5 @@ def options_from(config: Config, config_path: Path | None = None, **flags: Any) 
     if flags.get("read_timeout") is not None:
         chosen["read_timeout_s"] = flags["read_timeout"]
     chosen["raw"] = bool(flags.get("raw"))
+    chosen["chat_template"] = flags.get("chat_template")
     return AppOptions(sampling=sampling, config_path=config_path, resume=flags.get("resume"), **chosen)

@@ -43,6 +43,7 @@ class AskFlags:
     draft_tokens: int | None
     kv_cache: str | None
     raw: bool
+    chat_template: str | None
     server: str | None
     api_key_env: str | None
     read_timeout: float | None
@@ -148,6 +149,7 @@ def local_session(flags: AskFlags, sampling, emit):
     """Load the model here (loading progress as events with --json); exits with the reason if it
     cannot. Without --speculative nothing but the fast path runs, so transformers may be skipped."""
     from engine import models
+    from engine.chat_templates import template_text
     from engine.events import ModelLoading
     from engine.quant.precision import PrecisionError
     from engine.session import ChatSession
@@ -160,6 +162,7 @@ def local_session(flags: AskFlags, sampling, emit):
             progress=lambda s, f: emit(ModelLoading(s, f)) if flags.as_json else None,
             fast_only=flags.speculative is None,  # a draft model and the verify pass may need the HF forward
             chat=not flags.raw,
+            chat_template=None if flags.chat_template is None else template_text(flags.chat_template),
         )
     except (models.ModelError, PrecisionError) as e:
         refuse(str(e), flags.as_json)

@@ -10,7 +10,7 @@ from tui.cli.exits import fail
 
 def check_engine_flags(flags: Mapping[str, Any]) -> None:
     """The flags that choose the engine and its settings, as the app and `ask` share them (by name:
-    server, precision, device, context, speculative, draft_tokens, kv_cache, raw)."""
+    server, precision, device, context, speculative, draft_tokens, kv_cache, raw, chat_template)."""
     server = flags["server"]
     if server is not None and (flags["precision"] is not None or flags["device"] is not None):
         fail("--precision and --device: the server decides where and at what precision its model runs")
@@ -21,8 +21,21 @@ def check_engine_flags(flags: Mapping[str, Any]) -> None:
     check_kv_cache(flags["kv_cache"])
     if server is not None and flags["kv_cache"] is not None:
         fail("--kv-cache: a server keeps its own KV cache")
-    if server is not None and flags["raw"]:
-        fail("--raw: a server applies its own chat template")
+    if server is not None and (flags["raw"] or flags["chat_template"] is not None):
+        fail(f"{'--raw' if flags['raw'] else '--chat-template'}: a server applies its own chat template")
+    if flags["raw"] and flags["chat_template"] is not None:
+        fail("--raw sends the text without a template; --chat-template gives one: choose one")
+    if flags["chat_template"] is not None:
+        check_chat_template(flags["chat_template"])
+
+
+def check_chat_template(choice: str) -> None:
+    from engine.chat_templates import template_text
+
+    try:
+        template_text(choice)
+    except ValueError as e:
+        fail(str(e))
 
 
 def check_kv_cache(precision: str | None) -> None:

@@ -48,6 +48,11 @@ Raw = typer.Option(
     help="Send the text as it is, without the chat template: a base model continues it (a chat model "
     "shows what its template adds).",
 )
+ChatTemplate = typer.Option(
+    None,
+    "--chat-template",
+    help="A chat template for a model that ships none: chatml, gemma, llama3, or a Jinja FILE.",
+)
 Server = typer.Option(
     None,
     "--server",
