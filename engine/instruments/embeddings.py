@@ -6,9 +6,10 @@ Everything is read from the live model (call on the inference thread):
   ‖e‖ = sqrt(Σ e_i²), and the norm's rank among all the vocabulary's rows;
 * the nearest tokens by cosine similarity cos(e, E[v]) = e·E[v] / (‖e‖ ‖E[v]‖), the token
   itself left out (its cosine with itself is 1 by definition);
-* RoPE: layer 0 turns the row into a query q = W_q · rmsnorm(e) (and a key k = W_k · ...), then
-  rotates each pair of q's dimensions (i, i + d/2) by the angle p·θ_i, θ_i = base^(−2i/d), where
-  p is the position. The same token's q at position p and at p + Δ then has
+* RoPE: layer 0 turns the row into a query q = W_q · rmsnorm(e) (and a key k = W_k · ...; plus
+  the bias where the family has one, Qwen2's; Qwen3 then puts each head's q and k through an
+  RMSNorm of its own), then rotates each pair of q's dimensions (i, i + d/2) by the angle p·θ_i,
+  θ_i = base^(−2i/d), where p is the position. The same token's q at position p and at p + Δ then has
 
       cos(R_p q, R_{p+Δ} q) = Σ_i |q_i|² cos(Δ·θ_i) / ‖q‖²
 
@@ -131,7 +132,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _projections(session: ChatSession, token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Layer 0's query and key of the token alone: [heads, d] and [kv_heads, d], not yet rotated."""
+    """Layer 0's query and key of the token alone: [heads, d] and [kv_heads, d], not yet rotated
+    (as the model computes them: after the per-head q/k norms where the family has them)."""
     info = session.info
     block = session.model.model.layers[0]
     attn = block.self_attn
@@ -141,9 +143,15 @@ def _projections(session: ChatSession, token_id: int) -> tuple[torch.Tensor, tor
     dtype = getattr(attn.q_proj, "weight", None)
     if isinstance(dtype, torch.Tensor) and dtype.is_floating_point():
         h = h.to(dtype.dtype)
-    q = attn.q_proj(h).float().view(info.heads, info.head_dim)
-    k = attn.k_proj(h).float().view(info.kv_heads, info.head_dim)
-    return q, k
+    q = _head_normed(attn, "q_norm", attn.q_proj(h).view(info.heads, info.head_dim))
+    k = _head_normed(attn, "k_norm", attn.k_proj(h).view(info.kv_heads, info.head_dim))
+    return q.float(), k.float()
+
+
+def _head_normed(attn: torch.nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
+    """x [heads, d] through the attention's per-head RMSNorm `name` (Qwen3's q_norm, k_norm), if any."""
+    norm = getattr(attn, name, None)
+    return x if norm is None else norm(x)
 
 
 def rope_effect(session: ChatSession, token_id: int) -> RopeEffect:

@@ -11,7 +11,9 @@ How the work is counted (a student can redo it by hand from the model config):
 
   The LM head [h, vocab] runs once per forward pass (only the last position's logits are
   kept), the embedding is a row lookup (no FLOPs). Norms, RoPE, softmax and SiLU are a few
-  FLOPs per element and left out.
+  FLOPs per element and left out, and so are the adds of a family's biases (Qwen2's q, k and
+  v: (H + 2·K)·d a layer) and its q/k norms (Qwen3: 2·d weights a layer): they are counted
+  among the parameters and in W, the bytes a pass reads, not in P.
 * Attention: a query against one cached key costs 2·d (QKᵀ) plus 2·d (weighting V) per
   head, so 4·H·d per layer. In prefill, new token j (0-based) after r reused tokens sees
   r + j + 1 keys: pairs = n·r + n(n+1)/2. A decode step at context c sees c + 1 keys.
@@ -84,10 +86,15 @@ class ModelShape:
     """W: weight bytes one forward pass reads (engine/models.py `weights_read_per_token`: all
     but a table the LM head does not multiply by, of which a pass reads a row a token)."""
     kv_bytes_per_token: int
+    layer_biases: int = 0
+    """Bias values of one layer's projections, read from its modules (Qwen2: q, k, v)."""
+    layer_qk_norms: int = 0
+    """Weights of one layer's per-head q and k RMSNorms (Qwen3: 2·head_dim)."""
 
     @classmethod
     def of(cls, loaded: LoadedModel) -> ModelShape:
         config, info = loaded.model.config, loaded.info
+        biases, qk_norms = _layer_vectors(loaded.model)
         return cls(
             layers=info.layers,
             hidden=info.hidden_size,
@@ -100,6 +107,8 @@ class ModelShape:
             weight_bytes=info.weight_bytes,
             streamed_weight_bytes=weights_read_per_token(loaded),
             kv_bytes_per_token=info.kv_bytes_per_token,
+            layer_biases=biases,
+            layer_qk_norms=qk_norms,
         )
 
     # -- parameters -----------------------------------------------------------------
@@ -120,10 +129,12 @@ class ModelShape:
 
     @property
     def parameters(self) -> int:
-        """Every parameter: P, the LM head, the embedding (once if tied) and the RMSNorm weights."""
+        """Every parameter: P, the LM head, the embedding (once if tied), the RMSNorm weights and
+        the family's biases and q/k norms."""
         embedding = 0 if self.tied_embeddings else self.vocab * self.hidden
         norms = (2 * self.layers + 1) * self.hidden
-        return self.matmul_params + self.head_params + embedding + norms
+        extras = self.layers * (self.layer_biases + self.layer_qk_norms)
+        return self.matmul_params + self.head_params + embedding + norms + extras
 
     # -- work per phase ---------------------------------------------------------------
     def attention_flops(self, new: int, reused: int) -> int:
@@ -146,6 +157,21 @@ class ModelShape:
 
     def decode_bytes(self, context: int) -> int:
         return self.prefill_bytes(1, context, chunks=1)
+
+
+def _layer_vectors(model: torch.nn.Module) -> tuple[int, int]:
+    """One decoder layer's bias values and q/k norm weights, counted from its modules (the
+    families' layers are alike; a model without `model.layers` counts none)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not layers:
+        return 0, 0
+    block = layers[0]
+    biases = [getattr(m, "bias", None) for m in block.modules()]
+    norms = [getattr(getattr(block, "self_attn", None), name, None) for name in ("q_norm", "k_norm")]
+    return (
+        sum(b.numel() for b in biases if isinstance(b, torch.Tensor)),
+        sum(n.weight.numel() for n in norms if n is not None),
+    )
 
 
 def _chunks(new: int) -> int:

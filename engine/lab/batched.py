@@ -14,7 +14,9 @@ sequence's own positions in the paged pool (engine/lab/pool.py):
                h += attn @ Wo;  h += mlp(rmsnorm(h))     (all T rows at once)
     logits of each feed's last token
 
-It reuses the fast path's weights and pieces (engine/fast/fused.py): nothing is copied.
+It reuses the fast path's weights and pieces (engine/fast/fused.py): nothing is copied, and each
+family's own layer comes with them (Qwen2's q/k/v biases, Qwen3's q/k norms before the rotation:
+engine/fast/families.py).
 """
 
 from __future__ import annotations
