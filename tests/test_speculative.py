@@ -9,7 +9,7 @@ from engine.events import CacheChanged, DraftRound, TokenSampled, to_json
 from engine.sampling import Sampler, SamplingSettings
 from engine.session import ChatSession
 from engine.speculative.drafters import DraftModel, Drafts, PromptLookup, check_draft_tokens, lookup
-from engine.speculative.loop import Speculation
+from engine.speculative.loop import REST_ROUNDS, DraftLength, Speculation
 from engine.speculative.verify import verify
 from tests.tiny import build_tiny_model
 
@@ -295,3 +295,41 @@ def test_a_fork_decodes_speculatively_to_the_plain_fork(tiny_loaded):
     assert spec_tokens == plain_tokens
     assert spec.messages[-1].content == plain.messages[-1].content
     assert spec.cache.ids == plain.cache.ids
+
+
+def test_a_drafter_whose_guesses_miss_backs_off_to_plain_steps():
+    """Issue 34: lookup on an open question lost to plain decoding (a miss costs a verify of K+1).
+    A round that keeps none starts a rest of REST_ROUNDS plain steps, then one token is tried; a
+    retry that misses doubles the rest; K grows back while drafts are kept, and a round that keeps
+    fewer than half halves it."""
+    length = DraftLength(4)
+    rounds = [(4, 0), *[(0, 0)] * 4, (1, 0), *[(0, 0)] * 8, (1, 1), (2, 2), (4, 4), (4, 1)]
+    seen = []
+    for drafted, kept in rounds:
+        seen.append(length.next())
+        length.after(drafted, kept)
+    assert seen == [4, 0, 0, 0, 0, 1, *[0] * 8, 1, 2, 4, 4] and REST_ROUNDS == 4
+    assert length.next() == 2 and length.rest == REST_ROUNDS
+    length.after(2, 1)  # half kept: K stays
+    assert length.next() == 2
+
+
+class AlwaysWrong:
+    """Drafts a token the model never picks here: every draft is rejected."""
+
+    name = "wrong"
+
+    def propose(self, context, k, sampler):
+        return Drafts([0] * k, None)  # <|endoftext|>, never chosen greedily by the tiny model
+
+
+def test_rejected_drafts_cost_few_verifies_and_change_no_token(tiny_loaded):
+    plain = answer(tiny_loaded, "hello there")
+    spec = Speculation(AlwaysWrong(), k=4)
+    spoken = answer(tiny_loaded, "hello there", spec)
+    same_answer(plain, spoken)
+    stats = spec.stats
+    assert stats.accepted == 0 and stats.rounds == len(spoken[2]) - 1  # one token a round
+    # Without backing off: 4 drafts a round, 156 for 39 rounds; with it 4, then one token after
+    # rests of 4, 8, 16 plain steps.
+    assert stats.drafted <= 4 + 3

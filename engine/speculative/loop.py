@@ -8,7 +8,8 @@
            emit the kept drafts and the correction, one `token` event each, as plain would
 
 A round feeds K+1 tokens but reads the weights once, as one decode step does: on a
-memory-bound device it costs about one step, and emits 1 to K+1 tokens.
+memory-bound device it costs about one step, and emits 1 to K+1 tokens. K shrinks while drafts
+are rejected (`DraftLength`), and a round with nothing drafted is a plain decode step.
 """
 
 from __future__ import annotations
@@ -58,6 +59,44 @@ class SpecStats:
         return self.emitted / self.rounds if self.rounds else 0.0
 
 
+REST_ROUNDS = 4
+"""Plain steps a drafter sits out the first time its guesses stop being kept; each retry that
+fails again doubles the rest, up to MAX_REST."""
+MAX_REST = 64
+
+
+@dataclass
+class DraftLength:
+    """How many tokens the next round drafts, so that a drafter whose guesses miss (lookup on an
+    open question) costs plain decode steps rather than failed verifies (an eager verify of K+1
+    rows costs 2-3 steps here): K while drafts are kept, halved after a round that kept fewer than
+    half; a round that kept none starts a rest of plain steps, after which one token is tried
+    (a miss doubles the next rest, a kept draft resets it)."""
+
+    k: int
+    now: int = 0
+    resting: int = 0
+    rest: int = REST_ROUNDS
+
+    def __post_init__(self) -> None:
+        self.now = self.now or self.k
+
+    def next(self) -> int:
+        return 0 if self.resting else self.now
+
+    def after(self, drafted: int, accepted: int) -> None:
+        """Learn from a round that drafted `drafted` tokens and kept `accepted` of them."""
+        if self.resting:
+            self.resting -= 1
+            self.now = 0 if self.resting else 1
+        elif drafted and accepted == drafted:
+            self.now, self.rest = min(self.k, self.now * 2), REST_ROUNDS
+        elif drafted and not accepted:
+            self.now, self.resting, self.rest = 0, self.rest, min(self.rest * 2, MAX_REST)
+        elif accepted * 2 < drafted:
+            self.now = max(1, self.now // 2)
+
+
 @dataclass
 class Speculation:
     """The setting: who drafts and how many tokens a round; the session decodes with it when set."""
@@ -65,9 +104,12 @@ class Speculation:
     drafter: Drafter
     k: int = 4
     stats: SpecStats = field(default_factory=SpecStats)
+    length: DraftLength = field(init=False)
+    """This answer's draft length (reset per answer, as the stats are)."""
 
     def __post_init__(self) -> None:
         check_draft_tokens(self.k)
+        self.length = DraftLength(self.k)
 
     @property
     def label(self) -> str:
@@ -91,7 +133,7 @@ def speculative_decode(
     detok: StreamingDetokenizer | None,
 ) -> Generator[Event, None, tuple[str, list[float], StopReason]]:
     """Speculative `ChatSession.decode_plain`: the same tokens (temperature 0) or distribution, in rounds."""
-    spec.stats = SpecStats()
+    spec.stats, spec.length = SpecStats(), DraftLength(spec.k)
     sampler = Sampler(session.sampling, session.show_top_k)
     context = list(prompt_ids)
     detok = detok if detok is not None else StreamingDetokenizer(session.tokenizer)
@@ -121,17 +163,19 @@ def _round(
 ) -> Generator[Event, None, list[Draw]]:
     """Draft, verify in one forward, crop the cache to what was kept; the Draws to emit."""
     sampler.settings = settings = session.sampling
-    k = min(spec.k, settings.max_new_tokens - generated - 1, session.context - len(context) - 2)
+    k = min(spec.length.next(), settings.max_new_tokens - generated - 1, session.context - len(context) - 2)
     t0 = time.perf_counter()
     drafts = spec.drafter.propose(context, k, sampler) if k > 0 else Drafts([], None)
     t1 = time.perf_counter()
     base = len(context) - 1  # the cache holds all but the last emitted token
     fed = [context[-1], *drafts.ids]
-    scores = forward_all(session, fed)
+    # Nothing drafted: a plain decode step (the compiled one where it serves), not a verify pass.
+    scores = forward_all(session, fed) if drafts.ids else session.forward(fed)[None].float()
     accepted, draws = verify(
         sampler, scores, drafts, lambda kept: session.repetition_ids(context + kept, settings)
     )
     session.cache.crop(base + 1 + accepted)
+    spec.length.after(len(drafts.ids), accepted)
     t2 = time.perf_counter()
     s = spec.stats
     s.rounds += 1
