@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tarfile
-import urllib.request
 from pathlib import Path
 
 import platformdirs
@@ -55,14 +54,25 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def sdist_url() -> str:
-    request = urllib.request.Request(
-        f"https://pypi.org/simple/{SDIST}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+def download_sdist(cache: Path) -> Path:
+    """The sdist, fetched by pip itself, so the package index pip is configured with (a mirror, a
+    proxy, credentials) is the one asked."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-d",
+            str(cache),
+            f"{SDIST}=={SDIST_VERSION}",
+        ],
+        check=True,
     )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        files = json.load(response)["files"]
-    name = f"{SDIST.replace('-', '_')}-{SDIST_VERSION}.tar.gz"
-    return next(f["url"] for f in files if f["filename"] == name)
+    return cache / f"{SDIST.replace('-', '_')}-{SDIST_VERSION}.tar.gz"
 
 
 def source(cache: Path) -> Path:
@@ -71,10 +81,10 @@ def source(cache: Path) -> Path:
     vendored = tree / "vendor" / "llama.cpp"
     if vendored.is_dir():
         return vendored
-    archive = cache / f"{SDIST}-{SDIST_VERSION}.tar.gz"
+    archive = cache / f"{SDIST.replace('-', '_')}-{SDIST_VERSION}.tar.gz"
     if not archive.exists():
-        say(f"downloading the {SDIST} {SDIST_VERSION} sdist")
-        urllib.request.urlretrieve(sdist_url(), archive)
+        say(f"downloading the {SDIST} {SDIST_VERSION} sdist (pip download)")
+        archive = download_sdist(cache)
     with tarfile.open(archive) as tar:
         top = tar.getnames()[0].split("/")[0]
         tar.extractall(cache, filter="data")

@@ -19,17 +19,15 @@ from engine.remote.dialects import Dialect
 
 
 def gauge(text: str, name: str) -> float | None:
-    """The mean of the series named `name` (any labels) in a Prometheus text page."""
-    values = []
-    for line in text.splitlines():
-        if not line.startswith(name) or line[len(name) : len(name) + 1] not in ("{", " "):
-            continue
-        try:
-            value = float(line.rsplit(None, 1)[-1])
-        except ValueError:
-            continue
-        if math.isfinite(value):
-            values.append(value)
+    """The mean of the series named `name` (any labels) in a Prometheus text page, read by the
+    Prometheus project's parser; None where the page has none, or is no Prometheus page."""
+    from prometheus_client.parser import text_string_to_metric_families  # ~0.1 s: only when asked
+
+    try:
+        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    except Exception:  # the parser's errors are many kinds (ValueError, IndexError, ...): not a page
+        return None
+    values = [s.value for s in samples if s.name == name and math.isfinite(s.value)]
     return sum(values) / len(values) if values else None
 
 

@@ -191,6 +191,11 @@ def test_metrics_gauge():
     )
     assert gauge(page, "vllm:kv_cache_usage_perc") == 0.5
     assert gauge(page, "sglang:token_usage") is None
+    # Read by the Prometheus parser: a NaN sample is no figure, and a page that is no Prometheus
+    # page (an HTML error, junk) has none.
+    assert gauge(page + 'vllm:kv_cache_usage_perc{engine="2"} NaN\n', "vllm:kv_cache_usage_perc") == 0.5
+    assert gauge("<html><body>502</body></html>", "vllm:kv_cache_usage_perc") is None
+    assert gauge('vllm:kv_cache_usage_perc{engine="0" 0.25\n', "vllm:kv_cache_usage_perc") is None
 
 
 def test_gguf_header():
