@@ -65,6 +65,7 @@ def test_a_chat_session_has_every_attribute_of_its_view(tiny_loaded):
         "loaded",
         "messages",
         "namer",
+        "prompt_format",
         "sampling",
         "step_gate",
         "stop_ids",

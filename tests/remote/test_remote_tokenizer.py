@@ -11,6 +11,7 @@ import pytest
 from engine.detok import PieceNamer
 from engine.events import TurnFinished
 from engine.instruments.tokview import text_cost, tokenizer_view
+from engine.prompt_format import CHAT_TEMPLATE
 from engine.remote import dialects
 from engine.remote.client import RemoteClient, RemoteError
 from engine.remote.session import connect
@@ -62,6 +63,7 @@ def test_a_turn_from_the_server_matches_the_local_view_of_the_same_ids(session, 
         system_prompt=None,
         tokenizer=smollm2.tokenizer,
         namer=PieceNamer(smollm2.tokenizer),
+        prompt_format=CHAT_TEMPLATE,
     )
     local = tokenizer_view(local_session, trace.prompt_ids, trace.reused, answer_ids)
     assert [(p.id, p.text, p.bytes, p.source) for p in view.pieces] == [
