@@ -17,6 +17,7 @@ from engine.session import ChatSession
 from tui.cli import app
 
 PROMPT = "The capital of France is"
+pytestmark = pytest.mark.real_model
 
 
 @pytest.fixture(scope="module")
