@@ -46,6 +46,10 @@ class BenchConfig:
     """If > 0, also compare ITL at this many tokens of context against ITL at ~100."""
     random_weights: bool = False
     """Same architecture, random values: speed does not depend on the weights' values."""
+    raw: bool = False
+    """A base model: the multi-turn measurement's questions go as raw text, no chat template."""
+    chat_template: str | None = None
+    """The template text for a model that ships none (`--chat-template`)."""
     compile: bool = True
     """Decode with the compiled step where it is supported (engine/fast/compiled.py), as the app does."""
     speculative: str | None = None
@@ -185,8 +189,9 @@ def _ms(values: list[float]) -> dict:
     }
 
 
-def _greedy(loaded: LoadedModel, max_new: int, compile: bool = False) -> ChatSession:
-    return ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=max_new), compile=compile)
+def _greedy(loaded: LoadedModel, max_new: int, compile: bool = False, raw: bool = False) -> ChatSession:
+    settings = SamplingSettings(temperature=0.0, max_new_tokens=max_new)
+    return ChatSession(loaded, settings, compile=compile, raw=raw)
 
 
 def measure_ours(
@@ -339,12 +344,13 @@ def _decode_summary(itls: list[list[float]], ttfts: list[float], tokens: int) ->
     }
 
 
-def bench_multi_turn(loaded: LoadedModel, turns: int, answer_tokens: int = 32) -> dict:
-    """Turn-N TTFT with the cache reused against the same conversation prefilled from scratch."""
-    session = _greedy(loaded, answer_tokens)
+def bench_multi_turn(loaded: LoadedModel, turns: int, answer_tokens: int = 32, raw: bool = False) -> dict:
+    """Turn-N TTFT with the cache reused against the same conversation prefilled from scratch
+    (`raw`: a base model's, each question appended to the text as it is)."""
+    session = _greedy(loaded, answer_tokens, raw=raw)
     last = _finished_stats(event for question in QUESTIONS[:turns] for event in session.send(question))
     history = list(session.messages[:-1])  # the last turn again, from an empty cache
-    fresh = _greedy(loaded, answer_tokens)
+    fresh = _greedy(loaded, answer_tokens, raw=raw)
     fresh.messages = history
     fresh_stats = _finished_stats(fresh.answer())
     return {
@@ -519,12 +525,13 @@ def bench_kv_cache_quality(loaded: LoadedModel, precisions: tuple[str, ...], tok
     return result
 
 
-def bench_quality(reference: LoadedModel, loaded: LoadedModel, tokens: int = 32) -> dict:
+def bench_quality(reference: LoadedModel, loaded: LoadedModel, tokens: int = 32, raw: bool = False) -> dict:
     """What a precision does to the distribution: fp32 answers each question greedily, the other
-    is teacher-forced on its tokens (engine/instruments/precision_compare.py)."""
+    is teacher-forced on its tokens (engine/instruments/precision_compare.py); `raw`: a base
+    model continues each question as text."""
     from engine.instruments.precision_compare import compare_precisions
 
-    session = _greedy(reference, tokens)
+    session = _greedy(reference, tokens, raw=raw)
     steps = []
     for question in QUESTIONS:
         session.messages = [Message("user", question)]
@@ -678,7 +685,9 @@ def _load_for_bench(
     if config.random_weights:
         loaded = models.load_random(config.model, precision, device)
     else:
-        loaded = models.load(config.model, precision, device)
+        loaded = models.load(
+            config.model, precision, device, chat=not config.raw, chat_template=config.chat_template
+        )
     if fused.supports(loaded.model) is None:
         fused.for_model(loaded.model, compiled=config.compile)
     return loaded, peak_is_own
@@ -701,7 +710,7 @@ def _measure_speed(config: BenchConfig, loaded: LoadedModel, result: PrecisionRe
     use_compiled = _compile_step(config, loaded, result, report)
     _measure_decode(config, loaded, result, use_compiled, report)
     report(f"[{precision}] multi-turn reuse over {config.turns} turns")
-    result.multi_turn = bench_multi_turn(loaded, config.turns)
+    result.multi_turn = bench_multi_turn(loaded, config.turns, raw=config.raw)
     if config.long_context:
         report(f"[{precision}] ITL at {config.long_context} tokens of context")
         result.long_context = bench_long_context(
@@ -796,6 +805,8 @@ def _compare_to_fp32(
         result.fp32_generate_tok_s = earlier[0].generate["tok_s"]
         if not config.random_weights:  # agreement between random models says nothing
             report(f"[{result.precision}] top-1 agreement and KL against fp32, teacher-forced")
-            result.quality = bench_quality(models.load(config.model, "fp32", result.device), loaded)
+            chat = {"chat": not config.raw, "chat_template": config.chat_template}
+            reference = models.load(config.model, "fp32", result.device, **chat)
+            result.quality = bench_quality(reference, loaded, raw=config.raw)
     elif result.precision == "fp32":
         result.fp32_generate_tok_s = result.generate["tok_s"]

@@ -71,6 +71,9 @@ class ModelInfo:
     """The cache dtype the precision chose before any `--kv-cache` override ('' = cache_dtype)."""
     context_limit: int | None = None
     """The window this session keeps to where `--context` made it smaller than `context`."""
+    layer_windows: tuple[int | None, ...] = ()
+    """Each layer's sliding window, where any layer attends over one (Gemma 3's local layers,
+    Mistral's): it sees only its last that many positions. () where every layer sees the whole context."""
 
     @property
     def window(self) -> int | None:

@@ -32,6 +32,7 @@ from engine import DEFAULT_MODEL
 from engine.errors import one_line
 from engine.events import ModelInfo
 from engine.fast import pages
+from engine.fast.families import layer_facts
 from engine.quant import int8, load_16bit, w8
 from engine.quant.precision import KINDS, Precision, precision_for, quantization_config, resolve_device
 
@@ -518,7 +519,14 @@ def _architecture(config) -> dict:
         "hidden_size": config.hidden_size,
         "vocab_size": config.vocab_size,
         "context": getattr(config, "max_position_embeddings", 2048),
+        "layer_windows": _layer_windows(config),
     }
+
+
+def _layer_windows(config) -> tuple[int | None, ...]:
+    """Each layer's sliding window as the fast path reads it (engine/fast/families.py); () if none."""
+    windows = layer_facts(config).windows
+    return windows if any(windows) else ()
 
 
 SMOLLM2_135M_ARCH = dict(

@@ -1,10 +1,11 @@
 """llmchat against llama.cpp on this CPU, same weights, measured interleaved in one run.
 
-    .venv/bin/python scripts/vs_llamacpp.py [--rounds 2] [--threads 2] [--json]
+    .venv/bin/python scripts/vs_llamacpp.py [--model GGUF] [--rounds 2] [--threads 2] [--json]
 
 Builds llama.cpp's `llama-bench` and `llama-quantize` once from the source vendored in PyPI's
 llama-cpp-python sdist (cmake, GGML_NATIVE=ON, into llmchat's cache dir; minutes on 2 cores),
-requantizes the built-in GGUF to F32 / BF16 / Q8_0 so both sides run the same weights, then
+requantizes the built-in GGUF (or --model's, any family llama.cpp reads) to F32 / BF16 / Q8_0 so
+both sides run the same weights, then
 alternates `llama-bench -p 512 -n 64 -r 3` with `llmchat bench --prompt-lengths 512` for each
 width and prints decode and prefill tok/s side by side with their ratio. llama-bench's decode
 samples nothing: it is set against our decode step alone, with our chat's whole loop (sampling
@@ -113,15 +114,16 @@ def builtin_gguf() -> Path:
     return Path(resolve(DEFAULT_MODEL).location)
 
 
-def requantized(binaries: Path, cache: Path, kind: str) -> Path:
-    """The built-in Q4_1 GGUF at `kind`, so llama.cpp runs the weights llmchat dequantizes."""
-    target = cache / f"smollm2-135m-{kind}.gguf"
+def requantized(binaries: Path, cache: Path, kind: str, model: Path) -> Path:
+    """The GGUF `model` at `kind`, so llama.cpp runs the weights llmchat dequantizes."""
+    name = "smollm2-135m" if model == builtin_gguf() else model.stem
+    target = cache / f"{name}-{kind}.gguf"
     if not target.exists():
-        say(f"requantizing the built-in GGUF to {kind}")
+        say(f"requantizing {model.name} to {kind}")
         command = [
             str(binaries / "llama-quantize"),
             "--allow-requantize",
-            str(builtin_gguf()),
+            str(model),
             str(target),
             kind,
         ]
@@ -150,8 +152,10 @@ def llama_bench(binaries: Path, gguf: Path, threads: int) -> dict:
     return {"prefill_tok_s": prefill[0]["avg_ts"], "decode_tok_s": decode[0]["avg_ts"]}
 
 
-def llmchat_bench(precision: str) -> dict:
-    command = [sys.executable, "-m", "tui.cli", "bench", "-p", precision, "--prompt-lengths", str(PROMPT)]
+def llmchat_bench(precision: str, model: Path) -> dict:
+    # --raw: the timed prompts are ids either way, and a base model (Gemma 3 270M) has no template.
+    command = [sys.executable, "-m", "tui.cli", "bench", "-m", str(model), "--raw", "-p", precision]
+    command += ["--prompt-lengths", str(PROMPT)]
     command += ["--decode-tokens", str(DECODE), "--repeats", str(REPEATS), "--turns", "1", "--json"]
     report = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
     result = report["results"][0]
@@ -173,17 +177,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (median reported)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    parser.add_argument("--model", type=Path, help="a GGUF file (default: the built-in SmolLM2)")
     args = parser.parse_args()
+    model = args.model.resolve() if args.model else builtin_gguf()
     cache = cache_dir()
     binaries = build(cache)
-    ggufs = {kind: requantized(binaries, cache, kind) for kind, _ in WIDTHS}
+    ggufs = {kind: requantized(binaries, cache, kind, model) for kind, _ in WIDTHS}
     theirs: dict[str, list[dict]] = {kind: [] for kind, _ in WIDTHS}
     ours: dict[str, list[dict]] = {precision: [] for _, precision in WIDTHS}
     for round_number in range(1, args.rounds + 1):
         for kind, precision in WIDTHS:
             say(f"round {round_number}: llama-bench {kind}, then llmchat bench {precision}")
             theirs[kind].append(llama_bench(binaries, ggufs[kind], args.threads))
-            ours[precision].append(llmchat_bench(precision))
+            ours[precision].append(llmchat_bench(precision, model))
     rows = []
     for kind, precision in WIDTHS:
         row = {"llamacpp": kind, "llmchat": precision}
@@ -194,9 +200,14 @@ def main() -> None:
         row["compiled"] = all(r["compiled"] for r in ours[precision])
         rows.append(row)
     if args.json:
-        print(json.dumps({"threads": args.threads, "rounds": args.rounds, "rows": rows}, indent=2))
+        print(
+            json.dumps(
+                {"model": model.name, "threads": args.threads, "rounds": args.rounds, "rows": rows}, indent=2
+            )
+        )
         return
-    print(f"median of {args.rounds} alternating rounds, {args.threads} threads, prompt {PROMPT} tokens")
+    rounds = f"median of {args.rounds} alternating rounds"
+    print(f"{model.name}: {rounds}, {args.threads} threads, prompt {PROMPT} tokens")
     print(f"{'':34} {'llama.cpp':>10} {'llmchat':>10} {'ratio':>7} {'bound':>7}")
     for row in rows:
         for what, _ in FIGURES:

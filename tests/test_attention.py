@@ -39,6 +39,17 @@ def test_kernel_attends_as_sdpa_does(kernel, heads, kv_heads, position):
         torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("first, position", [(0, 9), (3, 9), (250, 300), (1000, 1023), (700, 700)])
+def test_a_sliding_window_attends_from_its_first_position_only(kernel, first, position):
+    """A local layer's window (Gemma 3, Mistral): positions first..position, as SDPA over that slice."""
+    torch.manual_seed(first)
+    keys, values, q = torch.randn(1, 2, 1024, 64), torch.randn(1, 2, 1024, 64), torch.randn(1, 4, 1, 64)
+    window = slice(first, position + 1)
+    expected = F.scaled_dot_product_attention(q, keys[:, :, window], values[:, :, window], enable_gqa=True)
+    got = kernel.decode(q.reshape(1, 2, 2, 64), keys, values, torch.tensor([position]), torch.tensor([first]))
+    torch.testing.assert_close(got.reshape(1, 4, 1, 64), expected, atol=2e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("position", [63, 300, 1022])
 def test_the_cache_is_split_evenly_over_any_number_of_threads(kernel, threads, position):

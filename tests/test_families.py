@@ -75,13 +75,13 @@ def test_each_family_is_named_in_the_decode_step_line(family_dir):
     loaded = models.load(str(family_dir), "fp32", "cpu")
     fast = fused.FastLlama(loaded.model)
     assert fast.family is family_of(loaded.model.config)
-    loaded.model.config.model_type = "gemma3_text"  # one the fast path does not cover says which it does
+    loaded.model.config.model_type = "gemma2"  # one the fast path does not cover says which it does
     why = fused.supports(loaded.model)
-    assert why.startswith("model type gemma3_text") and all(f.name in why for f in FAMILIES)
+    assert why.startswith("model type gemma2") and all(f.name in why for f in FAMILIES)
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "gemma3_text", "phi3"])
 def test_the_compiled_step_picks_transformers_tokens(tmp_path, model_type):
     """The compiled step (one block for every layer, then the whole model) runs the family's
     biases and q/k norms as the eager fast path does."""
@@ -96,3 +96,43 @@ def test_the_compiled_step_picks_transformers_tokens(tmp_path, model_type):
     reference = ChatSession(loaded, settings, fast=False)
     expected = [e.id for e in reference.send("How does inference work?") if isinstance(e, TokenSampled)]
     assert compiled == expected and len(set(expected)) > 3
+
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "rope_theta": 500000.0,
+}
+"""Llama 3.1's RoPE scaling, its original context shrunk so that the scaling bends frequencies
+a tiny model's head uses."""
+
+
+def test_llama3_rope_scaling_gives_transformers_logits(tmp_path):
+    directory = build_tiny_model(tmp_path, config={"rope_parameters": LLAMA3_ROPE})
+    loaded = models.load(str(directory), "fp32", "cpu")
+    rotary = loaded.model.model.rotary_emb
+    d = loaded.info.head_dim
+    plain = 1.0 / LLAMA3_ROPE["rope_theta"] ** (torch.arange(0, d, 2).float() / d)
+    assert rotary.rope_type == "llama3" and not torch.allclose(rotary.inv_freq, plain)  # scaled
+    prompt = loaded.tokenizer(TEXT)["input_ids"]
+    with torch.inference_mode():
+        fast, tokens, _ = fast_logits(loaded, prompt)
+        whole = loaded.model(input_ids=torch.tensor([tokens]), use_cache=False).logits[0].float()
+    assert torch.allclose(fast, whole[len(prompt) - 1 :], atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "family, config, why",
+    [
+        ("phi3", {"partial_rotary_factor": 0.5}, "RoPE over part of each head"),
+        ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "dynamic"),
+        ("gemma3_text", {"hidden_activation": "gelu"}, "activation gelu"),
+    ],
+)
+def test_what_the_fast_path_cannot_run_is_named_in_one_line(tmp_path, family, config, why):
+    loaded = models.load(str(build_tiny_model(tmp_path, family=family, config=config)), "fp32", "cpu")
+    reason = fused.supports(loaded.model)
+    assert reason is not None and why in reason and "\n" not in reason

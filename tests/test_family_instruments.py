@@ -1,6 +1,8 @@
 """Every instrument on every family: the engine side of F2 … F9 and the lessons, run on a tiny Qwen2
-(q/k/v biases) and a tiny Qwen3 (per-head q/k RMSNorm) after a short real answer, each checked
-against what the live model computes (its parameters, its own forward, its cache's tensors)."""
+(q/k/v biases), Qwen3 (per-head q/k RMSNorm), Gemma 3 (sliding-window layers with their own RoPE
+base, sandwich norms, scaled embeddings) and Phi-3 (fused q/k/v and gate/up, a sliding window on
+every layer) after a short real answer, each checked against what the live model computes (its
+parameters, its own forward, its cache's tensors)."""
 
 from __future__ import annotations
 
@@ -24,12 +26,14 @@ from engine.instruments.tokview import message_spans, text_cost, tokenizer_view
 from engine.instruments.verify_cost import verify_cost
 from engine.lab import costs
 from engine.lab.batched import Feed
-from engine.lab.run import Lab, LabConfig, run
+from engine.lab.run import Lab, LabConfig, LabError, run
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 from tests.tiny import build_tiny_model
 
-FAMILIES = ["qwen2", "qwen3"]
+FAMILIES = ["qwen2", "qwen3", "gemma3_text", "phi3"]
+WINDOWED = ("gemma3_text", "phi3")
+"""Their tiny configs (tests/tiny.py) give layers a sliding window shorter than a turn."""
 QUESTION = "How does inference work?"
 GREEDY = SamplingSettings(temperature=0.0, max_new_tokens=10)
 
@@ -140,10 +144,10 @@ def test_the_tokenizer_view_cuts_the_turn_by_message(loaded):
 
 # -- F6: phases, verify cost, the context sweep --------------------------------------------------
 def layer_extras(loaded) -> tuple[int, int]:
-    """The family's own weights beside the matrices, per layer: biases and q/k norm weights."""
-    attn = loaded.model.model.layers[0].self_attn
-    biases = sum(p.numel() for n, p in attn.named_parameters() if n.endswith("bias"))
-    norms = sum(p.numel() for n, p in attn.named_parameters() if "norm" in n)
+    """The family's own weights beside the matrices, per layer: biases and norm weights."""
+    block = loaded.model.model.layers[0]
+    biases = sum(p.numel() for n, p in block.named_parameters() if n.endswith("bias"))
+    norms = sum(p.numel() for n, p in block.named_parameters() if "norm" in n)
     return biases, norms
 
 
@@ -151,9 +155,15 @@ def test_the_counted_parameters_are_the_models(family):
     model_type, loaded = family
     shape = ModelShape.of(loaded)
     biases, norms = layer_extras(loaded)
-    d, heads, kv_heads = shape.head_dim, shape.heads, shape.kv_heads
-    assert (biases, norms) == (((heads + 2 * kv_heads) * d, 0) if model_type == "qwen2" else (0, 2 * d))
-    assert (shape.layer_biases, shape.layer_qk_norms) == (biases, norms)
+    h, d, heads, kv_heads = shape.hidden, shape.head_dim, shape.heads, shape.kv_heads
+    expected = {
+        "qwen2": ((heads + 2 * kv_heads) * d, 2 * h),
+        "qwen3": (0, 2 * h + 2 * d),
+        "gemma3_text": (0, 4 * h + 2 * d),  # norms of the attention's and MLP's outputs too
+        "phi3": (0, 2 * h),
+    }
+    assert (biases, norms) == expected[model_type]
+    assert (shape.layer_biases, shape.layer_norms) == (biases, norms)
     assert shape.parameters == sum(p.numel() for p in loaded.model.parameters()) == loaded.info.parameters
     table = loaded.model.get_input_embeddings().weight
     every = sum(t.numel() * t.element_size() for t in [*loaded.model.parameters(), *loaded.model.buffers()])
@@ -235,7 +245,19 @@ def test_precision_compare_answers_the_turn_and_measures_the_drift(loaded):
 
 
 # -- F9: the serving lab -------------------------------------------------------------------------
-def test_the_lab_serves_each_request_the_models_own_answer(loaded):
+def test_a_windowed_model_is_refused_by_the_lab_in_one_line(family):
+    model_type, loaded = family
+    if model_type not in WINDOWED:
+        pytest.skip("its layers attend over the whole context")
+    with pytest.raises(LabError) as refused:
+        Lab(loaded, LabConfig(budget_mib=1))
+    assert "sliding windows" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_lab_serves_each_request_the_models_own_answer(family):
+    model_type, loaded = family
+    if model_type in WINDOWED:
+        pytest.skip("the lab's batched forward has no sliding windows (refused: the test above)")
     config = LabConfig(requests=3, max_batch=3, max_new=6, budget_mib=1, arrivals="once", sweep_steps=1)
     result = run(loaded, config)
     assert result.outputs_agree and result.sweep
@@ -248,7 +270,10 @@ def test_the_lab_serves_each_request_the_models_own_answer(loaded):
     assert result.pool["tensor_bytes"] == result.pool["formula_bytes"]
 
 
-def test_the_labs_step_is_counted_as_f6_counts_a_decode_step(loaded):
+def test_the_labs_step_is_counted_as_f6_counts_a_decode_step(family):
+    model_type, loaded = family
+    if model_type in WINDOWED:
+        pytest.skip("the lab's batched forward has no sliding windows")
     lab = Lab(loaded, LabConfig(budget_mib=1))
     try:
         shape = lab.shape
@@ -264,6 +289,8 @@ def model_query_and_key(loaded, token: int) -> tuple[torch.Tensor, torch.Tensor]
     """Layer 0's q [heads, d] and k [kv_heads, d] of the token alone, as the model computes them
     before RoPE (after Qwen3's q/k norms), caught by hooks on its own forward."""
     attn, info, kept = loaded.model.model.layers[0].self_attn, loaded.info, {}
+    if hasattr(attn, "qkv_proj"):  # Phi-3: one matrix, q then k then v
+        return phi3_query_and_key(loaded, token)
     sources = (attn.q_norm, attn.k_norm) if hasattr(attn, "q_norm") else (attn.q_proj, attn.k_proj)
     hooks = [
         module.register_forward_hook(lambda m, a, out, name=name: kept.__setitem__(name, out.detach()))
@@ -280,6 +307,19 @@ def model_query_and_key(loaded, token: int) -> tuple[torch.Tensor, torch.Tensor]
     )
 
 
+def phi3_query_and_key(loaded, token: int) -> tuple[torch.Tensor, torch.Tensor]:
+    attn, info, kept = loaded.model.model.layers[0].self_attn, loaded.info, {}
+    hook = attn.qkv_proj.register_forward_hook(lambda m, a, out: kept.__setitem__("qkv", out.detach()))
+    try:
+        with torch.inference_mode():
+            loaded.model(input_ids=torch.tensor([[token]]), use_cache=False)
+    finally:
+        hook.remove()
+    q_size, k_size = info.heads * info.head_dim, info.kv_heads * info.head_dim
+    qkv = kept["qkv"].float().reshape(-1)
+    return qkv[:q_size].reshape(info.heads, -1), qkv[q_size : q_size + k_size].reshape(info.kv_heads, -1)
+
+
 def closed_form(x: torch.Tensor, inv_freq: torch.Tensor, distance: int) -> float:
     """Σ_i |x_i|² cos(Δ θ_i) / |x|² per head over pairs (i, i + d/2), mean over heads."""
     half = x.shape[-1] // 2
@@ -287,7 +327,8 @@ def closed_form(x: torch.Tensor, inv_freq: torch.Tensor, distance: int) -> float
     return float(((energy * torch.cos(distance * inv_freq)).sum(-1) / energy.sum(-1)).mean())
 
 
-def test_the_embedding_lesson_rotates_the_query_the_model_computes(loaded):
+def test_the_embedding_lesson_rotates_the_query_the_model_computes(family):
+    model_type, loaded = family
     session, _ = answered(loaded)
     token = embeddings.tokens_of(session, " Paris")[0]
     result = embeddings.token_embedding(session, token)
@@ -295,7 +336,11 @@ def test_the_embedding_lesson_rotates_the_query_the_model_computes(loaded):
     assert result.norm == pytest.approx(float(table[token].norm()), rel=1e-5)
     assert token not in [n.id for n in result.neighbours] and len(result.neighbours) == 10
     q, k = model_query_and_key(loaded, token)
-    inv_freq = loaded.model.model.rotary_emb.inv_freq.float()
+    rotary = loaded.model.model.rotary_emb
+    # Gemma 3 rotates each kind of layer by its own base: layer 0 is a local (sliding) one.
+    inv_freq = getattr(rotary, "sliding_attention_inv_freq", None)
+    inv_freq = (rotary.inv_freq if inv_freq is None else inv_freq).float()
+    assert result.rope.layer_kind == ("sliding_attention" if model_type == "gemma3_text" else None)
     q_row, _, k_row = result.rope.rows
     for distance, q_cos, k_cos in zip(result.rope.distances, q_row.cosines, k_row.cosines):
         assert q_cos == pytest.approx(closed_form(q, inv_freq, distance), abs=1e-4)

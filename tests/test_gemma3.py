@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 from engine import models
 from engine.chat_templates import template_text
 from engine.events import PromptTokens, TokenSampled, TurnFinished
-from engine.fast import fused
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 from tui.cli import app
@@ -42,8 +41,9 @@ def test_raw_continues_a_text_with_transformers_greedy_tokens(gemma):
     assert tokens == expected.tolist()[: len(tokens)] and len(tokens) == 12
     # What llama.cpp's own greedy run of this file continues with (issue 33).
     assert gemma.tokenizer.decode(tokens).startswith(" the capital of the country of France")
-    # Not a fast-path family yet: the decode-step line says so, naming those that are.
-    assert session.fast is None and fused.supports(gemma.model).startswith("model type gemma3")
+    # On the fast path: Gemma 3's sliding-window layers, sandwich norms and scaled embeddings.
+    assert session.fast is not None and session.fast.family.name == "Gemma 3"
+    assert session.fast.windows == [gemma.model.config.sliding_window]
 
 
 def test_a_base_model_without_raw_says_how_to_run_it(gemma_gguf):

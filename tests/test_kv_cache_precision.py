@@ -152,6 +152,21 @@ def test_the_kernel_reads_an_int8_cache_as_stored(kernel, length, d):
     torch.testing.assert_close(got, reference_attention(q, keys, values), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("length, first", [(6, 2), (1300, 1100), (1300, 200)])
+def test_an_int8_window_attends_from_its_first_position(kernel, length, first):
+    """A sliding window over an int8 cache: the kernel and the chunked sum where it is not loaded
+    both read positions first.. only."""
+    layer = int8_cache(length=length, d=64)
+    q = torch.randn(1, 3, 3, 64)
+    keys, values = (x[:, :, first:] for x in layer.dequantized(torch.float32))
+    expected = reference_attention(q, keys, values)
+    position = torch.tensor([layer.length - 1])
+    got = attention.decode_int8(q, layer.quantized(), position, torch.tensor([first]))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    chunked = attention.chunked_int8(q, layer.quantized(), layer.length - 1, first, chunk=256)
+    torch.testing.assert_close(chunked, expected, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("length", [6, 700])  # on the calling thread alone; on the threads, two blocks
 @pytest.mark.parametrize("d", [64, 40])  # rows in 16-wide vectors, or the plain loops

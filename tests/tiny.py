@@ -25,10 +25,11 @@ def build_tiny_model(
     seed: int = 0,
     tied: bool = False,
     family: str = "llama",
+    config: dict | None = None,
 ) -> Path:
     """Write an HF model directory (config, random weights, tokenizer) and return it (`tied`: the
     LM head is the embedding table, as SmolLM2's; `family`: a transformers model_type of the
-    fast path's families, engine/fast/families.py)."""
+    fast path's families, engine/fast/families.py; `config`: more settings of its config)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -50,7 +51,8 @@ def build_tiny_model(
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     torch.manual_seed(seed)
-    config = _config_class(family)(
+    settings = {**FAMILY_CONFIG.get(family, {"sliding_window": None}), **(config or {})}
+    model_config = _config_class(family)(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=hidden * 2,
@@ -63,9 +65,9 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=tied,
-        **({} if family == "llama" else {"sliding_window": None}),
+        **settings,
     )
-    model = AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(model_config)
     # Random weights are near-uniform; sharpen them so top-k and greedy choices are distinct.
     with torch.no_grad():
         model.lm_head.weight.mul_(30)
@@ -80,6 +82,21 @@ def build_tiny_model(
     return directory
 
 
+FAMILY_CONFIG = {
+    "llama": {},
+    # A window shorter than a test's prompt and answer, so it decides what a token sees.
+    "phi3": {"sliding_window": 8},
+    # One local layer (a window, RoPE base 10k) and one global (base 1M), and an attention scale
+    # of its own (1/sqrt(24), not 1/sqrt(head_dim)), as Gemma 3's are.
+    "gemma3_text": {
+        "sliding_window": 6,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "query_pre_attn_scalar": 24,
+    },
+}
+"""What a family's config sets beyond the shared sizes (default: no sliding window)."""
+
+
 def _config_class(family: str):
     import transformers
 
@@ -88,5 +105,7 @@ def _config_class(family: str):
         "mistral": "MistralConfig",
         "qwen2": "Qwen2Config",
         "qwen3": "Qwen3Config",
+        "gemma3_text": "Gemma3TextConfig",
+        "phi3": "Phi3Config",
     }
     return getattr(transformers, names[family])

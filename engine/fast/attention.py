@@ -39,31 +39,51 @@ def can_attend(keys: torch.Tensor) -> bool:
 
 
 def decode(
-    grouped: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor
+    grouped: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    position: torch.Tensor,
+    first: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token's attention: `grouped` [1, kv_heads, group, d] holds its query heads, those
     sharing a K/V head together, over keys/values [1, kv_heads, positions, d] (the cache or
-    views of it) at positions 0..position ([1] tensor); returns [1, kv_heads, group, d]."""
-    out = torch.ops.llmchat.decode_attention(grouped[0].contiguous(), keys[0], values[0], position)
+    views of it) at positions first..position ([1] tensors; `first` None: 0, else a sliding
+    window's start); returns [1, kv_heads, group, d]."""
+    first = _ZERO if first is None else first
+    out = torch.ops.llmchat.decode_attention(grouped[0].contiguous(), keys[0], values[0], first, position)
     return out[None]
 
 
-def decode_int8(grouped: torch.Tensor, kv, position: torch.Tensor) -> torch.Tensor:
+_ZERO = torch.zeros(1, dtype=torch.long)
+
+
+def decode_int8(
+    grouped: torch.Tensor, kv, position: torch.Tensor, first: torch.Tensor | None = None
+) -> torch.Tensor:
     """`decode` over an int8 cache (engine/kvcache.py QuantizedKV: values [1, kv_heads, n, d],
     scales [1, kv_heads, n]): the kernel where it is loaded, else `chunked_int8`."""
+    first = _ZERO if first is None else first
     if can_attend(kv.keys):
         out = torch.ops.llmchat.decode_attention_int8(
-            grouped[0].contiguous(), kv.keys[0], kv.key_scales[0], kv.values[0], kv.value_scales[0], position
+            grouped[0].contiguous(),
+            kv.keys[0],
+            kv.key_scales[0],
+            kv.values[0],
+            kv.value_scales[0],
+            first,
+            position,
         )
         return out[None]
-    return chunked_int8(grouped, kv, int(position))
+    return chunked_int8(grouped, kv, int(position), int(first))
 
 
 CHUNK = 1024
 """Positions dequantized at a time by `chunked_int8`."""
 
 
-def chunked_int8(grouped: torch.Tensor, kv, position: int, chunk: int = CHUNK) -> torch.Tensor:
+def chunked_int8(
+    grouped: torch.Tensor, kv, position: int, first: int = 0, chunk: int = CHUNK
+) -> torch.Tensor:
     """The same sum in tensor ops, for where the kernel is not loaded (still building, no compiler,
     a GPU): CHUNK positions at a time are widened to float32 and folded into a running softmax
     (flash-decoding again), so at most one chunk's dequantized copy exists at once. It costs a
@@ -73,7 +93,7 @@ def chunked_int8(grouped: torch.Tensor, kv, position: int, chunk: int = CHUNK) -
     d = grouped.shape[-1]
     query = grouped.float() / d**0.5
     best = total = out = None
-    for start in range(0, length, chunk):
+    for start in range(first, length, chunk):
         stop = min(length, start + chunk)
         keys = kv.keys[:, :, start:stop].float() * kv.key_scales[:, :, start:stop, None]
         scores = query @ keys.transpose(-1, -2)  # [1, kv_heads, group, n]

@@ -72,6 +72,7 @@ class _Rotary(nn.Module):
     of them too, so the weight bytes shown equal those of the model loaded through it)."""
 
     attention_scaling = 1.0
+    rope_type = "default"
 
     def __init__(self, c: SimpleNamespace):
         super().__init__()
@@ -178,8 +179,7 @@ def read_config(directory: Path) -> SimpleNamespace | None:
     config.rms_norm_eps = raw.get("rms_norm_eps", 1e-6)
     config.tie_word_embeddings = raw.get("tie_word_embeddings", True)
     config.max_position_embeddings = raw.get("max_position_embeddings", 2048)
-    probe = SimpleNamespace(config=config)
-    return config if fused.supports(probe) is None else None
+    return config if fused.config_problem(config) is None else None
 
 
 def _generation_config(directory: Path, config: SimpleNamespace) -> SimpleNamespace:

@@ -145,20 +145,20 @@ void block_values(const float* scores, int64_t G, int64_t D, const T* values, co
 // One new token's attention over the KV cache, for engine/fast/attention.py.
 //
 // q [H, G, D] float32: the G query heads that share each of the H cached K/V heads; k, v [H, C, D]
-// (rows contiguous; heads may be strided, e.g. views of a larger buffer) with positions
-// 0..position valid, stored as float32, bfloat16, float16, or int8 with one float32 scale per
-// row (ks, vs [H, C]: token t of head h is k[h, t] * ks[h, t]). Each (head, block of at most
-// kBlock keys; a head's blocks of equal length) is one task on torch's thread pool (on the
-// calling thread alone for a short cache): scores, a softmax local to the block and a partial
-// output; the partials are then merged with their max-and-sum weights (flash-decoding). K and V are each read once, as stored: a row is widened
-// to float32 once (into vector registers, or a buffer of D floats) and the G query heads then
-// share it, and an int8 row's scale multiplies its dot product (K) or its softmax weight (V),
-// never the row, so no dequantized copy of the cache is ever made.
+// (rows contiguous; heads may be strided, e.g. views of a larger buffer) attended at positions
+// first..position (first > 0: a sliding window's start), stored as float32, bfloat16, float16, or int8
+// with one float32 scale per row (ks, vs [H, C]: token t of head h is k[h, t] * ks[h, t]). Each (head,
+// block of at most kBlock keys; a head's blocks of equal length) is one task on torch's thread pool
+// (on the calling thread alone for a short cache): scores, a softmax local to the block and a partial
+// output; the partials are then merged with their max-and-sum weights (flash-decoding). K and V are
+// each read once, as stored: a row is widened to float32 once (into vector registers, or a buffer of D
+// floats) and the G query heads then share it, and an int8 row's scale multiplies its dot product (K)
+// or its softmax weight (V), never the row, so no dequantized copy of the cache is ever made.
 //
 // Built with -ffast-math (engine/fast/attention.py), so nothing here may rely on infinities.
 template <typename T>
 at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const float* ks, const float* vs,
-                  int64_t scale_head_stride, const at::Tensor& position) {
+                  int64_t scale_head_stride, const at::Tensor& first_position, const at::Tensor& position) {
   TORCH_CHECK(q.scalar_type() == at::kFloat, "decode_attention: the query must be float32");
   TORCH_CHECK(q.is_contiguous(), "decode_attention: q must be contiguous");
   TORCH_CHECK(k.scalar_type() == v.scalar_type(), "decode_attention: K and V must share their type");
@@ -166,8 +166,9 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               "decode_attention: each head's K/V rows must be contiguous");
   TORCH_CHECK(k.stride(0) == v.stride(0), "decode_attention: K and V must share their layout");
   const int64_t H = k.size(0), C = k.size(1), D = k.size(2), G = q.size(1), head_stride = k.stride(0);
-  const int64_t length = position.item<int64_t>() + 1;
-  TORCH_CHECK(length >= 1 && length <= C, "decode_attention: position outside the cache");
+  const int64_t start = first_position.item<int64_t>();
+  const int64_t length = position.item<int64_t>() + 1 - start;
+  TORCH_CHECK(start >= 0 && length >= 1 && start + length <= C, "decode_attention: positions outside the cache");
   const bool threaded = H * length >= kRowsInline;
   // Blocks of equal length, as many for each head as make the tasks a multiple of the threads:
   // one task per head leaves a thread idle for part of the step (3 K/V heads on 2 threads: one
@@ -184,8 +185,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   std::vector<float> stats(2 * H * blocks * G);  // each task's max and sum per query head
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const float* qp = q.data_ptr<float>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
+  const T* kp = k.data_ptr<T>() + start * D;  // the window's first row in each head
+  const T* vp = v.data_ptr<T>() + start * D;
   float* op = partials.data_ptr<float>();
   float* mp = stats.data();
   float* sp = mp + H * blocks * G;
@@ -198,8 +199,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       const int64_t first = b * block_length, n = std::min(block_length, length - first);
       const T* keys = kp + h * head_stride + first * D;
       const T* values = vp + h * head_stride + first * D;
-      const float* key_scales = ks ? ks + h * scale_head_stride + first : nullptr;
-      const float* value_scales = vs ? vs + h * scale_head_stride + first : nullptr;
+      const float* key_scales = ks ? ks + h * scale_head_stride + start + first : nullptr;
+      const float* value_scales = vs ? vs + h * scale_head_stride + start + first : nullptr;
       const float* queries = qp + h * G * D;
       block_scores(queries, G, D, keys, key_scales, scale, n, scores.data(), widened.data());
       float* out = op + task * G * D;
@@ -250,14 +251,15 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 // A float cache (float32, bfloat16 or float16), read as stored.
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& position) {
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& first,
+                            const at::Tensor& position) {
   switch (k.scalar_type()) {
     case at::kFloat:
-      return attend<float>(q, k, v, nullptr, nullptr, 0, position);
+      return attend<float>(q, k, v, nullptr, nullptr, 0, first, position);
     case at::kBFloat16:
-      return attend<at::BFloat16>(q, k, v, nullptr, nullptr, 0, position);
+      return attend<at::BFloat16>(q, k, v, nullptr, nullptr, 0, first, position);
     case at::kHalf:
-      return attend<at::Half>(q, k, v, nullptr, nullptr, 0, position);
+      return attend<at::Half>(q, k, v, nullptr, nullptr, 0, first, position);
     default:
       TORCH_CHECK(false, "decode_attention: a float32, bfloat16 or float16 cache only");
   }
@@ -265,13 +267,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 // An int8 cache with one float32 scale per token and head: ks, vs [H, C], rows contiguous.
 at::Tensor decode_attention_int8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& ks,
-                                 const at::Tensor& v, const at::Tensor& vs, const at::Tensor& position) {
+                                 const at::Tensor& v, const at::Tensor& vs, const at::Tensor& first,
+                                 const at::Tensor& position) {
   TORCH_CHECK(k.scalar_type() == at::kChar, "decode_attention_int8: K and V must be int8");
   TORCH_CHECK(ks.scalar_type() == at::kFloat && vs.scalar_type() == at::kFloat,
               "decode_attention_int8: the scales must be float32");
   TORCH_CHECK(ks.stride(1) == 1 && vs.stride(1) == 1 && ks.stride(0) == vs.stride(0) && ks.size(1) == k.size(1),
               "decode_attention_int8: the scales must be laid out [heads, capacity]");
-  return attend<int8_t>(q, k, v, ks.data_ptr<float>(), vs.data_ptr<float>(), ks.stride(0), position);
+  return attend<int8_t>(q, k, v, ks.data_ptr<float>(), vs.data_ptr<float>(), ks.stride(0), first, position);
 }
 
 }  // namespace

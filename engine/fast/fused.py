@@ -13,8 +13,11 @@ One step for each layer, on `n` new tokens at positions p..p+n-1:
     K, V = cache + k, v;  h += softmax(q K.T / sqrt(d) + causal) V @ Wo.T
     m = rmsnorm(h);  g, u = m @ Wgu.T;  h += (silu(g) * u) @ Wdown.T
 
-(plus each projection's bias where the checkpoint has one, and Qwen3's RMSNorm of each q and k
-head before the rotation.)
+(plus what a family's record says differs, engine/fast/families.py: each projection's bias where
+the checkpoint has one; an RMSNorm of each q and k head before the rotation (Qwen3, Gemma 3);
+Gemma's norms of the attention's and the MLP's outputs, (1 + w) norm weights, GELU, scaled
+embeddings; layers that attend over a sliding window of the last positions only, with a RoPE
+base of their own.)
 
 On a CPU without native 16-bit matmul, 16-bit weights make batch-1 decode fast (half the
 bytes to read) but prefill slow; prefill therefore upcasts each weight to float32 on the fly
@@ -25,13 +28,14 @@ from __future__ import annotations
 
 import functools
 import weakref
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.fast import attention, gemm, matvec, pages
-from engine.fast.families import Family, covered, family_of, sliding_layers
+from engine.fast.families import Family, covered, family_of, layer_facts
 from engine.kvcache import KVCache
 from engine.kvcache_layers import QuantizedKV, quantize
 from engine.quant.int8 import Int8Linear
@@ -44,16 +48,54 @@ UPCAST_ABOVE = 4
 
 def supports(model: nn.Module) -> str | None:
     """None if the fast path can run this model, else why not."""
-    config = model.config
+    return config_problem(model.config) or _rope_problem(model.model.rotary_emb, model.config)
+
+
+def config_problem(config: Any) -> str | None:
+    """What in a model's config the fast path cannot run, if anything (the RoPE aside: `supports`)."""
     if family_of(config) is None:
         return f"model type {getattr(config, 'model_type', '?')} (fast path covers {covered()})"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act}"
-    if sliding_layers(config):
-        return "sliding-window attention"
+    facts = layer_facts(config)
+    if facts.activation not in ACTIVATIONS:
+        return f"activation {facts.activation}"
+    if getattr(config, "attn_logit_softcapping", None):
+        return "attention logits soft-capped (Gemma 2)"
     if getattr(config, "quantization_config", None) is not None:
         return "quantized (bitsandbytes) weights"
     return None
+
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+}
+"""The MLP's activations the fast path computes, by their transformers names."""
+
+
+def _rope_problem(rotary: nn.Module, config: Any) -> str | None:
+    """Why the model's RoPE is not the fixed table per layer kind the fast path rotates by, if it is not."""
+    kinds = rotary.rope_type.values() if isinstance(rotary.rope_type, dict) else [rotary.rope_type]
+    changing = sorted({k for k in kinds if k in ("dynamic", "longrope")})
+    if changing:  # their frequencies change with the sequence's length
+        return f"RoPE scaling {', '.join(changing)}"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if any(inv_freq.numel() * 2 != head_dim for inv_freq, _ in _rope_tables(rotary).values()):
+        return "RoPE over part of each head (partial_rotary_factor)"
+    return None
+
+
+def _rope_tables(rotary: nn.Module) -> dict[str | None, tuple[torch.Tensor, float]]:
+    """(inverse frequencies, cos/sin scale) of the model's rotary embedding per layer kind, or
+    under None where every layer rotates alike."""
+    if isinstance(rotary.rope_type, dict):  # Gemma 3: `{kind}_inv_freq` per layer kind
+        return {
+            kind: (
+                getattr(rotary, f"{kind}_inv_freq").float(),
+                float(getattr(rotary, f"{kind}_attention_scaling")),
+            )
+            for kind in rotary.rope_type
+        }
+    return {None: (rotary.inv_freq.float(), float(getattr(rotary, "attention_scaling", 1.0)))}
 
 
 def transposed_is_faster(dtype: torch.dtype, device: torch.device, compiled: bool) -> bool:
@@ -66,30 +108,45 @@ def transposed_is_faster(dtype: torch.dtype, device: torch.device, compiled: boo
 
 
 class _Layer:
-    def __init__(self, block: nn.Module, fuse: "_Fuser", family: Family):
+    def __init__(self, block: nn.Module, fuse: "_Fuser", family: Family, window: int | None, rope: int):
         attn, mlp = block.self_attn, block.mlp
+        qkv = [getattr(attn, name) for name in family.qkv]
+        gate_up = [getattr(mlp, name) for name in family.gate_up]
         # Biases first: fusing re-points each module's weight, never its bias.
-        self.bqkv = _biases(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.bqkv = _biases(*qkv)
         self.bo = _biases(attn.o_proj)
-        self.bgu = _biases(mlp.gate_proj, mlp.up_proj)
+        self.bgu = _biases(*gate_up)
         self.bdown = _biases(mlp.down_proj)
-        self.wqkv = fuse(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.wqkv = fuse(*qkv)
         self.wo = fuse(attn.o_proj)
-        self.wgu = fuse(mlp.gate_proj, mlp.up_proj)
+        self.wgu = fuse(*gate_up)
         self.wdown = fuse(mlp.down_proj)
-        self.ln1 = block.input_layernorm.weight.detach()
-        self.ln2 = block.post_attention_layernorm.weight.detach()
-        self.q_norm = attn.q_norm.weight.detach() if family.qk_norm else None
-        self.k_norm = attn.k_norm.weight.detach() if family.qk_norm else None
+        self.ln1 = _weight(block.input_layernorm)
+        self.ln2 = _weight(getattr(block, family.pre_mlp_norm))
+        self.q_norm = _weight(attn.q_norm) if family.qk_norm else None
+        self.k_norm = _weight(attn.k_norm) if family.qk_norm else None
+        post = family.post_norms or (None, None)
+        self.post_attn, self.post_mlp = (_weight(getattr(block, name)) if name else None for name in post)
+        self.window = window
+        """A sliding window's length, or None for attention over the whole context."""
+        self.rope = rope
+        """Which of the fast path's RoPE tables this layer rotates by."""
 
-    SMALL = ("ln1", "ln2", "q_norm", "k_norm", "bqkv", "bo", "bgu", "bdown")
+    NORMS = ("ln1", "ln2", "q_norm", "k_norm", "post_attn", "post_mlp")
+    SMALL = NORMS + ("bqkv", "bo", "bgu", "bdown")
     """The vectors (norm weights, biases): kept in the activations' dtype, each its own copy."""
 
-    def own_small(self, dtype: torch.dtype) -> None:
+    def own_small(self, dtype: torch.dtype, norm_offset: float) -> None:
+        """Each vector its own copy in `dtype`; a family's norm offset (Gemma's 1 + w) added once here."""
         for name in self.SMALL:
             value = getattr(self, name)
             if value is not None:
-                setattr(self, name, value.detach().to(dtype, copy=True))
+                offset = norm_offset if name in self.NORMS else 0.0
+                setattr(self, name, (value.detach().float() + offset).to(dtype))
+
+
+def _weight(module: nn.Module) -> torch.Tensor:
+    return module.weight.detach()
 
 
 def _biases(*linears: nn.Module) -> torch.Tensor | None:
@@ -183,6 +240,13 @@ class FastLlama:
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
+        self.family = family_of(config)
+        facts = layer_facts(config)
+        self.activation = facts.activation
+        self.act = ACTIVATIONS[facts.activation]
+        self.query_scale = 1.0 if facts.query_scale is None else facts.query_scale * self.head_dim**0.5
+        """What q is multiplied by so that attention's usual 1/sqrt(head_dim) scales it as the model does."""
+        self.logit_softcap = facts.logit_softcap
         inner = model.model
         weight = inner.embed_tokens.weight
         self.transposed = transposed_is_faster(weight.dtype, weight.device, compiled)
@@ -193,15 +257,21 @@ class FastLlama:
         if tied:  # one matrix serves both: embedding rows are lm_head's output rows
             inner.embed_tokens.weight = model.lm_head.weight
         self.embed = inner.embed_tokens.weight  # [vocab, hidden], possibly a transposed view
-        self.family = family_of(config)
-        self.layers = [_Layer(block, fuse, self.family) for block in inner.layers]
+        tables = _rope_tables(inner.rotary_emb)
+        kinds = list(tables)
+        rope_of = [kinds.index(kind if kind in tables else None) for kind in facts.layer_types]
+        self.layers = [
+            _Layer(block, fuse, self.family, window, rope)
+            for block, window, rope in zip(inner.layers, facts.windows, rope_of)
+        ]
+        self.windows = sorted({w for w in facts.windows if w})
+        """The sliding windows the layers attend over (none, or one or two lengths)."""
         matrices = [self.lm_head] + [
             w for layer in self.layers for w in (layer.wqkv, layer.wo, layer.wgu, layer.wdown)
         ]
         _own_remaining_weights(model, [m for m in matrices if isinstance(m, torch.Tensor)])
-        rotary = inner.rotary_emb
-        self.inv_freq = rotary.inv_freq.float()
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.ropes = [tables[kind] for kind in kinds]
+        """(inverse frequencies, cos/sin scale) per RoPE table; one, or one per layer kind (Gemma 3)."""
         self.weight_dtype = self.embed.dtype
         on_cpu = self.embed.device.type == "cpu"
         # 16-bit arithmetic is native on GPUs; on a CPU keep activations in float32.
@@ -210,9 +280,13 @@ class FastLlama:
             on_cpu and self.weight_dtype != torch.float32 and not cpu_matmul_native(self.weight_dtype)
         )
         # Norm weights are tiny: keep them in the activations' dtype for the fused rms_norm.
-        self.norm = self.norm.detach().to(self.act_dtype, copy=True)
+        offset = self.family.norm_offset
+        self.norm = (self.norm.detach().float() + offset).to(self.act_dtype)
         for layer in self.layers:
-            layer.own_small(self.act_dtype)
+            layer.own_small(self.act_dtype, offset)
+        scale = inner.embed_tokens.embed_scale if self.family.scaled_embedding else None
+        self.embed_scale = None if scale is None else scale.detach().to(self.weight_dtype).clone()
+        """Gemma's sqrt(hidden size), rounded to the weights' dtype as transformers rounds it."""
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, upcast: bool) -> torch.Tensor:
         """x @ W.T for a weight stored [out, in] (or x @ W for one stored [in, out]). An eager
@@ -234,16 +308,36 @@ class FastLlama:
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin for `positions` [n], shaped [n, 1, head_dim].
+    def embedded(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of `ids` [n] in the activations' dtype: h [n, hidden]."""
+        h = self.embed[ids]
+        if self.embed_scale is not None:  # in the weights' dtype, as transformers multiplies
+            h = h * self.embed_scale
+        return h.to(self.act_dtype)
+
+    def rope(self, positions: torch.Tensor, table: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin for `positions` [n] by RoPE table `table`, shaped [n, 1, head_dim].
 
         HF's rotate_half(x) = cat(-x2, x1) equals roll(x, d/2) * [-1.., +1..], so the sign
         goes into sin and one rotation is roll, two multiplies and an add.
         """
-        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
-        cos = torch.cat((freqs.cos(), freqs.cos()), dim=-1) * self.rope_scale
-        sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1) * self.rope_scale
+        inv_freq, scale = self.ropes[table]
+        freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]
+        cos = torch.cat((freqs.cos(), freqs.cos()), dim=-1) * scale
+        sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1) * scale
         return cos[:, None].to(self.act_dtype), sin[:, None].to(self.act_dtype)
+
+    def ropes_at(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`rope(positions, t)` for each table t: what each layer's `layer.rope` picks from."""
+        return [self.rope(positions, table) for table in range(len(self.ropes))]
+
+    def window_starts(self, position: torch.Tensor) -> dict[int | None, torch.Tensor]:
+        """The first position a decode step at `position` ([1] tensor) attends to, per window
+        length (None: the whole context, from 0)."""
+        starts = {None: torch.zeros_like(position)}
+        for window in self.windows:
+            starts[window] = (position - (window - 1)).clamp(min=0)
+        return starts
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -269,10 +363,11 @@ class FastLlama:
             return matvec.multiply(x, weight)
         return (x[:, None, :] * weight[None]).sum(-1)
 
-    def attention(self, q: torch.Tensor, keys, values, mask, position) -> torch.Tensor:
+    def attention(self, q: torch.Tensor, keys, values, mask, position, first=None) -> torch.Tensor:
         """softmax(q K.T / sqrt(d) + mask) V for q [1, heads, n, d] over the cached K/V, whose
-        last valid position is `position` ([1] tensor). `keys` is a QuantizedKV for an int8
-        cache (then `values` is unused).
+        last valid position is `position` ([1] tensor); one token attends from `first` ([1]
+        tensor, a sliding window's start; None: 0), which `mask` says too. `keys` is a
+        QuantizedKV for an int8 cache (then `values` is unused).
 
         For one new token, the query heads that share a K/V head (grouped-query attention) go
         in as that head's queries, so each cached K/V is read once rather than once per query
@@ -285,9 +380,9 @@ class FastLlama:
         _, heads, _, d = q.shape
         grouped = q.reshape(1, self.kv_heads, heads // self.kv_heads, d)
         if isinstance(keys, QuantizedKV):
-            out = attention.decode_int8(grouped.float(), keys, position)
+            out = attention.decode_int8(grouped.float(), keys, position, first)
         elif attention.can_attend(keys):
-            out = attention.decode(grouped.float(), keys, values, position)
+            out = attention.decode(grouped.float(), keys, values, position, first)
         else:
             out = F.scaled_dot_product_attention(grouped.to(keys.dtype), keys, values, attn_mask=mask)
         return out.reshape(1, heads, 1, d)
@@ -300,13 +395,18 @@ class FastLlama:
         a = self.rmsnorm(h, layer.ln1)
         qkv = _plus(linear(a, layer.wqkv), layer.bqkv).view(n, qk_heads + self.kv_heads, self.head_dim)
         qk = self._rotate(self._qk_normed(layer, qkv[:, :qk_heads]), cos, sin)  # q and k rotate together
-        q, k, v = (x.transpose(0, 1)[None] for x in (qk[:, :heads], qk[:, heads:], qkv[:, qk_heads:]))
+        q = qk[:, :heads] if self.query_scale == 1.0 else qk[:, :heads] * self.query_scale
+        q, k, v = (x.transpose(0, 1)[None] for x in (q, qk[:, heads:], qkv[:, qk_heads:]))
         attn = attend(q, k, v)  # [1, heads, n, head_dim]
         attn = attn[0].transpose(0, 1).reshape(n, heads * self.head_dim).to(h.dtype)
-        h = h + _plus(linear(attn, layer.wo), layer.bo)
+        h = h + self._normed(_plus(linear(attn, layer.wo), layer.bo), layer.post_attn)
         m = self.rmsnorm(h, layer.ln2)
         gate, up = _plus(linear(m, layer.wgu), layer.bgu).chunk(2, dim=-1)
-        return h + _plus(linear(F.silu(gate) * up, layer.wdown), layer.bdown)
+        return h + self._normed(_plus(linear(self.act(gate) * up, layer.wdown), layer.bdown), layer.post_mlp)
+
+    def _normed(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """A sublayer's output normalized before it joins the residual, where the family does so."""
+        return x if weight is None else self.rmsnorm(x, weight)
 
     def _qk_normed(self, layer: _Layer, qk: torch.Tensor) -> torch.Tensor:
         """q and k [n, heads + kv_heads, d], each head normalized over d where the family does so."""
@@ -316,11 +416,14 @@ class FastLlama:
         return torch.cat((self.rmsnorm(q, layer.q_norm), self.rmsnorm(k, layer.k_norm)), dim=1)
 
     def _logits(self, h: torch.Tensor, linear) -> torch.Tensor:
-        last = self.rmsnorm(h[-1:], self.norm)
-        return linear(last, self.lm_head)[0].float()
+        return self.all_logits(h[-1:], linear)[0]
 
-    def _all_logits(self, h: torch.Tensor, linear) -> torch.Tensor:
-        return linear(self.rmsnorm(h, self.norm), self.lm_head).float()
+    def all_logits(self, h: torch.Tensor, linear) -> torch.Tensor:
+        """Logits [n, vocab] of each row of h [n, hidden] (soft-capped where the family does so)."""
+        logits = linear(self.rmsnorm(h, self.norm), self.lm_head).float()
+        if self.logit_softcap:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
 
     def forward(self, ids: torch.Tensor, cache: KVCache, every: bool = False) -> torch.Tensor:
         """Feed ids [1, n] after the cache's tokens; returns logits [vocab] of the last one, or with
@@ -328,27 +431,38 @@ class FastLlama:
         n = ids.shape[1]
         start = len(cache)
         upcast = self.upcast_prefill and n > UPCAST_ABOVE
-        h = self.embed[ids[0]].to(self.act_dtype)  # [n, hidden]
-        cos, sin = self.rope(torch.arange(start, start + n, device=h.device))
+        h = self.embedded(ids[0])  # [n, hidden]
+        ropes = self.ropes_at(torch.arange(start, start + n, device=h.device))
         last = torch.tensor([start]) if n == 1 else None  # the one new token's position, for the kernel
-        mask = None
-        if n > 1 and start:  # query i (at start+i) sees every cached key and keys up to itself
-            keys = torch.arange(start + n, device=h.device)
-            mask = keys[None, :] <= (start + torch.arange(n, device=h.device))[:, None]
+        firsts = self.window_starts(last) if n == 1 else {}
+        masks = self._masks(start, n, h.device)
 
-        def attend(cache_layer, q, k, v):
+        def attend(cache_layer, window, q, k, v):
             # Stored in the cache's own precision (engine/kvcache.py); one token's attention reads
             # it as stored. A prefill chunk's n queries share one copy of the cache in their dtype.
             stored = cache_layer.append(k, v)
             if n == 1:
-                return self.attention(q, *_pair(stored), mask, last)
+                return self.attention(q, *_pair(stored), masks[window], last, firsts[window])
             keys, values = stored if stored[0].dtype == q.dtype else cache_layer.dequantized(q.dtype)
-            return self.attention(q, keys, values, mask, last)
+            return self.attention(q, keys, values, masks[window], last)
 
         linear = functools.partial(self.linear, upcast=upcast)
         for layer, cache_layer in zip(self.layers, cache.layers):
-            h = self.block(layer, h, cos, sin, linear, functools.partial(attend, cache_layer))
-        return self._all_logits(h, linear) if every else self._logits(h, linear)
+            layer_attend = functools.partial(attend, cache_layer, layer.window)
+            h = self.block(layer, h, *ropes[layer.rope], linear, layer_attend)
+        return self.all_logits(h, linear) if every else self._logits(h, linear)
+
+    def _masks(self, start: int, n: int, device: torch.device) -> dict[int | None, torch.Tensor | None]:
+        """The masks of a forward of n tokens after `start` cached ones, per window length (None:
+        the whole context): query i (at start+i) sees the keys up to itself, a window's only the
+        last `window` of those. None where that is plain causal attention (for one token: every key)."""
+        queries = start + torch.arange(n, device=device)[:, None]
+        keys = torch.arange(start + n, device=device)[None, :]
+        causal = keys <= queries if n > 1 and start else None
+        masks: dict[int | None, torch.Tensor | None] = {None: causal}
+        for window in self.windows:
+            masks[window] = (keys <= queries) & (keys > queries - window) if start + n > window else causal
+        return masks
 
     def block_on_buffers(
         self,
@@ -357,6 +471,7 @@ class FastLlama:
         cos: torch.Tensor,
         sin: torch.Tensor,
         position: torch.Tensor,
+        first: torch.Tensor,
         k_buffer: torch.Tensor,
         v_buffer: torch.Tensor,
         k_scales: torch.Tensor | None = None,
@@ -364,10 +479,13 @@ class FastLlama:
     ) -> torch.Tensor:
         """One layer of a decode step, written for torch.compile (engine/fast/compiled.py), which
         compiles it once and runs it for every layer: h is [1, hidden], position a [1] tensor,
-        k/v_buffer the layer's whole cache buffer [1, kv_heads, capacity, d] (int8 with its
-        k/v_scales [1, kv_heads, capacity] for an int8 cache). The new K/V go in at `position`;
-        attention reads the slots up to it."""
-        mask = (torch.arange(k_buffer.shape[2], device=h.device) <= position)[None, :]
+        first the first position it attends to ([1] tensor: 0, or a sliding window's start; cos,
+        sin and first come in per layer, as a model's kinds of layer differ in them), k/v_buffer
+        the layer's whole cache buffer [1, kv_heads, capacity, d] (int8 with its k/v_scales
+        [1, kv_heads, capacity] for an int8 cache). The new K/V go in at `position`; attention
+        reads the slots first..position."""
+        slots = torch.arange(k_buffer.shape[2], device=h.device)
+        mask = ((slots <= position) & (slots >= first))[None, :]
 
         def attend(q, k, v):
             if k_scales is not None:  # each new row quantized as engine/kvcache.py stores it
@@ -378,8 +496,8 @@ class FastLlama:
             v_buffer.index_copy_(2, position, v.to(v_buffer.dtype))
             if k_scales is not None:
                 stored = QuantizedKV(k_buffer, k_scales, v_buffer, v_scales)
-                return self.attention(q, stored, None, mask, position)
-            return self.attention(q.to(k_buffer.dtype), k_buffer, v_buffer, mask, position)
+                return self.attention(q, stored, None, mask, position, first)
+            return self.attention(q.to(k_buffer.dtype), k_buffer, v_buffer, mask, position, first)
 
         return self.block(layer, h, cos, sin, self._matvec, attend)
 

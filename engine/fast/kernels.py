@@ -68,9 +68,9 @@ LOCK_WAIT_S = 180.0
 """How long a build waits for another process's build of a kernel (~20 s) before giving up."""
 
 SCHEMAS = {
-    "decode_attention": "(Tensor q, Tensor k, Tensor v, Tensor position) -> Tensor",
+    "decode_attention": "(Tensor q, Tensor k, Tensor v, Tensor first, Tensor position) -> Tensor",
     "decode_attention_int8": (
-        "(Tensor q, Tensor k, Tensor ks, Tensor v, Tensor vs, Tensor position) -> Tensor"
+        "(Tensor q, Tensor k, Tensor ks, Tensor v, Tensor vs, Tensor first, Tensor position) -> Tensor"
     ),
     "matvec": "(Tensor x, Tensor w) -> Tensor",
     "sample_summary": "(Tensor logits, float scale, int chosen, float? u, int k) -> Tensor",

@@ -42,11 +42,17 @@ def whole_step(fast: FastLlama, token: torch.Tensor, position: torch.Tensor, *bu
     """A decode step in one piece; embedding and RoPE are a row lookup and a few dozen numbers.
     `buffers`: every layer's K buffer, every layer's V buffer (and, for an int8 cache, every
     layer's K scales and V scales), as `cache_buffers` gives them."""
-    h = fast.embed[token].to(fast.act_dtype)
-    cos, sin = fast.rope(position)
-    for layer, *layer_buffers in zip(fast.layers, *buffers):
-        h = fast.block_on_buffers(layer, h, cos, sin, position, *layer_buffers)
+    h = fast.embedded(token)
+    for layer, inputs, *layer_buffers in zip(fast.layers, layer_inputs(fast, position), *buffers):
+        h = fast.block_on_buffers(layer, h, *inputs, *layer_buffers)
     return fast.head(h)
+
+
+def layer_inputs(fast: FastLlama, position: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """Each layer's (cos, sin, position, first attended position) for a step at `position`: its
+    kind of layer's RoPE table and window (Gemma 3's local layers differ from its global ones)."""
+    ropes, firsts = fast.ropes_at(position), fast.window_starts(position)
+    return [(*ropes[layer.rope], position, firsts[layer.window]) for layer in fast.layers]
 
 
 class _RegionalStep:
@@ -56,10 +62,9 @@ class _RegionalStep:
         self.block, self.head = block, head
 
     def __call__(self, fast: FastLlama, token: torch.Tensor, position: torch.Tensor, *buffers):
-        h = fast.embed[token].to(fast.act_dtype)
-        cos, sin = fast.rope(position)
-        for layer, *layer_buffers in zip(fast.layers, *buffers):
-            h = self.block(fast, layer, h, cos, sin, position, *layer_buffers)
+        h = fast.embedded(token)
+        for layer, inputs, *layer_buffers in zip(fast.layers, layer_inputs(fast, position), *buffers):
+            h = self.block(fast, layer, h, *inputs, *layer_buffers)
         return self.head(fast, h)
 
 
@@ -77,10 +82,10 @@ def compile_here(kind: str, fast: FastLlama, cache_dtype: torch.dtype) -> dict[s
     if kind == "whole":
         examples = {"step": (fast, token, position, *buffers)}
     else:
-        h = fast.embed[token].to(fast.act_dtype)
-        cos, sin = fast.rope(position)
+        h = fast.embedded(token)
+        inputs = layer_inputs(fast, position)[0]
         examples = {
-            "block": (fast, fast.layers[0], h, cos, sin, position, *(per_layer[0] for per_layer in buffers)),
+            "block": (fast, fast.layers[0], h, *inputs, *(per_layer[0] for per_layer in buffers)),
             "head": (fast, h),
         }
     with torch.inference_mode():  # as the session's calls are
@@ -210,11 +215,18 @@ def saved_path(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | N
         return None
     shapes = [layer_signature(fast.layers[0]), _signature(fast.lm_head), _signature(fast.embed)]
     model = (kind, fast.family.name, len(fast.layers), fast.heads, fast.kv_heads, fast.head_dim, fast.eps)
-    model += (fast.rope_scale,)
+    model += (
+        fast.query_scale,
+        fast.logit_softcap,
+        fast.activation,
+        None if fast.embed_scale is None else fast.embed_scale.item(),
+    )
+    model += tuple((layer.rope, layer.window) for layer in fast.layers)
+    ropes = [(inv_freq.tolist(), scale) for inv_freq, scale in fast.ropes]
     isa, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
     key = hashlib.sha256(
         repr((torch.__version__, sys.version, isa, threads, model, fast.transposed, matvec.enabled)).encode()
-        + repr((shapes, str(fast.act_dtype), str(cache_dtype), fast.inv_freq.tolist())).encode()
+        + repr((shapes, str(fast.act_dtype), str(cache_dtype), ropes)).encode()
         + _CODE_DIGEST
     ).hexdigest()[:32]
     return Path(root) / "llmchat-steps" / f"{key}.step"

@@ -69,6 +69,8 @@ class RopeEffect:
     """θ_0: radians per position of the fastest-turning pair."""
     slowest_period: float
     """2π/θ_last: positions for one whole turn of the slowest pair."""
+    layer_kind: str | None = None
+    """Layer 0's kind where each kind has its own base (Gemma 3: "sliding_attention"), else None."""
 
 
 @dataclass(frozen=True)
@@ -138,14 +140,25 @@ def _projections(session: ChatSession, token_id: int) -> tuple[torch.Tensor, tor
     block = session.model.model.layers[0]
     attn = block.self_attn
     norm = block.input_layernorm
-    x = embedding_table(session)[token_id][None, None].to(norm.weight.dtype)
-    h = norm(x)
-    dtype = getattr(attn.q_proj, "weight", None)
+    x = embedding_table(session)[token_id][None, None]
+    scale = getattr(session.model.get_input_embeddings(), "embed_scale", None)  # Gemma: sqrt(hidden)
+    h = norm((x if scale is None else x * scale.to(x.dtype)).to(norm.weight.dtype))
+    q_in = getattr(attn, "q_proj", None) or attn.qkv_proj  # Phi-3 stores q, k and v as one matrix
+    dtype = getattr(q_in, "weight", None)
     if isinstance(dtype, torch.Tensor) and dtype.is_floating_point():
         h = h.to(dtype.dtype)
-    q = _head_normed(attn, "q_norm", attn.q_proj(h).view(info.heads, info.head_dim))
-    k = _head_normed(attn, "k_norm", attn.k_proj(h).view(info.kv_heads, info.head_dim))
+    q, k = _query_and_key(attn, h, info.heads * info.head_dim, info.kv_heads * info.head_dim)
+    q = _head_normed(attn, "q_norm", q.view(info.heads, info.head_dim))
+    k = _head_normed(attn, "k_norm", k.view(info.kv_heads, info.head_dim))
     return q.float(), k.float()
+
+
+def _query_and_key(attn: torch.nn.Module, h: torch.Tensor, q_size: int, k_size: int) -> tuple:
+    """The attention's q and k projections of h, from their own matrices or Phi-3's fused one."""
+    if hasattr(attn, "q_proj"):
+        return attn.q_proj(h), attn.k_proj(h)
+    qkv = attn.qkv_proj(h)
+    return qkv[..., :q_size], qkv[..., q_size : q_size + k_size]
 
 
 def _head_normed(attn: torch.nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
@@ -162,16 +175,19 @@ def rope_effect(session: ChatSession, token_id: int) -> RopeEffect:
     distances = tuple(d for d in DISTANCES if later + d < info.context)
     q, k = _projections(session, token_id)
     rows = []
+    kind = _first_layer_kind(session.model.config, rotary)
     for vector, x, starts in (("q", q, (0, later)), ("k", k, (0,))):
         for start in starts:
             positions = torch.tensor([[start] + [start + d for d in distances]], device=x.device)
-            cos, sin = rotary(x, positions)  # [1, 1 + len(distances), d]
+            by_kind = () if kind is None else (kind,)
+            cos, sin = rotary(x, positions, *by_kind)  # [1, 1 + len(distances), d]
             rotated = x[None] * cos[0, :, None].float() + _rotate_half(x[None]) * sin[0, :, None].float()
             similarity = torch.nn.functional.cosine_similarity(rotated[:1], rotated[1:], dim=-1)
             rows.append(RopeRow(vector, start, tuple(similarity.mean(dim=1).tolist())))
-    inv_freq = rotary.inv_freq.float()
+    inv_freq = getattr(rotary, "inv_freq" if kind is None else f"{kind}_inv_freq").float()
     config = session.model.config
     params = getattr(config, "rope_parameters", None) or {}
+    params = params.get(kind, params) if kind is not None else params
     base = params.get("rope_theta", getattr(config, "rope_theta", float("nan")))
     return RopeEffect(
         float(base),
@@ -182,7 +198,16 @@ def rope_effect(session: ChatSession, token_id: int) -> RopeEffect:
         tuple(rows),
         float(inv_freq[0]),
         float(2 * torch.pi / inv_freq[-1]),
+        kind,
     )
+
+
+def _first_layer_kind(config, rotary: torch.nn.Module) -> str | None:
+    """Layer 0's kind where the model rotates each kind by its own base (Gemma 3's local layers:
+    10k, its global ones: 1M), else None."""
+    if not isinstance(getattr(rotary, "rope_type", None), dict):
+        return None
+    return config.layer_types[0]
 
 
 def token_embedding(session: ChatSession, token_id: int) -> TokenEmbedding:

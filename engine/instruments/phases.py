@@ -16,7 +16,9 @@ How the work is counted (a student can redo it by hand from the model config):
   among the parameters and in W, the bytes a pass reads, not in P.
 * Attention: a query against one cached key costs 2·d (QKᵀ) plus 2·d (weighting V) per
   head, so 4·H·d per layer. In prefill, new token j (0-based) after r reused tokens sees
-  r + j + 1 keys: pairs = n·r + n(n+1)/2. A decode step at context c sees c + 1 keys.
+  r + j + 1 keys: pairs = n·r + n(n+1)/2. A decode step at context c sees c + 1 keys. A layer
+  that attends over a sliding window of w positions (Gemma 3's local layers) sees at most w:
+  its pairs are Σ min(r + j + 1, w), and it reads at most w positions' K/V.
 
       FLOPs(prefill of n after r) = 2·P·n + 2·h·vocab·chunks + 4·layers·H·d·pairs
       FLOPs(decode at context c)  = FLOPs(prefill of 1 after c)
@@ -88,13 +90,17 @@ class ModelShape:
     kv_bytes_per_token: int
     layer_biases: int = 0
     """Bias values of one layer's projections, read from its modules (Qwen2: q, k, v)."""
-    layer_qk_norms: int = 0
-    """Weights of one layer's per-head q and k RMSNorms (Qwen3: 2·head_dim)."""
+    windows: tuple[int | None, ...] = ()
+    """Each layer's sliding window (None: the whole context); () where no layer has one."""
+    layer_norms: int | None = None
+    """Weights of one layer's RMSNorms, read from its modules (Llama: 2·hidden; Qwen3's per-head
+    q and k norms add 2·head_dim, Gemma 3's norms of the attention's and MLP's outputs 2·hidden
+    more). None: Llama's 2·hidden."""
 
     @classmethod
     def of(cls, loaded: LoadedModel) -> ModelShape:
         config, info = loaded.model.config, loaded.info
-        biases, qk_norms = _layer_vectors(loaded.model)
+        biases, norms = _layer_vectors(loaded.model)
         return cls(
             layers=info.layers,
             hidden=info.hidden_size,
@@ -108,7 +114,8 @@ class ModelShape:
             streamed_weight_bytes=weights_read_per_token(loaded),
             kv_bytes_per_token=info.kv_bytes_per_token,
             layer_biases=biases,
-            layer_qk_norms=qk_norms,
+            layer_norms=norms,
+            windows=info.layer_windows,
         )
 
     # -- parameters -----------------------------------------------------------------
@@ -129,17 +136,26 @@ class ModelShape:
 
     @property
     def parameters(self) -> int:
-        """Every parameter: P, the LM head, the embedding (once if tied), the RMSNorm weights and
-        the family's biases and q/k norms."""
+        """Every parameter: P, the LM head, the embedding (once if tied), the RMSNorm weights
+        (each layer's and the final one) and the family's biases."""
         embedding = 0 if self.tied_embeddings else self.vocab * self.hidden
-        norms = (2 * self.layers + 1) * self.hidden
-        extras = self.layers * (self.layer_biases + self.layer_qk_norms)
-        return self.matmul_params + self.head_params + embedding + norms + extras
+        layer_norms = 2 * self.hidden if self.layer_norms is None else self.layer_norms
+        extras = self.layers * (self.layer_biases + layer_norms) + self.hidden
+        return self.matmul_params + self.head_params + embedding + extras
 
     # -- work per phase ---------------------------------------------------------------
     def attention_flops(self, new: int, reused: int) -> int:
-        pairs = new * reused + new * (new + 1) // 2
-        return 4 * self.layers * self.heads * self.head_dim * pairs
+        pairs = sum(_pairs(new, reused, window) for window in self._layer_windows)
+        return 4 * self.heads * self.head_dim * pairs
+
+    @property
+    def _layer_windows(self) -> tuple[int | None, ...]:
+        return self.windows or (None,) * self.layers
+
+    def kv_read_bytes(self, positions: int) -> int:
+        """K/V bytes a pass reads attending over `positions` cached ones (a window layer: its last w)."""
+        per_layer = self.kv_bytes_per_token // self.layers
+        return sum(per_layer * min(positions, w or positions) for w in self._layer_windows)
 
     def prefill_flops(self, new: int, reused: int = 0, chunks: int | None = None) -> int:
         chunks = _chunks(new) if chunks is None else chunks
@@ -149,7 +165,11 @@ class ModelShape:
 
     def prefill_bytes(self, new: int, reused: int = 0, chunks: int | None = None) -> int:
         chunks = _chunks(new) if chunks is None else chunks
-        return chunks * self.streamed_weight_bytes + self.kv_bytes_per_token * (reused + 2 * new)
+        return (
+            chunks * self.streamed_weight_bytes
+            + self.kv_read_bytes(reused + new)
+            + self.kv_bytes_per_token * new
+        )
 
     def decode_flops(self, context: int) -> int:
         """One decode step with `context` positions already in the cache."""
@@ -159,19 +179,31 @@ class ModelShape:
         return self.prefill_bytes(1, context, chunks=1)
 
 
-def _layer_vectors(model: torch.nn.Module) -> tuple[int, int]:
-    """One decoder layer's bias values and q/k norm weights, counted from its modules (the
-    families' layers are alike; a model without `model.layers` counts none)."""
+def _layer_vectors(model: torch.nn.Module) -> tuple[int, int | None]:
+    """One decoder layer's bias values and norm weights, counted from its modules (the families'
+    layers are alike; a model without `model.layers` counts no bias and Llama's norms)."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not layers:
-        return 0, 0
-    block = layers[0]
-    biases = [getattr(m, "bias", None) for m in block.modules()]
-    norms = [getattr(getattr(block, "self_attn", None), name, None) for name in ("q_norm", "k_norm")]
+        return 0, None
+    modules = list(layers[0].modules())
+    biases = [getattr(m, "bias", None) for m in modules]
+    # A norm's weight is the one vector a module holds as `weight` (a projection's is a matrix).
+    weights = [getattr(m, "weight", None) for m in modules if not isinstance(m, torch.nn.Linear)]
+    norms = [w for w in weights if isinstance(w, torch.Tensor) and w.dim() == 1]
     return (
         sum(b.numel() for b in biases if isinstance(b, torch.Tensor)),
-        sum(n.weight.numel() for n in norms if n is not None),
+        sum(w.numel() for w in norms),
     )
+
+
+def _pairs(new: int, reused: int, window: int | None) -> int:
+    """(query, key) pairs of `new` tokens after `reused`: token j sees r + j + 1 keys, at most `window`."""
+    pairs = new * reused + new * (new + 1) // 2
+    if window is None or reused + new <= window:
+        return pairs
+    # Tokens at positions p = r+1 .. r+n (1-based) see min(p, window) keys.
+    below = max(0, min(reused + new, window) - reused)  # those still within the window
+    return below * reused + below * (below + 1) // 2 + (new - below) * window
 
 
 def _chunks(new: int) -> int:

@@ -278,7 +278,8 @@ def compare_turn_at(
     """For `engine.call`: load the session's model at `precision`, compare the last turn, free it again."""
     if cancel is not None and cancel.is_set():
         raise RuntimeError("cancelled")
-    other = models.load(session.info.spec, precision, session.info.device)
+    # Fed the turn's ids only: a base model without a chat template loads as well.
+    other = models.load(session.info.spec, precision, session.info.device, chat=False)
     try:
         return compare_turn(session, other, max_new_tokens, cancel)
     finally:

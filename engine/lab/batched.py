@@ -89,15 +89,14 @@ class BatchedForward:
         ids = torch.tensor([t for f in feeds for t in f.tokens], device=device)
         positions = torch.cat([torch.arange(f.start, f.stop) for f in feeds]).to(device)
         with torch.inference_mode():
-            h = fast.embed[ids].to(fast.act_dtype)  # [T, hidden]
-            cos, sin = fast.rope(positions)
+            h = fast.embedded(ids)  # [T, hidden]
+            ropes = fast.ropes_at(positions)
             upcast = fast.upcast_prefill and len(ids) > UPCAST_ABOVE
             linear = functools.partial(fast.linear, upcast=upcast)
             for index, layer in enumerate(fast.layers):
                 attend = functools.partial(self._attend, plan, *self.pool.flat(index))
-                h = fast.block(layer, h, cos, sin, linear, attend)
-            last = fast.rmsnorm(h[plan.last_rows], fast.norm)
-            return linear(last, fast.lm_head).float()
+                h = fast.block(layer, h, *ropes[layer.rope], linear, attend)
+            return fast.all_logits(h[plan.last_rows], linear)
 
     @staticmethod
     def _attend(plan: _Plan, keys: torch.Tensor, values: torch.Tensor, q, k, v) -> torch.Tensor:

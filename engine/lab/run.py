@@ -204,6 +204,11 @@ class Lab:
             raise LabError(f"the lab runs on the fast path, which does not cover this model: {why}")
         self.loaded, self.config = loaded, config
         self.fast = fused.for_model(loaded.model)
+        if self.fast.windows:
+            raise LabError(
+                f"the lab's batched forward attends over the whole context, and this model's layers "
+                f"attend over sliding windows ({', '.join(map(str, self.fast.windows))} positions)"
+            )
         info = loaded.info
         self.kv = KVShape(info.layers, info.kv_heads, info.head_dim, self.fast.act_dtype)
         try:

@@ -10,7 +10,7 @@ import typer
 
 from engine import DEFAULT_MODEL
 from tui.cli import remote
-from tui.cli.checks import check_draft_tokens, check_kv_cache, check_speculative
+from tui.cli.checks import check_chat_template, check_draft_tokens, check_kv_cache, check_speculative
 from tui.cli.exits import fail
 from tui.fmt import visible_controls
 
@@ -28,6 +28,8 @@ class BenchFlags:
     turns: int
     long_context: int
     random_weights: bool
+    raw: bool
+    chat_template: str | None
     no_compile: bool
     speculative: str | None
     draft_tokens: int | None
@@ -49,6 +51,8 @@ def measure(flags: BenchFlags) -> None:
 
 
 def bench_server(flags: BenchFlags) -> None:
+    if flags.raw or flags.chat_template is not None:
+        fail(f"{'--raw' if flags.raw else '--chat-template'}: a server applies its own chat template")
     if flags.kv_cache:
         fail("--kv-cache: a server keeps its own KV cache")
     where = remote.target(flags.server, flags.model, flags.api_key_env, flags.read_timeout, fail)
@@ -77,9 +81,14 @@ def bench_here(flags: BenchFlags) -> None:
 def local_config(flags: BenchFlags):
     """engine/bench.py's settings from the flags; exits naming the flag of a bad one."""
     from engine.bench import BenchConfig
+    from engine.chat_templates import template_text
 
     draft_tokens = 4 if flags.draft_tokens is None else flags.draft_tokens
     check_draft_tokens(draft_tokens)
+    if flags.raw and flags.chat_template is not None:
+        fail("--raw sends the text without a template; --chat-template gives one: choose one")
+    if flags.chat_template is not None:
+        check_chat_template(flags.chat_template)
     try:
         return BenchConfig(
             model=flags.model or DEFAULT_MODEL,
@@ -91,6 +100,8 @@ def local_config(flags: BenchFlags):
             turns=flags.turns,
             long_context=flags.long_context,
             random_weights=flags.random_weights,
+            raw=flags.raw,
+            chat_template=None if flags.chat_template is None else template_text(flags.chat_template),
             compile=not flags.no_compile,
             speculative=flags.speculative,
             draft_tokens=draft_tokens,

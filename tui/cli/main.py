@@ -134,6 +134,8 @@ def bench(
     random_weights: bool = typer.Option(
         False, "--random-weights", help="The model's architecture with random weights."
     ),
+    raw: bool = options.Raw,
+    chat_template: Optional[str] = options.ChatTemplate,
     no_compile: bool = typer.Option(False, "--no-compile", help="Measure the eager decode step only."),
     speculative: Optional[str] = options.Speculative,
     draft_tokens: Optional[int] = options.DraftTokens,

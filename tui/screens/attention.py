@@ -132,6 +132,7 @@ class AttentionScreen(InstrumentScreen):
         super().__init__(link, step, answer)
         info = link.session.info
         self.n_layers, self.n_heads, self.n_kv_heads = info.layers, info.heads, info.kv_heads
+        self.windows = info.layer_windows
         self.layer_no: int | None = None
         self.head_no: int | None = None
         self.view: AttentionView | None = None
@@ -272,6 +273,7 @@ class AttentionScreen(InstrumentScreen):
 
     def _selector(self) -> None:
         layer = "average of all" if self.layer_no is None else f"{self.layer_no} (of 0–{self.n_layers - 1})"
+        layer += self._window_note()
         head = "average of all" if self.head_no is None else f"{self.head_no} (of 0–{self.n_heads - 1})"
         if self.head_no is not None and self.n_kv_heads:
             head += f", reads K/V head {self.head_no // (self.n_heads // self.n_kv_heads)}"
@@ -282,6 +284,16 @@ class AttentionScreen(InstrumentScreen):
         )
         keys = (("  ← →", "$text-muted"), ("   head ", "bold"), head, *keys)
         self.query_one("#selector", Static).update(Content.assemble(("layer ", "bold"), layer, *keys))
+
+    def _window_note(self) -> str:
+        """A sliding-window layer sees only its last positions (Gemma 3's local layers)."""
+        if not self.windows:
+            return ""
+        if self.layer_no is None:
+            local = sum(1 for w in self.windows if w)
+            return f", {local} of them over a sliding window"
+        window = self.windows[self.layer_no]
+        return f", sliding window: the last {window:,} positions" if window else ", whole context"
 
     # -- reading the probe -------------------------------------------------------------
     def refresh_view(self) -> None:

@@ -113,9 +113,17 @@ def _rope_how(rope: RopeEffect) -> Content:
     return Content.styled(
         f"Layer 0, this token alone: q = W_q · rmsnorm(row), k = W_k · rmsnorm(row); cosine of the same "
         f"vector rotated to two positions, mean over {rope.heads} query heads (k: {rope.kv_heads} KV "
-        f"heads), with the model's rotary embedding: base θ {rope.base:,.0f}, head dim {rope.head_dim}.",
+        f"heads), with the model's rotary embedding: base θ {rope.base:,.0f}{_kind_note(rope)}, "
+        f"head dim {rope.head_dim}.",
         "$text-muted",
     )
+
+
+def _kind_note(rope: RopeEffect) -> str:
+    """Which kind of layer the base is of, where kinds differ (Gemma 3's local and global layers)."""
+    if rope.layer_kind is None:
+        return ""
+    return f" (layer 0 is a {rope.layer_kind.replace('_', ' ')} layer; each kind has its own base)"
 
 
 def _relative_only(rope: RopeEffect, q_rows: list[RopeRow]) -> Content:
