@@ -33,7 +33,7 @@ def test_the_kernel_takes_only_the_weights_it_streams(kernel, monkeypatch):
     assert matvec.can_multiply(torch.zeros(8, 32))
     assert not matvec.can_multiply(torch.zeros(32, 8).t())  # a transposed view: rows not contiguous
     assert not matvec.can_multiply(torch.zeros(8, 32, dtype=torch.float64))
-    monkeypatch.setattr(matvec, "enabled", False)  # a CPU without AVX-512
+    monkeypatch.setattr(matvec, "enabled", False)  # a CPU without AVX-512 or AVX2
     assert not matvec.can_multiply(torch.zeros(8, 32))
 
 
@@ -78,7 +78,7 @@ def test_a_compiled_step_multiplies_in_the_kernel_with_the_loops_logits(
     from engine import models
     from engine.fast import fused, steps
 
-    monkeypatch.setattr(matvec, "enabled", True)  # as on a CPU with AVX-512
+    monkeypatch.setattr(matvec, "enabled", True)  # as on a CPU with AVX-512 or AVX2
     loaded = models.load(str(tiny_model_dir), precision, "cpu")
     fast = fused.for_model(loaded.model, compiled=True)
     cache_dtype = getattr(torch, loaded.info.cache_dtype)

@@ -1,12 +1,15 @@
-"""A decode step's matrix-vector products by a small C++ kernel, where the CPU has AVX-512.
+"""A decode step's matrix-vector products by a small C++ kernel, where the CPU has AVX-512 or AVX2.
 
 A batch-1 decode step reads every weight once per token. Inductor's loop for x @ W.T
 (`FastLlama._matvec`) keeps one chain of additions per row and widens both operands at every
 step: on a CPU whose cores are slow beside its memory it is compute-bound. On a 2-core AVX-512
 Xeon it streamed bfloat16 rows at ~12 GB/s and float32 at ~17, where `matvec.cpp` streams them
-at ~23-25 and ~26-28 (a plain read: ~24-30; BENCHMARKS.md). The kernel is built with the step's other
-kernel, the decode attention (engine/fast/kernels.py), and the step is traced calling it.
-Without AVX-512 the step keeps Inductor's loop, which vectorizes for whatever the CPU has.
+at ~23-25 and ~26-28 (a plain read: ~24-30; BENCHMARKS.md). On a CPU with AVX2 but not AVX-512
+(an AMD EPYC VM), the kernel's portable loop, vectorized by the compiler for the CPU's own
+instructions, beat Inductor's by far where the rows are narrow: int8 rows ~10x, bfloat16 ~2x,
+float32 ~1.4x (scripts/matvec_cost.py; BENCHMARKS.md). The kernel is built with the step's
+other kernel, the decode attention (engine/fast/kernels.py), and the step is traced calling it.
+On older CPUs the step keeps Inductor's loop, which vectorizes for whatever the CPU has.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8)
 """The weights the kernel multiplies as stored (int8: w8's rows, times a float32 x, which the
 kernel rounds to 16 bits where the CPU has AVX512-VNNI: engine/quant/w8.py)."""
 
-enabled = torch.backends.cpu.get_cpu_capability() == "AVX512"
-"""Whether compiled steps use the kernel: where the CPU has AVX-512 (a benchmark may turn it off
-to compare; `steps.saved_path` keys a saved step by it)."""
+enabled = torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX2")
+"""Whether compiled steps use the kernel: where the CPU has AVX-512 or AVX2 (a benchmark may turn
+it off to compare; `steps.saved_path` keys a saved step by it)."""
 
 
 @kernels.shaped("matvec")
