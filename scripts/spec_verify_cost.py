@@ -1,25 +1,31 @@
-"""What a speculative verify pass costs: one forward over n new tokens, in one-token steps.
+"""What a forward over a few rows costs (a speculative verify, the lab's batch): one forward over n
+new tokens, in one-token steps, per precision.
 
-    PYTHONPATH=. .venv/bin/python scripts/spec_verify_cost.py
+    PYTHONPATH=. .venv/bin/python scripts/spec_verify_cost.py [--precisions fp32,bf16,w8] [--model M]
 
+Eager fast path, as the verify runs; the step's kernels loaded first, as the app has them once its
+background build is done (the matvec kernel multiplies up to 16 rows reading each weight row once).
 Same process, rounds interleaved, median of 5 (BENCHMARKS.md, "Speculative decoding").
 """
 
+import argparse
 import statistics
 import time
 
 import torch
 
 from engine import models
+from engine.fast import kernels
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 from engine.speculative.loop import forward_all
 
-ROWS = (1, 2, 3, 5, 9)
+ROWS = (1, 2, 3, 5, 9, 16)
 
 
-def main() -> None:
-    loaded = models.load("smollm2-135m", "fp32", "cpu")
+def costs(model: str, precision: str) -> dict[int, float]:
+    """Median seconds of a forward over n tokens after 100 of context, for each n in ROWS."""
+    loaded = models.load(model, precision, "cpu", chat=False)
     session = ChatSession(loaded, SamplingSettings(temperature=0), compile=False)
     times: dict[int, list[float]] = {n: [] for n in ROWS}
     with torch.inference_mode():
@@ -30,10 +36,21 @@ def main() -> None:
                 forward_all(session, list(range(300, 300 + n)))
                 times[n].append(time.perf_counter() - started)
                 session.cache.crop(100)
-    one = statistics.median(times[1])
-    for n in ROWS:
-        median = statistics.median(times[n])
-        print(f"{n} rows: {median * 1000:.1f} ms = {median / one:.2f} one-token steps")
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--precisions", default="fp32,bf16,w8")
+    parser.add_argument("--model", default="smollm2-135m")
+    args = parser.parse_args()
+    problem = kernels.load("step")
+    print(f"{args.model}; kernels: {problem or 'loaded'}; {torch.get_num_threads()} threads")
+    for precision in args.precisions.split(","):
+        medians = costs(args.model, precision)
+        one = medians[1]
+        row = ", ".join(f"{n}: {medians[n] / one:.2f}" for n in ROWS)
+        print(f"{precision}: one step {one * 1000:.1f} ms; n rows in steps: {row}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,29 @@ def test_kernel_multiplies_as_the_loop_does(kernel, rows, width, dtype):
     torch.testing.assert_close(got.float(), loop.float(), atol=2 * tolerance * width**0.5, rtol=2 * tolerance)
 
 
+@pytest.mark.parametrize("n", [2, 5, 9, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8])
+@pytest.mark.parametrize("rows, width", [(200, 576), (7, 33)])
+def test_several_rows_of_x_take_one_read_of_the_weights(kernel, n, dtype, rows, width):
+    """A verify's K+1 tokens, the lab's batch: n float32 rows against W as stored, each sum in float32."""
+    torch.manual_seed(n * width)
+    if dtype == torch.int8:
+        weight = torch.randint(-127, 128, (rows, width), dtype=torch.int8)
+    else:
+        weight = torch.randn(rows, width).to(dtype)
+    x = torch.randn(n, width)
+    got = kernel.multiply(x, weight)
+    exact = x.double() @ weight.double().T
+    assert got.shape == (n, rows) and got.dtype == torch.float32
+    scale = weight.double().abs().max().item()
+    torch.testing.assert_close(got.double(), exact, atol=1e-5 * scale * width**0.5, rtol=1e-5)
+
+
+def test_more_rows_than_the_kernel_takes_are_refused_in_one_line(kernel):
+    with pytest.raises(RuntimeError, match="at most 16"):
+        kernel.multiply(torch.randn(17, 32), torch.randn(8, 32))
+
+
 def test_the_kernel_takes_only_the_weights_it_streams(kernel, monkeypatch):
     monkeypatch.setattr(matvec, "enabled", True)
     assert matvec.can_multiply(torch.zeros(8, 32))

@@ -289,12 +289,19 @@ class FastLlama:
         """Gemma's sqrt(hidden size), rounded to the weights' dtype as transformers rounds it."""
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, upcast: bool) -> torch.Tensor:
-        """x @ W.T for a weight stored [out, in] (or x @ W for one stored [in, out]). An eager
-        decode step's one row goes through the matvec kernel once it is loaded (engine/fast/matvec.py)."""
-        one_row = x.shape[:-1].numel() == 1 and not self.transposed
+        """x @ W.T for a weight stored [out, in] (or x @ W for one stored [in, out]). A forward of
+        at most 16 rows (a decode step, a verify, the lab's batch, a short prefill) goes through the
+        matvec kernel once it is loaded (engine/fast/matvec.py): torch's matmul reads W well below
+        the memory's speed for so few rows."""
+        rows = x.shape[:-1].numel()
+        if 1 < rows <= matvec.MAX_ROWS and x.dtype == torch.float32 and not self.transposed:
+            product = self._rows_product(x, weight)
+            if product is not None:
+                return product
+        one_row = rows == 1 and not self.transposed
         if isinstance(weight, W8Linear) and one_row and x.dtype == torch.float32:
             if matvec.can_multiply_now(weight.q):
-                return (matvec.multiply(x, weight.q) * weight.scale).view(*x.shape[:-1], -1)
+                return (matvec.multiply(x.reshape(1, -1), weight.q) * weight.scale).view(*x.shape[:-1], -1)
         if isinstance(weight, nn.Module):  # w8a8, w8: the module multiplies
             return weight(x)
         if weight.dtype != x.dtype:
@@ -302,8 +309,20 @@ class FastLlama:
                 return gemm.widened(x, weight)
             return self.linear(x.to(weight.dtype), weight, upcast).to(x.dtype)
         if one_row and matvec.can_multiply_now(weight):
-            return matvec.multiply(x, weight).view(*x.shape[:-1], -1)
+            return matvec.multiply(x.reshape(1, -1), weight).view(*x.shape[:-1], -1)
         return gemm.linear(x, weight.t() if self.transposed else weight)
+
+    @staticmethod
+    def _rows_product(x: torch.Tensor, weight) -> torch.Tensor | None:
+        """x [.., in] (2 to 16 rows, float32) @ W.T by the matvec kernel, each weight row read once
+        for every row of x; None where the kernel is not loaded or does not stream W (w8a8's)."""
+        matrix = weight.q if isinstance(weight, W8Linear) else weight
+        if not isinstance(matrix, torch.Tensor) or not matvec.can_multiply_now(matrix):
+            return None
+        product = matvec.multiply(x.reshape(-1, x.shape[-1]), matrix)
+        if isinstance(weight, W8Linear):
+            product = product * weight.scale
+        return product.view(*x.shape[:-1], -1)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)

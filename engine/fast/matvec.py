@@ -27,9 +27,13 @@ enabled = torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX2")
 it off to compare; `steps.saved_path` keys a saved step by it)."""
 
 
+MAX_ROWS = 16
+"""Rows of x the kernel multiplies at once, each weight row read once for all of them."""
+
+
 @kernels.shaped("matvec")
 def _shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((1, weight.shape[0]))
+    return x.new_empty((x.shape[0], weight.shape[0]))
 
 
 def _streams(weight: torch.Tensor) -> bool:
@@ -56,5 +60,7 @@ def steps_use_kernel(fast) -> bool:
 
 
 def multiply(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [1, in] @ weight.T, [1, out], in x's dtype: weight's own (float32 for int8 rows)."""
+    """x [n, in] @ weight.T, [n, out]: one row in weight's dtype (float32 for int8 rows); 2 to
+    MAX_ROWS rows in float32, whatever weight's dtype (a verify's tokens, the lab's batch: each
+    weight row is read once for all of them)."""
     return torch.ops.llmchat.matvec(x.contiguous(), weight)
