@@ -10,6 +10,7 @@ from engine.detok import PieceNamer, StreamingDetokenizer
 from engine.events import Candidate, StopReason, TokenSampled
 from engine.instruments.trace import AnswerTrace
 from engine.sampling import Draw
+from engine.thinking import ThoughtSplitter
 
 
 class Decoder(Protocol):
@@ -18,6 +19,8 @@ class Decoder(Protocol):
     namer: PieceNamer
     cache: Sized
     trace: AnswerTrace | None
+    thoughts: ThoughtSplitter
+    """Which tokens of this answer are thought (set for each answer by the session)."""
 
     def candidates(self, draw: Draw) -> tuple[Candidate, ...]: ...
 
@@ -58,6 +61,7 @@ class AnswerStream:
             position=len(session.cache) if position is None else position,
             entropy=draw.entropy,
             rank=draw.rank,
+            thinking=session.thoughts.is_thought(draw.id, text),
         )
         self.steps.append(event)
         return event

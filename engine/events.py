@@ -188,6 +188,9 @@ class TokenSampled:
     sent_bytes: bytes | None = None
     """A remote token sent without an id: its bytes as the server sent them (with an id, the
     tokenizer view looks them up)."""
+    thinking: bool = False
+    """The token is thought, not answer: inside a `<think>` block, its markers included, or a
+    server's reasoning field (engine/thinking.py)."""
 
 
 @dataclass(frozen=True)
@@ -329,6 +332,12 @@ class TurnStats:
     or 'step mode' (each token waited for the user: its times are not a speed); None from a server."""
     contention: Contention | None = None
     """Whether the machine let this process run while the turn was measured (None: not measured)."""
+    thought_tokens: int = 0
+    """Of `generated_tokens`, those that were thought (engine/thinking.py)."""
+    first_thought_s: float | None = None
+    """From the turn's start to the first thought token, as `ttft_s` counts (None: no thought)."""
+    first_answer_s: float | None = None
+    """From the turn's start to the first token that is not thought (None: none came)."""
 
 
 @dataclass(frozen=True)
@@ -506,6 +515,7 @@ def _token_json(event: TokenSampled) -> dict[str, Any]:
         "position": event.position,
         "entropy": _round(event.entropy),
         "rank": event.rank,
+        "thinking": event.thinking,
     }
 
 
@@ -543,6 +553,8 @@ def _turn_json(event: TurnFinished) -> dict[str, Any]:
 def _turn_times(stats: TurnStats) -> dict[str, Any]:
     return {
         "ttft_ms": _ms(stats.ttft_s),
+        "first_thought_ms": None if stats.first_thought_s is None else _ms(stats.first_thought_s),
+        "first_answer_ms": None if stats.first_answer_s is None else _ms(stats.first_answer_s),
         "itl_ms_p50": _ms(stats.itl_p50_s),
         "itl_ms_p90": _ms(stats.itl_p90_s),
         "prefill_tok_s": round(stats.prefill_tok_s, 2),
@@ -557,6 +569,7 @@ def _turn_counts(stats: TurnStats) -> dict[str, Any]:
         "reused_tokens": stats.reused_tokens,
         "prefilled_tokens": stats.prefilled_tokens,
         "generated_tokens": stats.generated_tokens,
+        "thought_tokens": stats.thought_tokens,
     }
 
 

@@ -39,6 +39,7 @@ from engine.events import (
     PromptTokens,
     StepPaused,
     StopReason,
+    TokenSampled,
     TurnFinished,
     TurnStats,
 )
@@ -51,6 +52,7 @@ from engine.kvcache import KVCache, cache_precision_of, cache_precision_problem,
 from engine.models import LoadedModel, ModelError, not_enough_memory, out_of_memory, resolve
 from engine.prompt_format import CHAT_TEMPLATE, RAW
 from engine.sampling import Draw, Sampler, SamplingSettings
+from engine.thinking import ThoughtSplitter, markers_of, opens_block, switch_problem, thinking_figures
 
 
 class DecodeStrategy(Protocol):
@@ -88,9 +90,14 @@ class ChatSession(Turns):
         compile: bool = False,
         kv_cache: str | None = None,
         raw: bool = False,
+        thinking: bool | None = None,
     ):
-        self.prompt_format = RAW if raw else CHAT_TEMPLATE
-        """How the conversation becomes ids: the chat template, or raw text (`--raw`, a base model)."""
+        problem = switch_problem(getattr(loaded.tokenizer, "chat_template", None))
+        if thinking is not None and problem:
+            raise ModelError(f"--thinking {'on' if thinking else 'off'}: {problem}")
+        self.prompt_format = (RAW if raw else CHAT_TEMPLATE).with_thinking(thinking)
+        """How the conversation becomes ids: the chat template (its thinking switched by
+        `--thinking`), or raw text (`--raw`, a base model)."""
         self.kv_cache = kv_cache
         """The KV cache's precision (engine/kvcache.py CACHE_PRECISIONS); None: the model precision's own."""
         self.fast_path_wanted = fast
@@ -130,6 +137,11 @@ class ChatSession(Turns):
         self.cache = KVCache.for_model(self.info)
         self.namer = PieceNamer(self.tokenizer)
         self.stop_ids = self._stop_ids()
+        self.thought_markers = markers_of(self.tokenizer)
+        self.starts_thinking = opens_block(self.prompt_format.generation_prompt(self.tokenizer))
+        """The generation prompt opens a `<think>` block (DeepSeek-R1's): each answer starts as thought."""
+        self.thoughts = ThoughtSplitter()
+        """Which tokens of the answer in progress are thought (engine/thinking.py)."""
         self._no_ids = torch.empty(0, dtype=torch.long, device=self.device)
         self.fast = None
         self.compiled = None
@@ -273,13 +285,16 @@ class ChatSession(Turns):
         stop_at_eos: bool = True,
         first: int = 0,
         detok: StreamingDetokenizer | None = None,
+        thoughts: ThoughtSplitter | None = None,
     ) -> Generator[Event, None, tuple[str, TurnStats]]:
         """Reuse the cache for `ids`, prefill the rest, decode; returns (text, stats).
 
         `stop_at_eos=False` decodes exactly max_new_tokens (the benchmark compares equal lengths).
-        A fork continues an answer: its steps count from `first`, its text from `detok`.
+        A fork continues an answer: its steps count from `first`, its text from `detok`, its
+        thinking from `thoughts`.
         """
         started = time.perf_counter()
+        self.thoughts = thoughts or self.thought_splitter()
         self.meter = ContentionMeter()
         self.paused_s = 0.0
         """Step mode: seconds this turn waited for the student (not the machine's time)."""
@@ -297,6 +312,10 @@ class ChatSession(Turns):
             text, latencies, stop = yield from self._decode(logits, ids, started, stop_at_eos, first, detok)
         yield self.cache_event()
         return text, self._stats(ids, reused, latencies, prefill_s, stop)
+
+    def thought_splitter(self) -> ThoughtSplitter:
+        """A splitter for a new answer, open where the generation prompt opened a block."""
+        return ThoughtSplitter(self.thought_markers, self.starts_thinking, opens_as_text=False)
 
     def _prefill(self, new_ids: list[int]) -> Generator[Event, None, torch.Tensor | None]:
         """Feed the new prompt tokens in chunks; return the last position's logits (None if cancelled)."""
@@ -459,6 +478,7 @@ class ChatSession(Turns):
         prefix = "".join(detok.add(i) for i in old.ids[:step])
         finished = token_id in self.stop_ids
         forced = dataclasses.replace(forced, text="" if finished else detok.add(token_id))
+        thoughts, forced = self._fork_thoughts(old.steps[:step], forced)
         yield Forked(step, token_id, reused, len(ids) - reused, original, prefix + forced.text)
         yield forced
         if finished:  # the alternative ends the answer: nothing to compute
@@ -468,12 +488,21 @@ class ChatSession(Turns):
                 self._stats(ids[:-1], reused, [], 0.0, "eos", measured=False),
             )
         else:
-            text, stats = yield from self.run(ids, first=step + 1, detok=detok)
+            text, stats = yield from self.run(ids, first=step + 1, detok=detok, thoughts=thoughts)
             text = prefix + forced.text + text
         self.trace = old.forked(step, forced, self.trace)
         self.messages.append(Message("assistant", text, self.trace))
         yield PhaseChanged("idle")
         yield TurnFinished(stats, text)
+
+    def _fork_thoughts(
+        self, kept: list[TokenSampled], forced: TokenSampled
+    ) -> tuple[ThoughtSplitter, TokenSampled]:
+        """The splitter as the kept steps left it, and the forced token marked by it."""
+        thoughts = self.thought_splitter()
+        for step in kept:
+            thoughts.is_thought(step.id, step.text)
+        return thoughts, dataclasses.replace(forced, thinking=thoughts.is_thought(forced.id, forced.text))
 
     def _forkable(self, answer: int | None, step: int) -> tuple[int, AnswerTrace]:
         """The message index and trace of the answer to fork; ValueError says why not."""
@@ -520,6 +549,7 @@ class ChatSession(Turns):
         """The turn's figures; `measured` False where nothing ran (no CPU share to judge)."""
         itl = latencies[1:]
         prefilled = len(ids) - reused
+        thinking = thinking_figures(self.trace.steps)
         return TurnStats(
             prompt_tokens=len(ids),
             reused_tokens=reused,
@@ -534,6 +564,9 @@ class ChatSession(Turns):
             contention=self.meter.stop(self.paused_s) if measured else None,
             speculative=self.decoded_by[0] if latencies else None,
             step_path=self.decoded_by[1] if latencies else None,
+            thought_tokens=thinking.tokens,
+            first_thought_s=thinking.first_thought_s,
+            first_answer_s=thinking.first_answer_s,
         )
 
 

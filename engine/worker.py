@@ -55,6 +55,8 @@ class Load:
     """The model continues raw text (no chat template: a base model may be loaded)."""
     chat_template: str | None = None
     """A template to use instead of the model's own (its text, engine/chat_templates.py)."""
+    thinking: bool | None = None
+    """`--thinking on|off`: the template's `enable_thinking`; None leaves its default."""
 
 
 @dataclass(frozen=True)
@@ -195,8 +197,9 @@ class InferenceWorker:
         device: str = "auto",
         raw: bool = False,
         chat_template: str | None = None,
+        thinking: bool | None = None,
     ) -> None:
-        self.commands.put(Load(spec, precision, device, raw, chat_template))
+        self.commands.put(Load(spec, precision, device, raw, chat_template, thinking))
 
     def connect(self, target: "RemoteTarget") -> None:
         """Chat with a model on a server: ModelReady (with its ServerInfo) once it answered."""
@@ -437,8 +440,9 @@ class InferenceWorker:
                     compile=self.compile,
                     kv_cache=self.kv_cache,
                     raw=command.raw,
+                    thinking=command.thinking,
                 )
-            except models.ModelError as e:  # its fast path did not fit in memory
+            except models.ModelError as e:  # its fast path did not fit, or --thinking found no switch
                 yield Failed(str(e))
                 return
             self.chat = SavedChat(self.session, self.store)

@@ -22,6 +22,7 @@ ENGINE_FRONT = (
     "engine.conversation",
     "engine.utf8",  # checks on text from outside before it is sent
     "engine.chat_templates",  # --chat-template: names, and a file checked before loading
+    "engine.thinking",  # thought told from answer: a saved answer's parts, --thinking's check
     "engine.worker",  # the inference thread (tui/engine_link.py starts it)
     "engine.quant.precision",  # the precisions' records: choices, help, notes
     "engine.kvcache",  # the cache precisions

@@ -757,3 +757,68 @@ def test_the_kv_panel_shows_the_same_context_with_mha_gqa_and_mqa(tmp_path):
             assert "? closes this" not in help_text
 
     run(scenario)
+
+
+THINKING = (
+    (399, "<think>", 0.9, True),
+    (39, "Hmm", 0.8, True),
+    (47, ", easy", 0.7, True),
+    (400, "</think>", 0.9, True),
+    (7042, "Paris.", 0.62),
+    (2, "<|im_end|>", 0.97),
+)
+"""An answer that thinks first (the fake's 4th field marks thought)."""
+
+
+def test_an_answers_thinking_streams_in_a_block_that_collapses_when_the_answer_starts(tmp_path):
+    from textual.widgets import Collapsible
+
+    async def scenario():
+        factory = FakeFactory(answer=THINKING, hold_after=3)
+        app = fake_app(factory, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await ready(pilot)
+            await ask(pilot)
+            await wait_for(
+                pilot, lambda: "Hmm, easy" in widget_text(app.query_one(ChatLog)), what="the thought"
+            )
+            thought = app.query_one(Answer).query_one(Collapsible)
+            assert not thought.collapsed and thought.title == "thinking… 3 tokens"
+            tokens = app.query_one(TokenStream)  # its counts repaint twice a second
+            await wait_for(pilot, lambda: "(3 thought" in widget_text(tokens), what="the count")
+            factory.engine.release.set()
+            await turn_done(pilot)
+            assert thought.collapsed and thought.title == "thought for 4 tokens, 0.1 s"
+            chat = widget_text(app.query_one(ChatLog))
+            assert "▶ thought for 4 tokens, 0.1 s" in chat and "Paris." in chat and "Hmm" not in chat
+            assert "6 tokens · TTFT 120 ms · thought 4 tok, first thought 120 ms, first answer 210 ms" in chat
+            assert "last turn: 6 tokens (4 thought), stop: eos" in widget_text(app.query_one(PhasePanel))
+            await wait_for(pilot, lambda: "answer 6 tokens  (4 thought, in italics)" in widget_text(tokens))
+
+    run(scenario)
+
+
+def test_a_resumed_answer_shows_its_thinking_collapsed(tmp_path):
+    from textual.widgets import Collapsible
+
+    from engine.events import ConversationLoaded, SavedMessage
+
+    async def scenario():
+        factory = FakeFactory()
+        app = fake_app(factory, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await ready(pilot)
+            app.history.resume(3)
+            answer = "<think>\nThe user greets me.\n</think>\n\nHello."
+            saved = (SavedMessage(1, "user", "Hi", 1, 1), SavedMessage(2, "assistant", answer, 1, 1))
+            factory.engine.emit(ConversationLoaded(3, "Greetings", saved))
+            await wait_for(pilot, lambda: "Hello." in widget_text(app.query_one(ChatLog)))
+            thought = app.query_one(Answer).query_one(Collapsible)
+            assert thought.collapsed and thought.title == "thought"
+            chat = widget_text(app.query_one(ChatLog))
+            assert "▶ thought" in chat and "greets" not in chat and "<think>" not in chat
+            await pilot.click(thought.query_one("CollapsibleTitle"))
+            await wait_for(pilot, lambda: "The user greets me." in widget_text(app.query_one(ChatLog)))
+            assert "<think>" not in widget_text(app.query_one(ChatLog))
+
+    run(scenario)

@@ -31,6 +31,7 @@ from engine.events import (
     TurnFinished,
     TurnStats,
 )
+from engine.thinking import thinking_figures
 
 COMPILE_OFF = DecodeStep("eager", "SDPA", "off", "compile off: --no-compile / LLMCHAT_COMPILE=0")
 """What the worker says after a load in tests (LLMCHAT_COMPILE=0), as engine/fast/step_path.py words it."""
@@ -147,6 +148,7 @@ class FakeEngine:
         device: str = "auto",
         raw: bool = False,
         chat_template: str | None = None,
+        thinking: bool | None = None,
     ) -> None:
         self.calls.append(("load", spec, precision, device))
         self._queue.put(("load", precision))
@@ -260,8 +262,8 @@ class FakeEngine:
         self.emit(PrefillProgress(len(ids) - reused, len(ids) - reused))
         self.cache_tokens = len(ids)
         self.emit(self._cache())
-        text, stop = "", "eos"
-        for index, (token_id, piece, prob) in enumerate(self.answer):
+        text, stop, steps = "", "eos", []
+        for index, (token_id, piece, prob, *thought) in enumerate(self.answer):  # a 4th True: thought
             if index == self.hold_after:
                 self.holding.set()
                 while not (self.release.wait(0.01) or self.cancelled.is_set()):
@@ -270,7 +272,7 @@ class FakeEngine:
                 time.sleep(self.token_s)
             turn.temperatures.append(self.sampling.temperature)
             end = piece == "<|im_end|>"
-            self.emit(
+            steps.append(
                 TokenSampled(
                     index,
                     token_id,
@@ -280,8 +282,10 @@ class FakeEngine:
                     candidates(token_id, piece, prob),
                     0.120 if index == 0 else 0.020 + 0.001 * index,
                     self.cache_tokens,
+                    thinking=thought == [True],
                 )
             )
+            self.emit(steps[-1])
             if index == 0:
                 self.emit(PhaseChanged("decode"))
             if end:
@@ -293,6 +297,7 @@ class FakeEngine:
             self.cache_tokens += 1
             self.emit(self._cache())
         generated = len(turn.temperatures)
+        thinking = thinking_figures(steps)
         self.emit(self._cache())
         self.emit(PhaseChanged("idle"))
         self.emit(
@@ -309,6 +314,9 @@ class FakeEngine:
                     43.5,
                     stop,
                     contention=self.contention,
+                    thought_tokens=thinking.tokens,
+                    first_thought_s=thinking.first_thought_s,
+                    first_answer_s=thinking.first_answer_s,
                 ),
                 text,
             )

@@ -361,7 +361,8 @@ class ChatApp(App[None]):
     def _load_model(self) -> None:
         """Load the model at the precision in force, as the options say it is prompted."""
         options = self.options
-        self.engine.load(options.model, self.precision, options.device, options.raw, options.template_text)
+        prompted = (options.raw, options.template_text, options.thinking)
+        self.engine.load(options.model, self.precision, options.device, *prompted)
 
     def _turn_over(self) -> None:
         self.turns.turn_over()

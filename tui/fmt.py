@@ -143,6 +143,15 @@ def si(value: float, unit: str) -> str:
     return f"{value:.2f} {unit}"
 
 
+def thinking_part(stats: TurnStats) -> str:
+    """'thought 212 tok, first thought 118 ms, first answer 3412 ms' for an answer that thought
+    (TTFT stays the first token's, thought or not); '' for one that did not."""
+    if not stats.thought_tokens:
+        return ""
+    first = f"first thought {ms(stats.first_thought_s)}, first answer {ms(stats.first_answer_s)}"
+    return f"thought {stats.thought_tokens:,} tok, {first}"
+
+
 def prefill_rate(stats: TurnStats) -> str:
     """Prefill throughput; for a prefill of one token (a fork, a regeneration) its time instead,
     since a rate of one token is a latency in disguise. '–' where a server did not tell the count."""

@@ -21,6 +21,7 @@ from textual.binding import Binding
 
 from engine.events import DraftRound, Event, Forked, PhaseChanged, StepPaused, TurnFinished, TurnStats
 from engine.speculative.speedup import PlainBaseline, SpeedUp
+from engine.thinking import split_saved
 from tui.app_parts import InstrumentView
 
 if TYPE_CHECKING:
@@ -470,4 +471,7 @@ class Instruments:
         )
         answer = await chat.expect_answer(f"⑂ forked: {event.reused} positions reused, {event.new} fed…")
         if pending is not None:
-            await answer.write(event.start_text)  # the kept text and the chosen token's
+            thought, said = split_saved(event.start_text)  # the kept text and the chosen token's
+            if thought:
+                await answer.write(thought, thinking=True)
+            await answer.write(said)

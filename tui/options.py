@@ -45,6 +45,8 @@ class AppOptions:
     """The prompt goes as raw text, no chat template (`--raw`): a base model continues it."""
     chat_template: str | None = None
     """`--chat-template`: a template name (engine/chat_templates.py) or a file, for a model without one."""
+    thinking: bool | None = None
+    """`--thinking on|off`: the chat template's `enable_thinking`; None leaves the template's default."""
 
     @property
     def template_text(self) -> str | None:
@@ -95,4 +97,10 @@ def options_from(config: Config, config_path: Path | None = None, **flags: Any) 
         chosen["read_timeout_s"] = flags["read_timeout"]
     chosen["raw"] = bool(flags.get("raw"))
     chosen["chat_template"] = flags.get("chat_template")
+    chosen["thinking"] = thinking_wanted(flags.get("thinking"))
     return AppOptions(sampling=sampling, config_path=config_path, resume=flags.get("resume"), **chosen)
+
+
+def thinking_wanted(flag: str | None) -> bool | None:
+    """`--thinking`'s value (on or off, checked before) as the engine takes it; None: not given."""
+    return None if flag is None else flag == "on"

@@ -27,7 +27,7 @@ from engine.events import (
     TokenSampled,
     TurnStats,
 )
-from tui.fmt import SLOWER_STEPS, count, ms
+from tui.fmt import SLOWER_STEPS, count, ms, thinking_part
 from tui.widgets.chat_log import ChatLog
 from tui.widgets.kv_cache import KVCachePanel
 from tui.widgets.phase import PhasePanel
@@ -56,8 +56,9 @@ def turn_summary(stats: TurnStats, error: str = "") -> str:
     stop = f"{STOPS['error']}: {error}" if error else STOPS.get(stats.stop, stats.stop)
     busy = f" · ⚠ {stats.contention.describe()}" if stats.contention and stats.contention.busy else ""
     step = f" ({SLOWER_STEPS[stats.step_path]})" if stats.step_path in SLOWER_STEPS else ""
+    thought = f" · {thinking_part(stats)}" if stats.thought_tokens else ""
     return (
-        f"{count(stats.generated_tokens, 'token')} · TTFT {ms(stats.ttft_s)}{own}"
+        f"{count(stats.generated_tokens, 'token')} · TTFT {ms(stats.ttft_s)}{own}{thought}"
         f" · {stats.decode_tok_s:.1f} tok/s{step}{busy} · {stop}"
     )
 
@@ -85,7 +86,7 @@ class Router:
             app.part(PhasePanel).add_tokens(tokens, repaint=paint)
             app.part(TopKPanel).show_token(tokens[-1], repaint=paint)
             app.part(TokenStream).add(tokens, repaint=paint)
-            await app.part(ChatLog).write("".join(t.text for t in tokens))
+            await app.part(ChatLog).add_tokens(tokens)
         for event in figures:
             self._figure(event, paint)
         if paint:

@@ -10,6 +10,8 @@ Servers differ in what a chunk holds, and this is the one place that knows:
   alternatives of the last, and `timings.predicted_n` counts them all.
 - vLLM may put several tokens in one chunk; with `return_token_ids` the choice carries their
   `token_ids`. Its alternatives have no ids.
+- Thought, where the server parses a model's `<think>` block out of the answer, comes in a
+  delta field of its own (REASONING_FIELDS).
 Extra fields arrive through pydantic's `model_extra`.
 """
 
@@ -22,6 +24,17 @@ from typing import Any
 
 from engine.detok import readable_bytes
 from engine.events import Candidate
+
+REASONING_FIELDS = ("reasoning", "reasoning_content", "thinking")
+"""Delta fields that carry thought, the first one holding text wins:
+- llama.cpp's server: `reasoning_content` (common/chat.cpp `common_chat_msg_diff_to_json_oaicompat`);
+  a token's logprobs ride on its last delta's chunk (`server_task_result_cmpl_partial::
+  to_json_oaicompat_chat`), the first token's on the role chunk, whose content is null;
+- vLLM: `reasoning`, with the deprecated `reasoning_content` a copy of it in the same delta
+  (vllm/entrypoints/openai/engine/protocol.py `DeltaMessage`), `reasoning_content` alone before;
+- SGLang: `reasoning_content` (python/sglang/srt/entrypoints/openai/protocol.py `DeltaMessage`);
+- Ollama's OpenAI API: `reasoning` (openai/openai.go `Message.Reasoning`, from its `thinking`),
+  `thinking` in its own API's messages."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,8 @@ class Entry:
     """This token's own bytes (less than `span` where llama.cpp merged a split character)."""
     logprob: float | None
     top: tuple[Candidate, ...]
+    thought: bool = False
+    """The server sent it as thought (a reasoning field), not as the answer's content."""
 
 
 @dataclass(frozen=True)
@@ -58,12 +73,19 @@ class Usage:
 @dataclass
 class Chunk:
     content: str = ""
+    thought: str = ""
+    """Text of a reasoning field: what the model thought, apart from the answer."""
     entries: list[Entry] = field(default_factory=list)
     progress: Progress | None = None
     timings: dict[str, Any] | None = None
     usage: Usage | None = None
     finish: str | None = None
     fingerprint: str | None = None
+
+    @property
+    def text(self) -> str:
+        """All the text this chunk carried, thought first: its tokens' bytes add up to this."""
+        return self.thought + self.content
 
 
 def parse(chunk: Any) -> Chunk:
@@ -77,17 +99,32 @@ def parse(chunk: Any) -> Chunk:
     )
     for choice in chunk.choices[:1]:  # one answer per request (n=1)
         out.content = _text(choice.delta.content) if choice.delta is not None else ""
+        out.thought = _thought(choice.delta) if choice.delta is not None else ""
         out.finish = choice.finish_reason
         logprobs = choice.logprobs.content if choice.logprobs is not None else None
         ids = (choice.model_extra or {}).get("token_ids")
-        out.entries = [_entry(e, ids[i] if _has(ids, i) else None) for i, e in enumerate(logprobs or [])]
-        if out.content and not out.entries:  # a server that sends text without logprobs
-            raw = out.content.encode("utf-8")
-            out.entries = [Entry(None, out.content, raw, raw, None, ())]
+        thought = bool(out.thought) and not out.content  # a chunk of both: its tokens count as answer
+        out.entries = [
+            _entry(e, ids[i] if _has(ids, i) else None, thought) for i, e in enumerate(logprobs or [])
+        ]
+        if not out.entries:  # a server that sends text without logprobs: one entry for each text
+            texts = ((out.thought, True), (out.content, False))  # thought first, as servers send it
+            out.entries = [_text_entry(text, is_thought) for text, is_thought in texts if text]
     return out
 
 
-def _entry(item: Any, stream_id: int | None) -> Entry:
+def _thought(delta: Any) -> str:
+    """The delta's thought: the first reasoning field that holds text (vLLM sends two copies)."""
+    extra = delta.model_extra or {}
+    return next((text for name in REASONING_FIELDS if (text := _text(extra.get(name)))), "")
+
+
+def _text_entry(text: str, thought: bool) -> Entry:
+    raw = text.encode("utf-8")
+    return Entry(None, text, raw, raw, None, (), thought)
+
+
+def _entry(item: Any, stream_id: int | None, thought: bool) -> Entry:
     extra = item.model_extra or {}
     token_id = whole(extra.get("id"))
     if token_id is None:
@@ -104,6 +141,7 @@ def _entry(item: Any, stream_id: int | None) -> Entry:
         own=own,
         logprob=_logprob(item.logprob),
         top=tuple(c for c in top if c.prob > 0),
+        thought=thought,
     )
 
 

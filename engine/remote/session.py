@@ -236,6 +236,7 @@ class RemoteSession(Turns):
         """Keep the answer (partial or not) and end the turn the way every turn ends."""
         if not turn.announced:  # it failed before the server said anything: the phases stay in order
             yield from turn.announce()
+        yield from turn.flush()
         text = turn.text()
         stats = turn.stats(turn.stop(self.cancel.is_set(), bool(error), self.context))
         self.trace.reused = turn.reused_tokens()

@@ -28,6 +28,7 @@ from engine.events import (
 )
 from engine.remote.chunks import Chunk, Entry, Progress, Usage, whole
 from engine.remote.token_bytes import SeenTokens
+from engine.thinking import ThoughtSplitter, kept, thinking_figures
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,16 @@ class RemoteTurn:
         self.announced = False
         self.wait_for_progress = wait_for_progress
         """llama.cpp says how much of the prompt it had cached in its first chunk: wait for it."""
-        self.texts: list[str] = []
+        self.texts: list[tuple[bool, str]] = []
+        """Each token's (thought?, text)."""
+        self.thoughts = ThoughtSplitter()
+        """`<think>` in the content, from a server that does not part thought from answer itself."""
+        self.parted = False
+        """The server sends thought in a field of its own (it parses the block out): trust it alone."""
+        self.unsaid: list[tuple[int, Entry, str, float]] = []
+        """Tokens sent without any text (llama.cpp holds back what its parser has not placed yet,
+        and sends the `<think>` it strips as logprobs alone): whether they are thought comes with
+        the next text, and they go out with it."""
         self.itl: list[float] = []
         self.ttft_s: float | None = None
         self.entries = 0
@@ -114,22 +124,36 @@ class RemoteTurn:
         for entry, text in zip(chunk.entries, self._texts(chunk)):
             index = self.entries
             self.entries += 1
-            self.texts.append(text)
             if first_chunk:  # the first token's latency is the TTFT; any sent with it came at once
                 latency = gap if index == 0 else 0.0
             else:
                 latency = gap / len(chunk.entries)
             self.seen.learn(entry.id, entry.own)
-            event = self._event(index, entry, text, latency)
-            self.steps.append(event)
-            yield event
             if index == 0:
                 self.ttft_s = gap
-                yield PhaseChanged("decode")
+            self.unsaid.append((index, entry, text, latency))
+            if chunk.text:
+                yield from self._say(self._thinking(entry))
         if not first_chunk:  # a chunk's gap is shared by the tokens it carried
             self.itl.extend([gap / tokens] * tokens)
 
-    def _event(self, index: int, entry: Entry, text: str, latency: float) -> TokenSampled:
+    def _say(self, thinking: bool) -> Iterator[Event]:
+        """The tokens waiting to go out, as thought or as answer."""
+        for index, entry, text, latency in self.unsaid:
+            event = self._event(index, entry, text, latency, thinking)
+            self.texts.append((thinking, text))
+            self.steps.append(event)
+            yield event
+            if index == 0:
+                yield PhaseChanged("decode")
+        self.unsaid.clear()
+
+    def flush(self) -> Iterator[Event]:
+        """The answer ended: tokens still without text go out as what came before them was."""
+        if self.unsaid:
+            yield from self._say(self.steps[-1].thinking if self.steps else self._thinking(self.unsaid[0][1]))
+
+    def _event(self, index: int, entry: Entry, text: str, latency: float, thinking: bool) -> TokenSampled:
         rank = next((r for r, c in enumerate(entry.top, 1) if _same(c.id, c.piece, entry)), 0)
         return TokenSampled(
             index=index,
@@ -143,7 +167,14 @@ class RemoteTurn:
             entropy=None,  # the top few alternatives do not give the whole distribution's entropy
             rank=rank,
             sent_bytes=entry.own if entry.id is None else None,
+            thinking=thinking,
         )
+
+    def _thinking(self, entry: Entry) -> bool:
+        """Thought where the server sent it so; else, from a server that sends none apart, as the
+        `<think>` markers in its content say."""
+        self.parted = self.parted or entry.thought
+        return entry.thought or (not self.parted and self.thoughts.is_thought(None, entry.piece))
 
     def _position(self, index: int) -> int | None:
         """The token's KV slot on the server: after the prompt, when the prompt's length is known."""
@@ -161,10 +192,10 @@ class RemoteTurn:
         """Each entry's share of the chunk's text: from its bytes where they add up to the text
         the server sent, otherwise all of it on the chunk's last entry (the server's text wins)."""
         decoded = [self._utf8.decode(e.span) for e in chunk.entries]
-        if "".join(decoded) == chunk.content:
+        if "".join(decoded) == chunk.text:
             return decoded
         self._utf8.reset()
-        return [""] * (len(chunk.entries) - 1) + [chunk.content]
+        return [""] * (len(chunk.entries) - 1) + [chunk.text]
 
     def _tokens_in(self, chunk: Chunk) -> int:
         """Tokens this chunk carried: llama.cpp's running count where given, else its entries."""
@@ -181,7 +212,8 @@ class RemoteTurn:
         self.fingerprint = chunk.fingerprint or self.fingerprint
 
     def text(self) -> str:
-        return "".join(self.texts)
+        """The answer as it is kept: thought the server sent apart wrapped in `<think>` markers."""
+        return kept(self.texts)
 
     # -- the figures at the end ---------------------------------------------------------------
     def prompt_tokens(self) -> int | None:
@@ -225,6 +257,7 @@ class RemoteTurn:
         )
         ttft = self.ttft_s if self.ttft_s is not None else time.perf_counter() - self.started
         itl = self.itl
+        thinking = thinking_figures(self.steps)
         return TurnStats(
             prompt_tokens=prompt,
             reused_tokens=reused,
@@ -238,6 +271,9 @@ class RemoteTurn:
             decode_tok_s=len(itl) / sum(itl) if itl and sum(itl) > 0 else 0.0,
             stop=stop,
             server=self.server_timings(),
+            thought_tokens=thinking.tokens,
+            first_thought_s=thinking.first_thought_s,
+            first_answer_s=thinking.first_answer_s,
         )
 
     def server_timings(self) -> ServerTimings | None:

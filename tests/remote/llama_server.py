@@ -39,13 +39,21 @@ def free_port() -> int:
 class LlamaServer:
     """One llama-server child process; `url` is its OpenAI base."""
 
-    def __init__(self, log: Path, n_ctx: int = 2048, api_key: str | None = None, n_batch: int = 64):
+    def __init__(
+        self,
+        log: Path,
+        n_ctx: int = 2048,
+        api_key: str | None = None,
+        n_batch: int = 64,
+        chat_template: Path | None = None,
+    ):
         self.port = free_port()
         self.root = f"http://127.0.0.1:{self.port}"
         self.url = self.root + "/v1"
         self.log = log
         args = [sys.executable, "-m", "tests.remote.llama_server", smollm2_gguf(), str(self.port), str(n_ctx)]
         args += ["--n-batch", str(n_batch)] + (["--api-key-env", "LLAMA_TEST_KEY"] if api_key else [])
+        args += ["--chat-template-file", str(chat_template)] if chat_template else []
         env = {**os.environ, "LLAMA_TEST_KEY": api_key or ""}
         with open(log, "wb") as out:
             self.process = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -107,6 +115,7 @@ def serve() -> None:
     parser.add_argument("n_ctx", type=int)
     parser.add_argument("--n-batch", type=int, default=64)
     parser.add_argument("--api-key-env")
+    parser.add_argument("--chat-template-file", help="a Jinja template instead of the GGUF's own")
     options = parser.parse_args()
     params = xllamacpp.CommonParams()
     params.model.path = options.model
@@ -122,6 +131,8 @@ def serve() -> None:
     params.cpuparams_batch.n_threads = 1
     if options.api_key_env:
         params.api_keys = [os.environ[options.api_key_env]]
+    if options.chat_template_file:
+        params.chat_template = Path(options.chat_template_file).read_text(encoding="utf-8")
     server = xllamacpp.Server(params)
     print("listening", server.listening_address, flush=True)
     while True:

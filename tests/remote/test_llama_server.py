@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -265,3 +266,26 @@ def test_worker_connects_and_answers(llama_server):
     assert "Paris" in finished.text
     records = Store().conversation(worker.chat.conversation_id)
     assert records.model == f"{ready.info.server.model} @ {llama_server.url}"
+
+
+@pytest.mark.server
+def test_thought_the_server_parts_out_streams_as_thought(tmp_path):
+    """DeepSeek-R1's template opens a <think> block in the prompt, so llama-server sends what
+    SmolLM2 writes next as `reasoning_content` (it never closes the block): thought tokens, each
+    with the server's id, counted apart and kept inside <think> for the saved answer."""
+    pytest.importorskip("xllamacpp")
+    template = Path(__file__).parents[1] / "data" / "deepseek_r1_distill_chat_template.jinja"
+    server = LlamaServer(tmp_path / "server.log", chat_template=template)
+    try:
+        events, finished = turn(
+            session_for(server, SamplingSettings(temperature=0, max_new_tokens=12)), QUESTION
+        )
+    finally:
+        server.stop()
+    thought = tokens(events)
+    assert thought and all(t.thinking and t.id is not None for t in thought)
+    stats = finished.stats
+    assert stats.thought_tokens == len(thought) and stats.first_answer_s is None
+    assert stats.first_thought_s == stats.ttft_s
+    assert finished.text.startswith("<think>") and "</think>" not in finished.text
+    assert finished.text[len("<think>") :] == "".join(t.text for t in thought)

@@ -20,9 +20,12 @@ from engine import DEFAULT_MODEL
 from tui.cli import remote
 from tui.cli.checks import check_engine_flags, sampling_from, text_problem
 from tui.cli.exits import FAILED, USAGE, fail, refuse
-from tui.fmt import prefill_rate, visible_controls
+from tui.fmt import prefill_rate, thinking_part, visible_controls
+from tui.options import thinking_wanted
 
 ASK_DECODES = "ask runs the eager step: a one-shot command does not wait for a compile"
+DIM, UNDIM = "\x1b[2m", "\x1b[22m"
+"""How thought is shown on a terminal's stderr: faint, apart from the answer on stdout."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class AskFlags:
     kv_cache: str | None
     raw: bool
     chat_template: str | None
+    thinking: str | None
     server: str | None
     api_key_env: str | None
     read_timeout: float | None
@@ -88,13 +92,32 @@ class Printer:
     """Writes to a stream; a closed output stops the answer instead of failing it."""
     session: Any = None
     on_terminal: bool = field(default_factory=lambda: sys.stdout.isatty())
+    thought_on_terminal: bool = field(default_factory=lambda: sys.stderr.isatty())
+    thinking: bool = False
+    """A thought is being written to stderr: its line is ended before anything else goes there."""
 
     def out(self, text: str) -> None:
         """Byte-exact into a file or a pipe; on a terminal the model's control characters are shown."""
         self.write(sys.stdout, visible_controls(text) if self.on_terminal else text)
 
     def say(self, line: str) -> None:
+        self.end_thought()
         self.write(sys.stderr, line + "\n")
+
+    def token(self, text: str, thinking: bool) -> None:
+        """The answer to stdout; thought to stderr (faint on a terminal), so stdout holds the answer alone."""
+        if not thinking:
+            self.end_thought()
+            self.out(text)
+            return
+        self.thinking = True
+        shown = DIM + visible_controls(text) + UNDIM if self.thought_on_terminal else text
+        self.write(sys.stderr, shown)
+
+    def end_thought(self) -> None:
+        if self.thinking:
+            self.thinking = False
+            self.write(sys.stderr, "\n")
 
     def emit(self, event) -> None:
         from engine.events import ModelReady, Notice, TokenSampled, TurnFinished, to_json
@@ -102,7 +125,7 @@ class Printer:
         if self.as_json:
             self.out(json.dumps(to_json(event), ensure_ascii=False) + "\n")
         elif isinstance(event, TokenSampled) and event.text:
-            self.out(event.text)
+            self.token(event.text, event.thinking)
         elif isinstance(event, TurnFinished):
             self.finished(event)
         elif isinstance(event, Notice):
@@ -169,9 +192,15 @@ def local_session(flags: AskFlags, sampling, emit):
     check_cache_precision(flags, loaded)
     try:
         session = ChatSession(
-            loaded, sampling, flags.system, flags.context, kv_cache=flags.kv_cache, raw=flags.raw
+            loaded,
+            sampling,
+            flags.system,
+            flags.context,
+            kv_cache=flags.kv_cache,
+            raw=flags.raw,
+            thinking=thinking_wanted(flags.thinking),
         )
-    except models.ModelError as e:  # its fast path did not fit in memory
+    except models.ModelError as e:  # its fast path did not fit, or --thinking found no switch
         refuse(str(e), flags.as_json)
     if session.device.type == "cpu" and os.environ.get("LLMCHAT_COMPILE", "1") != "0":
         from engine.fast import kernels
@@ -314,9 +343,15 @@ def stats_line(stats) -> str:
         f"TTFT {stats.ttft_s * 1000:.0f} ms | ITL p50 {stats.itl_p50_s * 1000:.1f} ms "
         f"p90 {stats.itl_p90_s * 1000:.1f} ms | "
         f"prefill {prefill_rate(stats)} | decode {stats.decode_tok_s:.1f} tok/s | "
-        f"{stats.generated_tokens} tokens | stop: {stats.stop}{remote.server_figures(stats.server)}"
-        f"{contention_part(stats.contention)}]"
+        f"{stats.generated_tokens} tokens{thought_part(stats)} | stop: {stats.stop}"
+        f"{remote.server_figures(stats.server)}{contention_part(stats.contention)}]"
     )
+
+
+def thought_part(stats) -> str:
+    """' | thought 212 tok, first thought 118 ms, first answer 3412 ms' for an answer that thought."""
+    part = thinking_part(stats)
+    return f" | {part}" if part else ""
 
 
 def contention_part(contention) -> str:

@@ -10,7 +10,8 @@ from tui.cli.exits import fail
 
 def check_engine_flags(flags: Mapping[str, Any]) -> None:
     """The flags that choose the engine and its settings, as the app and `ask` share them (by name:
-    server, precision, device, context, speculative, draft_tokens, kv_cache, raw, chat_template)."""
+    server, precision, device, context, speculative, draft_tokens, kv_cache, raw, chat_template,
+    thinking)."""
     server = flags["server"]
     if server is not None and (flags["precision"] is not None or flags["device"] is not None):
         fail("--precision and --device: the server decides where and at what precision its model runs")
@@ -27,6 +28,26 @@ def check_engine_flags(flags: Mapping[str, Any]) -> None:
         fail("--raw sends the text without a template; --chat-template gives one: choose one")
     if flags["chat_template"] is not None:
         check_chat_template(flags["chat_template"])
+    if flags["thinking"] is not None:
+        check_thinking(flags["thinking"], flags)
+
+
+def check_thinking(choice: str, flags: Mapping[str, Any]) -> None:
+    """--thinking is on or off, for a template known here: the model's own (checked once it has
+    loaded), or --chat-template's, which must read the switch."""
+    if choice not in ("on", "off"):
+        fail(f"--thinking must be on or off, got {choice!r}")
+    if flags["raw"]:
+        fail("--thinking: --raw sends the text without a template, so there is no thinking to switch")
+    if flags["server"] is not None:
+        fail("--thinking: a server applies its own chat template")
+    if flags["chat_template"] is not None:
+        from engine.chat_templates import template_text
+        from engine.thinking import switch_problem
+
+        problem = switch_problem(template_text(flags["chat_template"]))
+        if problem:
+            fail(f"--thinking: --chat-template {flags['chat_template']}: {problem}")
 
 
 def check_chat_template(choice: str) -> None:

@@ -53,6 +53,12 @@ ChatTemplate = typer.Option(
     "--chat-template",
     help="A chat template for a model that ships none: chatml, gemma, llama3, or a Jinja FILE.",
 )
+Thinking = typer.Option(
+    None,
+    "--thinking",
+    help="on or off: the model thinks in a <think> block before it answers, or not, where its chat "
+    "template reads enable_thinking (Qwen3, SmolLM3); default: the template's own.",
+)
 Server = typer.Option(
     None,
     "--server",

@@ -1,5 +1,9 @@
 """The conversation: user messages, streamed Markdown answers, and notes.
 
+An answer that thinks first (`<think>…</think>`, engine/thinking.py) shows its thought apart,
+above it, in a block that stays open while the thought streams and collapses when the answer
+starts ("thought for 212 tokens, 3.4 s"); a saved answer shows it collapsed.
+
 User messages and answers are `ChatMessage`s: once the engine has saved one it knows the
 message's index in the conversation and how many versions (branches) the store holds, and
 shows "‹ 2/3 ›" when there is more than one. A message can be selected (focused): ↑/↓ move
@@ -10,6 +14,7 @@ The widgets only post what was asked for; the app talks to the engine.
 from __future__ import annotations
 
 from collections import deque
+from itertools import groupby
 from typing import Iterable, Sequence
 
 from markdown_it import MarkdownIt
@@ -19,10 +24,11 @@ from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.css.query import NoMatches
 from textual.message import Message
-from textual.widgets import Markdown, Static
+from textual.widgets import Collapsible, Markdown, Static
 
-from engine.events import SavedMessage
-from tui.fmt import visible_controls
+from engine.events import SavedMessage, TokenSampled
+from engine.thinking import shown, split_saved
+from tui.fmt import count, visible_controls
 
 
 def _hard_breaks(state: StateCore) -> None:
@@ -175,8 +181,36 @@ class UserMessage(ChatMessage):
             self.post_message(self.EditRequested(self.index, self.text))
 
 
+async def append(markdown: Markdown, text: str) -> None:
+    """Append model text to a streamed Markdown, rendered before this returns."""
+    await markdown.append(visible_controls(text))
+    if markdown.children:
+        # A paragraph updated in place keeps the height measured for its old text when that
+        # update met it before it had finished mounting (Textual's `Static.update` then skips
+        # clearing it): a 601-token answer whose first write was one token showed one line.
+        markdown.children[-1].refresh(layout=True)
+
+
+class Thought(Collapsible):
+    """An answer's thinking, apart from the answer: its Markdown streamed in as the thought comes."""
+
+    DEFAULT_CSS = """
+    Thought { margin: 0; padding: 0; border: none; background: transparent; }
+    Thought > Contents { padding: 0 0 0 2; }
+    Thought Markdown { margin: 0; padding: 0; background: transparent; color: $text-muted; }
+    """
+
+    def __init__(self, text: str = "", title: str = "thinking…", collapsed: bool = False) -> None:
+        markdown = Markdown(visible_controls(shown(text)), parser_factory=answer_parser)
+        super().__init__(markdown, title=title, collapsed=collapsed)
+
+    async def write(self, text: str) -> None:
+        await append(self.query_one(Markdown), shown(text))
+
+
 class Answer(ChatMessage):
-    """One answer: Markdown streamed as tokens arrive (or given whole, from history), then a line of stats."""
+    """One answer: Markdown streamed as tokens arrive (or given whole, from history), then a line
+    of stats; any thinking before it in a block of its own above it."""
 
     DEFAULT_CSS = """
     Answer { height: auto; margin: 0 1 1 0; padding: 0 1; border-left: thick $primary; background: $boost; }
@@ -195,12 +229,23 @@ class Answer(ChatMessage):
         super().__init__(saved, index)
         self._note = note
         self.text = text
+        """All of it, thought (with its markers) and answer, as the engine keeps it."""
         self.prompt = prompt
         """The user message this answers, when it was asked here (an edit or a typed prompt)."""
+        self.thought: Thought | None = None
+        self.thinking = False
+        """The thought is streaming (its block open, its title counting)."""
+        self.thought_tokens = 0
+        self.thought_s = 0.0
+        """Time spent on the thought tokens after the first (whose latency is the prefill's too)."""
 
     def compose(self):
+        thought, answer = split_saved(self.text)
         yield self.selected_label()
-        yield Markdown(visible_controls(self.text), parser_factory=answer_parser)
+        if thought:
+            self.thought = Thought(thought, "thought", collapsed=True)
+            yield self.thought
+        yield Markdown(visible_controls(answer), parser_factory=answer_parser, classes="body")
         yield self.versions_label()
         meta = Static(visible_controls(self._note), classes="meta", markup=False)
         meta.display = bool(self._note)
@@ -211,20 +256,48 @@ class Answer(ChatMessage):
         meta.update(visible_controls(note))  # it may end with a server's error message
         meta.display = bool(note)
 
-    async def write(self, text: str) -> None:
-        """Append to the answer, rendered before this returns. The app's inbox gathers what
-        arrives meanwhile into the next write, so nothing renders in the background to be
-        stopped at the end of the turn (as Textual's MarkdownStream had to be)."""
+    async def add_tokens(self, tokens: Iterable[TokenSampled]) -> None:
+        """Tokens as they came: thought into the thinking block, the answer below it."""
+        for thinking, group in groupby(tokens, key=lambda token: token.thinking):
+            run = list(group)
+            if thinking:
+                self.thought_tokens += len(run)
+                self.thought_s += sum(token.latency_s for token in run if token.index > 0)
+            await self.write("".join(token.text for token in run), thinking)
+
+    async def write(self, text: str, thinking: bool = False) -> None:
+        """Append to the thought or to the answer, rendered before this returns. The app's inbox
+        gathers what arrives meanwhile into the next write, so nothing renders in the background
+        to be stopped at the end of the turn (as Textual's MarkdownStream had to be)."""
+        if thinking:
+            await self._think(text)
+            return
+        self.end_thought()
         if not text:
             return
         self.text += text
-        markdown = self.query_one(Markdown)
-        await markdown.append(visible_controls(text))
-        if markdown.children:
-            # A paragraph updated in place keeps the height measured for its old text when that
-            # update met it before it had finished mounting (Textual's `Static.update` then skips
-            # clearing it): a 601-token answer whose first write was one token showed one line.
-            markdown.children[-1].refresh(layout=True)
+        await append(self.query_one(".body", Markdown), text)
+
+    async def _think(self, text: str) -> None:
+        """Thought: into its block (opened above the answer by the first), titled with its count so far."""
+        if self.thought is None:
+            self.thought = Thought()
+            await self.mount(self.thought, before=self.query_one(".body", Markdown))
+        self.thinking = True
+        self.text += text
+        self.thought.title = f"thinking… {count(self.thought_tokens, 'token')}"
+        if text:
+            await self.thought.write(text)
+
+    def end_thought(self, collapse: bool = True) -> None:
+        """The answer started (the thought collapses), or the turn ended: the thought is titled
+        with what it took."""
+        if not self.thinking:
+            return
+        self.thinking = False
+        took = f"{count(self.thought_tokens, 'token')}, {self.thought_s:.1f} s"
+        self.thought.title = f"thought for {took}" if self.thought_tokens else "thought"
+        self.thought.collapsed = collapse
 
 
 class ChatLog(VerticalScroll):
@@ -275,13 +348,14 @@ class ChatLog(VerticalScroll):
         self.current = answer
         return answer
 
-    async def write(self, text: str) -> None:
+    async def add_tokens(self, tokens: list[TokenSampled]) -> None:
         if self.current is not None:
-            await self.current.write(text)
+            await self.current.add_tokens(tokens)
 
     def finish(self, note: str) -> None:
         """End the answer in progress, or, when the turn ended before it began, the next waiting one."""
         if self.current is not None:
+            self.current.end_thought(collapse=False)  # a turn cut while it thought: the thought stays open
             self.current.set_note(note)
             self.current = None
         elif self._waiting:

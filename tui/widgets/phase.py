@@ -87,6 +87,8 @@ class PhasePanel(Widget):
         self.ttft_s: float | None = None
         self.itl: list[float] = []
         self.tokens = 0
+        self.thought = 0
+        """Of this turn's tokens, those that were thought."""
         self.final: TurnStats | None = None
         self.waiting_step: int | None = None
         """Step mode: the index of the token waiting for the user's choice."""
@@ -126,6 +128,7 @@ class PhasePanel(Widget):
         """Nothing measured yet (a new chat, or a resumed one: the figures of the last turn are gone)."""
         self.phase, self.prompt_new, self.prompt_reused, self.progress = "idle", 0, 0, None
         self.ttft_s, self.itl, self.tokens, self.final, self.waiting_step = None, [], 0, None, None
+        self.thought = 0
         self.refresh()
 
     def step_waiting(self, index: int) -> None:
@@ -138,7 +141,7 @@ class PhasePanel(Widget):
         if event.phase == "prefill":
             self.prompt_new, self.prompt_reused = event.tokens, event.reused
             self.progress, self.ttft_s, self.final = None, None, None
-            self.itl, self.tokens, self.rounds, self.speedup = [], 0, [], None
+            self.itl, self.tokens, self.thought, self.rounds, self.speedup = [], 0, 0, [], None
         self.refresh()
 
     def add_round(self, event: DraftRound, repaint: bool = True) -> None:
@@ -159,6 +162,7 @@ class PhasePanel(Widget):
             else:
                 self.itl.append(token.latency_s)
         self.tokens += len(tokens)
+        self.thought += sum(token.thinking for token in tokens)
         if repaint:
             self.refresh()
 
@@ -288,10 +292,12 @@ class PhasePanel(Widget):
         if self.phase == "prefill":
             return Content(self._prefill_detail())
         if self.phase == "decode":
-            return Content(f"token {self.tokens}")
+            return Content(f"token {self.tokens}" + (f" ({self.thought:,} thought)" if self.thought else ""))
         if self.final is not None:
+            final = self.final
+            thought = f" ({final.thought_tokens:,} thought)" if final.thought_tokens else ""
             return Content.styled(
-                f"last turn: {count(self.final.generated_tokens, 'token')}, stop: {self.final.stop}",
+                f"last turn: {count(final.generated_tokens, 'token')}{thought}, stop: {final.stop}",
                 "$text-muted",
             )
         return Content("")

@@ -22,6 +22,8 @@ ACCEPTED = " underline"
 """Added to the probability colour of a drafted token the model kept."""
 REJECTED = "strike $text-muted"
 """A drafted token the model rejected (shown before the correction that replaced it)."""
+THOUGHT = " italic"
+"""Added to the probability colour of a token of thought (engine/thinking.py)."""
 
 
 def chip(token_id: int | None, piece: str, style: str, click: str = "") -> Content:
@@ -97,6 +99,8 @@ class TokenStream(Widget):
         self.prompt_chips: list[Content] = []
         self.chips: list[Content] = []
         self.generated = 0
+        self.thought = 0
+        """Of the generated tokens, those that were thought."""
         self.prompted = False
         """PromptTokens came for the turn about to start."""
         self.empty = EMPTY
@@ -106,7 +110,7 @@ class TokenStream(Widget):
         self.drafted = self.kept = 0
 
     def set_prompt(self, prompt: PromptTokens) -> None:
-        self.prompt, self.chips, self.generated = prompt, [], 0
+        self.prompt, self.chips, self.generated, self.thought = prompt, [], 0, 0
         self.marks, self.drafted, self.kept = {}, 0, 0
         reused = prompt.reused or 0  # not reported by a server: no chip is marked as reused
         self.prompt_chips = [
@@ -120,7 +124,7 @@ class TokenStream(Widget):
         """Prefill started: a turn whose prompt tokens nobody sent (a server that cannot
         tokenize) starts from an empty panel too."""
         if not self.prompted:
-            self.prompt, self.prompt_chips, self.chips, self.generated = None, [], [], 0
+            self.prompt, self.prompt_chips, self.chips, self.generated, self.thought = None, [], [], 0, 0
             self.refresh()
         self.prompted = False
 
@@ -138,17 +142,19 @@ class TokenStream(Widget):
         for t in tokens:
             mark = self.marks.pop(t.index, None)
             style = logprob_style(t.logprob) + (ACCEPTED if mark == () else "")
+            style += THOUGHT if t.thinking else ""
             for token_id, piece in mark or ():
                 self.chips.append(chip(token_id, piece, REJECTED))
             self.chips.append(chip(t.id, t.piece, style, f"app.instrument('inspector',{t.index})"))
         del self.chips[:-KEEP]
         self.generated += len(tokens)
+        self.thought += sum(t.thinking for t in tokens)
         if repaint:
             self.refresh()
 
     def clear(self, why: str = EMPTY) -> None:
         """Show no turn; `why` says what the panel waits for."""
-        self.prompt, self.prompt_chips, self.chips, self.generated = None, [], [], 0
+        self.prompt, self.prompt_chips, self.chips, self.generated, self.thought = None, [], [], 0, 0
         self.prompted = False
         self.empty = why
         self.refresh()
@@ -158,8 +164,9 @@ class TokenStream(Widget):
             return Content.styled(self.empty, "$text-muted")
         width, height = self.content_size.width, self.content_size.height
         drafts = f"drafts kept {self.kept}/{self.drafted}  " if self.drafted else ""
+        thought = f"({self.thought:,} thought, in italics)  " if self.thought else ""
         answer = Content.assemble(
-            ("answer ", "bold"), f"{count(self.generated, 'token')}  ", drafts, legend()
+            ("answer ", "bold"), f"{count(self.generated, 'token')}  ", thought, drafts, legend()
         )
         if self.prompt is None:  # a server that does not tokenize: the answer's tokens only
             note = Content.styled("prompt: the server does not tokenize it for us", "$text-muted")
