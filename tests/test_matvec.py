@@ -85,6 +85,14 @@ def test_int8_rows_keep_a_non_finite_x_and_widths_past_the_integer_sums_range(ke
     torch.testing.assert_close(kernel.multiply(x, wide), exact, atol=1e-2, rtol=1e-5)
 
 
+@pytest.mark.parametrize("width", [4096, 4097, 16384])
+def test_int8_rows_at_the_integer_sums_widest_do_not_overflow(kernel, width):
+    """Every product at its largest (x at its peak, w at -128 and 127): the int32 sums hold."""
+    q = torch.tensor([[127], [-128]], dtype=torch.int8).repeat(1, width)
+    x = torch.full((1, width), 3.0)
+    torch.testing.assert_close(kernel.multiply(x, q), torch.tensor([[381.0 * width, -384.0 * width]]))
+
+
 def test_bad_inputs_get_a_clear_error(kernel):
     with pytest.raises(RuntimeError, match="contiguous"):
         torch.ops.llmchat.matvec(torch.zeros(1, 8), torch.zeros(8, 8).t())

@@ -7,8 +7,8 @@
 // block of rows; independent accumulators hide the additions' latency; bfloat16 rows go
 // through `vdpbf16ps` (32 products an instruction) where the CPU has it. Sums in float32, the
 // result rounded to W's dtype, as the loop's is. w8's int8 rows take a float32 x and give a
-// float32 result, the rows' scales applied after; where the CPU has AVX512-VNNI, x is rounded
-// to 16 bits and the rows summed in integers (rows_dpwssd). Up to 16 rows of x at once
+// float32 result, the rows' scales applied after; where the CPU has AVX512-VNNI or AVX2, x is
+// rounded to 16 bits and the rows summed in integers (rows_dpwssd, rows_madd). Up to 16 rows of x at once
 // (rows_many: a speculative verify, the lab's batch) read each weight row once for all of them.
 // Built as part of decode_step.cpp.
 
@@ -25,14 +25,24 @@
 
 #include "simd.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define LLMCHAT_INT_ROWS 1  // w8's rows summed in integers by vpdpwssd (rows_dpwssd)
+#elif defined(__AVX2__)
+#define LLMCHAT_INT_ROWS 1  // by vpmaddwd (rows_madd)
+#endif
+
 namespace matvec_kernel {
 
 // Rows per task of the thread pool: enough that two threads split even the smallest matrix.
 constexpr int64_t kRowGrain = 64;
 
 // The portable sum, vectorized by the compiler for the CPU it is built on (-march=native): with
-// AVX2 but not AVX-512 it still streams int8 rows ~10x faster than Inductor's loop
-// (engine/fast/matvec.py); and the library builds everywhere.
+// AVX2 but not AVX-512 it still streams bfloat16 rows ~2x faster than Inductor's loop
+// (engine/fast/matvec.py), float32 ~1.4x; and the library builds everywhere.
 template <typename W, typename X>
 void rows_plain(const X* x, const W* w, X* out, int64_t in, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; ++r) {
@@ -118,16 +128,15 @@ void rows_dpbf16(const at::BFloat16* x, const at::BFloat16* w, at::BFloat16* out
 }
 #endif
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(LLMCHAT_INT_ROWS)
 // w8's int8 rows against x rounded to 16 bits, one step for the whole token (`XQuantized`):
-// `vpdpwssd` multiplies 32 pairs an instruction and sums them in int32, where widening each
-// weight to float32 costs three instructions per 16 (rows_fma; this CPU's cores, not its
-// memory, were w8's limit: ~13 GB/s against a ~26 GB/s read). x's rounding error is 1/65534 of
-// its largest value, a hundredth of the weights' own (SmolLM2 against fp32: the same top-1
-// agreement and KL to four decimals; BENCHMARKS.md). Two rows at a time, two chains each.
+// `vpdpwssd` (AVX512-VNNI) multiplies 32 pairs an instruction and sums them in int32, where
+// widening each weight to float32 costs three instructions per 16 (rows_fma; this CPU's cores,
+// not its memory, were w8's limit: ~13 GB/s against a ~26 GB/s read); with AVX2 only,
+// `vpmaddwd` and an add do 16 (rows_madd; ~16 -> ~18.5 GB/s on a Zen 3 EPYC). x's rounding
+// error is 1/65534 of its largest value, a hundredth of the weights' own (SmolLM2 against fp32:
+// the same top-1 agreement and KL to four decimals; BENCHMARKS.md).
 constexpr float kXLevels = 32767.f;
-// Each int32 lane sums in/32 products of at most 32767 x 127: past this width one could overflow.
-constexpr int64_t kMaxDpwssdWidth = 16384;
 
 struct XQuantized {
   std::vector<int16_t> q;
@@ -154,6 +163,12 @@ bool quantize_x(const float* x, int64_t in, XQuantized& out) {
   for (int64_t k = 0; k < in; ++k) out.q[k] = static_cast<int16_t>(std::nearbyint(x[k] * inverse));
   return true;
 }
+
+#endif
+
+#if defined(LLMCHAT_INT_ROWS) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// Each int32 lane sums in/32 products of at most 32767 x 128: past this width one could overflow.
+constexpr int64_t kMaxIntWidth = 16384;
 
 inline __m512i widen32(const int8_t* p) {
   return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -204,12 +219,57 @@ void rows_dpwssd(const XQuantized& x, const int8_t* w, float* out, int64_t in, i
   }
 }
 
-// Whether w8's rows take the integer path: false leaves them to rows_fma.
+#define LLMCHAT_INT_ROWS_OF rows_dpwssd
+#elif defined(LLMCHAT_INT_ROWS)
+// Each int32 lane sums in/16 pairs of products of at most 32767 x 128 (one chain per row).
+constexpr int64_t kMaxIntWidth = 4096;
+
+inline __m256i widen16(const int8_t* p) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline float reduce8(__m256i a) {  // in float32: two int32 lanes' sum may not fit
+  const __m256 f = _mm256_cvtepi32_ps(a);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+// One row at a time, two chains (a step's 32 weights split between them).
+void rows_madd(const XQuantized& x, const int8_t* w, float* out, int64_t in, int64_t begin,
+               int64_t end) {
+  const int16_t* xq = x.q.data();
+  const int64_t full = in - in % 32, pairs = in - in % 16;
+  for (int64_t r = begin; r < end; ++r) {
+    const int8_t* a = w + r * in;
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+    int64_t k = 0;
+    for (; k < full; k += 32) {
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k));
+      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k + 16));
+      s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(widen16(a + k), x0));
+      s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(widen16(a + k + 16), x1));
+    }
+    for (; k < pairs; k += 16) {
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k));
+      s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(widen16(a + k), x0));
+    }
+    int64_t sum = 0;
+    for (; k < in; ++k) sum += int64_t{xq[k]} * a[k];
+    out[r] = (reduce8(s0) + reduce8(s1) + static_cast<float>(sum)) * x.step;
+  }
+}
+#define LLMCHAT_INT_ROWS_OF rows_madd
+#endif
+
+#if defined(LLMCHAT_INT_ROWS)
+// Whether w8's rows take the integer path: false leaves them to rows_fma / rows_plain.
 bool int8_rows(const float* x, const int8_t* w, float* out, int64_t rows, int64_t in) {
   XQuantized xq;
-  if (in > kMaxDpwssdWidth || !quantize_x(x, in, xq)) return false;
+  if (in > kMaxIntWidth || !quantize_x(x, in, xq)) return false;
   at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
-    rows_dpwssd(xq, w, out, in, begin, end);
+    LLMCHAT_INT_ROWS_OF(xq, w, out, in, begin, end);
   });
   return true;
 }

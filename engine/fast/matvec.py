@@ -7,8 +7,10 @@ Xeon it streamed bfloat16 rows at ~12 GB/s and float32 at ~17, where `matvec.cpp
 at ~23-25 and ~26-28 (a plain read: ~24-30; BENCHMARKS.md). On a CPU with AVX2 but not AVX-512
 (an AMD EPYC VM), the kernel's portable loop, vectorized by the compiler for the CPU's own
 instructions, beat Inductor's by far where the rows are narrow: int8 rows ~10x, bfloat16 ~2x,
-float32 ~1.4x (scripts/matvec_cost.py; BENCHMARKS.md). The kernel is built with the step's
-other kernel, the decode attention (engine/fast/kernels.py), and the step is traced calling it.
+float32 ~1.4x (scripts/matvec_cost.py; BENCHMARKS.md); int8 rows summed in integers by
+`vpmaddwd` then read at float32's rate (~97% of its GB/s, where the portable loop made ~64%).
+The kernel is built with the step's other kernel, the decode attention (engine/fast/kernels.py),
+and the step is traced calling it.
 On older CPUs the step keeps Inductor's loop, which vectorizes for whatever the CPU has.
 """
 
@@ -20,7 +22,7 @@ from engine.fast import kernels
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8)
 """The weights the kernel multiplies as stored (int8: w8's rows, times a float32 x, which the
-kernel rounds to 16 bits where the CPU has AVX512-VNNI: engine/quant/w8.py)."""
+kernel rounds to 16 bits where the CPU has AVX512-VNNI or AVX2: engine/quant/w8.py)."""
 
 enabled = torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX2")
 """Whether compiled steps use the kernel: where the CPU has AVX-512 or AVX2 (a benchmark may turn
