@@ -3,11 +3,13 @@ blocks freed, preemption, bad input, and `llmchat lab batching --json`."""
 
 import json
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from engine.lab import sweep
 from engine.lab.pool import KVShape, PagedKVPool, PoolError
 from engine.lab.run import Lab, LabConfig, LabError, bend, run
 from engine.lab.scheduler import LabStopped, Policy, Scheduler
@@ -168,7 +170,9 @@ def test_cli_json_has_the_sweep_and_the_three_policies(tiny_model_dir):
     assert [p["batch"] for p in data["sweep"]] == [1, 2, 4, 8, 16][: len(data["sweep"])]
     assert len(data["sweep"]) >= 2 and data["sweep_skipped"] == [1, 2, 4, 8, 16][len(data["sweep"]) :]
     for point in data["sweep"]:
-        assert set(point) >= {"batch", "aggregate_tok_s", "itl_ms_p50"} and point["aggregate_tok_s"] > 0
+        assert set(point) >= {"batch", "aggregate_tok_s", "itl_ms_p50", "busy"}
+        assert point["aggregate_tok_s"] > 0
+    assert isinstance(data["sweep_dips"], list)
     assert [p["policy"] for p in data["policies"]] == ["sequential", "static", "continuous"]
     keys = {"throughput_tok_s", "ttft_ms_p50", "ttft_ms_p90", "itl_ms_p50", "itl_ms_p90", "peak_blocks"}
     for p in data["policies"]:
@@ -205,3 +209,39 @@ def test_cli_bad_input_is_one_line(tiny_model_dir, flags, message):
 def test_where_the_sweep_bends(rates, bends_at):
     points = [SweepPoint(b, r, 1000 * b / r, 0.0) for b, r in zip((1, 2, 4, 8, 16), rates)]
     assert bend(points) == bends_at
+
+
+@pytest.mark.parametrize(
+    ("rates", "fell"),
+    [
+        ([10, 20, 40, 80, 160], []),
+        ([10, 8, 30, 60, 120], [2]),  # B=2 below B=1 on a memory-bound step: the machine
+        ([10, 19, 36, 33, 70], [8]),
+        ([10, 19, 36, 50, 45], []),  # past the bend (8) a fall is the arithmetic's
+    ],
+)
+def test_a_sweep_that_falls_before_its_bend_is_flagged(rates, fell):
+    points = [SweepPoint(b, r, 1000 * b / r, 0.0) for b, r in zip((1, 2, 4, 8, 16), rates)]
+    assert sweep.dips(points, bend(points)) == fell
+
+
+def test_a_point_timed_while_the_machine_was_busy_says_so(tiny_loaded, monkeypatch):
+    """The meter's verdict (engine/contention.py, its own tests) reaches the point it timed."""
+    verdicts = iter([False, True, False, False])
+
+    class Meter:
+        def stop(self):
+            return SimpleNamespace(busy=next(verdicts))
+
+    monkeypatch.setattr(sweep, "ContentionMeter", Meter)
+    lab = Lab(tiny_loaded, LabConfig(requests=2, max_new=4, budget_mib=1))
+    try:
+        prompt = min((s.prompt for s in lab.specs), key=len)
+        points = sweep.run_sweep([1, 2], prompt, 3, 2, lab.forward)
+    finally:
+        lab.release()
+    assert [p.busy for p in points] == [False, True]
+    from tui.widgets.lab_views import sweep_lines
+
+    lines = [str(line) for line in sweep_lines(points)]
+    assert "busy" not in lines[1] and lines[2].endswith("busy")

@@ -4,6 +4,8 @@ KV cache stays as it was, bad input is one line, and a snapshot pins how it look
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from textual.widgets import Input
 
@@ -150,10 +152,16 @@ def test_question_mark_explains_every_view(tiny_model_dir, tmp_path):
     run(scenario)
 
 
+class QuietMeter:
+    def stop(self):
+        return SimpleNamespace(busy=False)
+
+
 def test_snapshot_lab(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
     # Every step 10 ms on the lab's clock, and fixed peaks: the same picture on every run.
     monkeypatch.setattr(scheduler, "time", FakeClock())
     monkeypatch.setattr(sweep, "time", FakeClock())
+    monkeypatch.setattr(sweep, "ContentionMeter", QuietMeter)  # the suite's own load is no busy spell
     monkeypatch.setattr(phases, "cached_calibration", lambda device, dtype, path=None: FIXED_PEAKS)
 
     async def before(pilot):

@@ -185,11 +185,13 @@ class LabResult:
                     "aggregate_tok_s": round(p.aggregate_tok_s, 2),
                     "itl_ms_p50": round(p.itl_ms_p50, 2),
                     "intensity_flop_per_byte": round(p.intensity, 2),
+                    "busy": p.busy,
                 }
                 for p in self.sweep
             ],
             "sweep_skipped": self.sweep_skipped,
             "sweep_bends_at": bend(self.sweep),
+            "sweep_dips": sweep.dips(self.sweep, bend(self.sweep)),
             "policies": [p.to_json() for p in self.policies],
             "outputs_agree": self.outputs_agree,
         }

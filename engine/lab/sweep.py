@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from engine.contention import ContentionMeter
 from engine.lab.batched import BatchedForward, Feed
 from engine.lab.pool import blocks_for
 from engine.lab.scheduler import LabStopped
@@ -30,6 +31,8 @@ class SweepPoint:
     itl_ms_p50: float
     intensity: float
     """FLOPs per byte of the middle timed step (engine/lab/costs.py)."""
+    busy: bool = False
+    """Other work slowed this process while some of its steps were timed (engine/contention.py)."""
 
 
 def fits(batch: int, prompt: tuple[int, ...], steps: int, forward: BatchedForward) -> bool:
@@ -72,9 +75,9 @@ def timed_steps(
     return times, intensity
 
 
-def point(batch: int, times: list[float], intensity: float) -> SweepPoint:
+def point(batch: int, times: list[float], intensity: float, busy: bool = False) -> SweepPoint:
     step_s = statistics.median(times)
-    return SweepPoint(batch, batch / step_s, step_s * 1000, intensity)
+    return SweepPoint(batch, batch / step_s, step_s * 1000, intensity, busy)
 
 
 def run_sweep(
@@ -88,13 +91,28 @@ def run_sweep(
     on_point=None,
 ) -> list[SweepPoint]:
     """`passes` rounds over every B, `steps` timed steps each time: a load that comes and goes on
-    a shared machine then falls on every B alike, and each B's median is taken over all its steps."""
+    a shared machine then falls on every B alike, and each B's median is taken over all its steps.
+    A B is busy where any of its passes was."""
     times: dict[int, list[float]] = {b: [] for b in batches}
     intensity: dict[int, float] = {}
+    busy = dict.fromkeys(batches, False)
     for round_ in range(passes):
         for b in batches:
+            meter = ContentionMeter()
             more, intensity[b] = timed_steps(b, prompt, steps, forward, intensity_of, stop)
             times[b] += more
+            busy[b] = busy[b] or meter.stop().busy
             if round_ == passes - 1 and on_point is not None:
-                on_point(point(b, times[b], intensity[b]))
-    return [point(b, times[b], intensity[b]) for b in batches]
+                on_point(point(b, times[b], intensity[b], busy[b]))
+    return [point(b, times[b], intensity[b], busy[b]) for b in batches]
+
+
+def dips(points: list[SweepPoint], bends_at: int | None) -> list[int]:
+    """The B up to the bend (all B, if none) whose aggregate fell below the previous B's: while a
+    step waits on memory more sequences never cost tokens (a bend slows the gain, it is no loss),
+    so a fall says the machine, not batching (a busy spell, a slower path): run it again."""
+    return [
+        b.batch
+        for a, b in zip(points, points[1:])
+        if (bends_at is None or b.batch <= bends_at) and b.aggregate_tok_s < a.aggregate_tok_s
+    ]

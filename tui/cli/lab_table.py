@@ -92,7 +92,7 @@ def _policy_memory(p: dict) -> tuple[str, ...]:
     )
 
 
-SWEEP_COLUMNS = ("B", "aggregate tok/s", "x B=1", "ITL p50 ms", "FLOP/byte")
+SWEEP_COLUMNS = ("B", "aggregate tok/s", "x B=1", "ITL p50 ms", "FLOP/byte", "machine")
 
 
 def _sweep(sweep: list[dict]) -> Table:
@@ -106,6 +106,7 @@ def _sweep(sweep: list[dict]) -> Table:
             f"{s['aggregate_tok_s'] / first:.2f}",
             f"{s['itl_ms_p50']:.1f}",
             f"{s['intensity_flop_per_byte']:.1f}",
+            "busy" if s["busy"] else "",
         )
     return table
 
@@ -121,6 +122,11 @@ def _print_sweep_findings(console: Console, result: dict) -> None:
         if bends
         else "the curve does not bend over these B (each doubling gains 1.7x or more)"
     )
+    if result["sweep_dips"]:
+        console.print(
+            f"the aggregate fell at B = {result['sweep_dips']} (by the bend): the machine, not"
+            " batching (busy or a slower path); run it again"
+        )
     if result["sweep_skipped"]:
         console.print(f"left out (the budget cannot hold them): B = {result['sweep_skipped']}")
 

@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from engine.lab.run import bend
 from engine.lab.scheduler import RequestView, StepRecord
-from engine.lab.sweep import SweepPoint
+from engine.lab.sweep import SweepPoint, dips
 from tui.fmt import count, human_bytes, ms
 from tui.plot import text_plot
 
@@ -175,11 +175,18 @@ def sweep_lines(points: Sequence[SweepPoint], skipped: Sequence[int] = ()) -> li
         lines.append(
             Content(
                 f"{p.batch:>3}{p.aggregate_tok_s:>17.1f}{p.aggregate_tok_s / first:>8.2f}"
-                f"{p.itl_ms_p50:>8.1f}ms{p.intensity:>11.2f}"
+                f"{p.itl_ms_p50:>8.1f}ms{p.intensity:>11.2f}{'  busy' if p.busy else ''}"
             )
         )
     if len(points) > 1:
         lines.append(_bend_line(points))
+        fell = dips(list(points), bend(list(points)))
+        if fell:
+            lines.append(
+                Content.styled(
+                    f"fell at B = {fell}, by the bend: the machine, not batching; run it again", "$warning"
+                )
+            )
     if skipped:
         lines.append(
             Content.styled(f"left out (the pool cannot hold them): B = {list(skipped)}", "$text-muted")
