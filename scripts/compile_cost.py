@@ -1,10 +1,10 @@
 """What compiling the decode step costs: the regional step against the whole one.
 
-    .venv/bin/python scripts/compile_cost.py [--precision fp32] [--windows 5] [--json]
+    .venv/bin/python scripts/compile_cost.py [--precision fp32] [--model SPEC] [--windows 5] [--json]
 
 The app compiles one decoder block run for every layer first, then the whole step, both
 without Dynamo's guards, ahead of time in a child process that saves them; the app loads what
-it saved (engine/fast/steps.py). This measures, on the built-in model:
+it saved (engine/fast/steps.py). This measures, on the built-in model or --model:
 - each step's compile in a fresh process: cold (an empty Inductor cache, as on a fresh machine:
   what the app's background child pays) and cached (Inductor's cache full, Dynamo tracing
   again: what the app paid in-process on every start before the steps were saved);
@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("regional", "whole", "whole-no-guards")
 MODEL = "smollm2-135m"
+"""The model measured (--model: any spec the app takes; a child is told the same)."""
 QUESTION = "Tell me about the history of Paris."
 
 
@@ -41,7 +42,7 @@ def say(line: str) -> None:
 
 
 def _model(precision: str):
-    """The built-in model's fast path, the attention kernel loaded, and its cache dtype."""
+    """The model's fast path, the attention kernel loaded, and its cache dtype."""
     import torch
 
     from engine import models
@@ -107,7 +108,10 @@ def app_ready(precision: str) -> dict:
     from engine.session import ChatSession
 
     loaded = models.load(MODEL, precision, "cpu")
-    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=64), compile=True)
+    base = not getattr(loaded.tokenizer, "chat_template", None)  # a base model continues the text
+    session = ChatSession(
+        loaded, SamplingSettings(temperature=0.0, max_new_tokens=64), compile=True, raw=base
+    )
     build = session.compiled
     asked = time.perf_counter()
     tokens = sum(isinstance(event, TokenSampled) for event in session.send(QUESTION))
@@ -153,7 +157,12 @@ def decode_speeds(precision: str, windows: int, tokens: int = 48) -> dict:
 def _in_a_fresh_process(args: list[str], cache_dir: str) -> dict:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, __file__, *args], capture_output=True, text=True, env=env, cwd=ROOT, check=False
+        [sys.executable, __file__, *args, "--model", MODEL],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        check=False,
     )
     if done.returncode:
         raise SystemExit(f"{' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:]}")
@@ -163,6 +172,7 @@ def _in_a_fresh_process(args: list[str], cache_dir: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--model", default=MODEL, help="a model spec: alias, HF directory, .gguf")
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--kind", choices=("regional", "whole"), help=argparse.SUPPRESS)
@@ -171,6 +181,8 @@ def main() -> None:
     parser.add_argument("--speeds", action="store_true", help=argparse.SUPPRESS)  # a child's decode
     parser.add_argument("--app", action="store_true", help=argparse.SUPPRESS)  # a child's session
     args = parser.parse_args()
+    global MODEL
+    MODEL = args.model
     if args.compile or args.load:
         print(json.dumps((compile_time if args.compile else load_time)(args.precision, args.kind)))
         return
@@ -180,7 +192,7 @@ def main() -> None:
     if args.speeds:
         print(json.dumps(decode_speeds(args.precision, args.windows)))
         return
-    result: dict = {"precision": args.precision, "cpus": os.cpu_count(), "compile_s": {}}
+    result: dict = {"model": MODEL, "precision": args.precision, "cpus": os.cpu_count(), "compile_s": {}}
     with tempfile.TemporaryDirectory(prefix="llmchat-inductor-") as scratch:
         for kind in ("regional", "whole"):
             cache = os.path.join(scratch, kind)  # each its own: no kernel shared between them
