@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from engine.fast import fused
+from engine.fast import fused, kernels
 from engine.instruments.phases import Calibration, ModelShape
 from engine.lab import costs, sweep
 from engine.lab.batched import BatchedForward, Feed
@@ -211,6 +211,8 @@ class Lab:
                 f"the lab's batched forward attends over the whole context, and this model's layers "
                 f"attend over sliding windows ({', '.join(map(str, self.fast.windows))} positions)"
             )
+        if self.fast.embed.device.type == "cpu":  # the matvec kernel the app built: every B, one read of W
+            kernels.load_built("step")
         info = loaded.info
         self.kv = KVShape(info.layers, info.kv_heads, info.head_dim, self.fast.act_dtype)
         try:
