@@ -48,7 +48,7 @@ def _model(precision: str):
     from engine import models
     from engine.fast import fused, kernels
 
-    loaded = models.load(MODEL, precision, "cpu")
+    loaded = models.load(MODEL, precision, "cpu", chat=False)
     fast = fused.for_model(loaded.model, compiled=True)
     kernels.load("step")
     return fast, getattr(torch, loaded.info.cache_dtype)
@@ -107,7 +107,7 @@ def app_ready(precision: str) -> dict:
     from engine.sampling import SamplingSettings
     from engine.session import ChatSession
 
-    loaded = models.load(MODEL, precision, "cpu")
+    loaded = models.load(MODEL, precision, "cpu", chat=False)
     base = not getattr(loaded.tokenizer, "chat_template", None)  # a base model continues the text
     session = ChatSession(
         loaded, SamplingSettings(temperature=0.0, max_new_tokens=64), compile=True, raw=base
@@ -170,6 +170,7 @@ def _in_a_fresh_process(args: list[str], cache_dir: str) -> dict:
 
 
 def main() -> None:
+    global MODEL
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--model", default=MODEL, help="a model spec: alias, HF directory, .gguf")
@@ -181,7 +182,6 @@ def main() -> None:
     parser.add_argument("--speeds", action="store_true", help=argparse.SUPPRESS)  # a child's decode
     parser.add_argument("--app", action="store_true", help=argparse.SUPPRESS)  # a child's session
     args = parser.parse_args()
-    global MODEL
     MODEL = args.model
     if args.compile or args.load:
         print(json.dumps((compile_time if args.compile else load_time)(args.precision, args.kind)))
