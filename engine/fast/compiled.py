@@ -333,7 +333,8 @@ class CompiledDecode:
         kernel = f"; {WITHOUT_KERNEL} ({self.kernel_error})" if self.kernel_error else ""
         fast = self._fast()
         if not self.kernel_error and fast is not None and matvec.steps_use_kernel(fast):
-            kernel = "; each weight matrix streamed by llmchat's AVX-512 matvec kernel"
+            isa = "AVX-512" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "AVX2"
+            kernel = f"; each weight matrix streamed by llmchat's matvec kernel ({isa})"
         how = self.how() if self.kind == "graph" else f"torch.compile: {self.how()}"
         return f"decode now runs the compiled step ({how}){kernel}{notes}"
 
