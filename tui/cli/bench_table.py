@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tui.cli.report import figures_table, print_figures, report_console
 from tui.fmt import plain_text
 
 
@@ -15,13 +16,13 @@ def _mb(n: int) -> str:
 
 def print_tables(result: dict) -> None:
     """Every table the run has figures for."""
-    console = Console()
+    console = report_console()
     results = result["results"]
     console.print(*_heading(result))
-    console.print(_decode(results))
+    print_figures(console, _decode(results))
     _print_decode_notes(console, results)
-    console.print(_prefill(results))
-    console.print(_multi_turn(results))
+    print_figures(console, _prefill(results))
+    print_figures(console, _multi_turn(results))
     _print_optional_tables(console, result)
 
 
@@ -29,20 +30,17 @@ def _print_optional_tables(console: Console, result: dict) -> None:
     """The measurements a run may skip, each shown when some precision has it."""
     results = result["results"]
     if any(r["quality"] for r in results):
-        console.print(_quality(results))
+        print_figures(console, _quality(results))
     if any(r["long_context"] for r in results):
-        console.print(_long_context(results))
+        print_figures(console, _long_context(results))
     if any(r.get("speculative") for r in results):
-        console.print(_speculative(results))
+        print_figures(console, _speculative(results))
     if any(r.get("kv_cache") for r in results):
         print_kv_cache_table(console, result)
 
 
 def _table(title: str | Text, columns: tuple[str, ...]) -> Table:
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column, justify="right")
-    return table
+    return figures_table(title, columns)
 
 
 def _heading(result: dict) -> tuple[Text, str]:
@@ -211,26 +209,25 @@ def print_kv_cache_table(console, result: dict) -> None:
     """Decode at long context with each KV cache precision: bytes, ITL and quality against fp32's."""
     first = next(r["kv_cache"] for r in result["results"] if r.get("kv_cache"))
     some = next(iter(first.values()))
-    table = Table(
-        title=f"KV cache precision at {some['context']:,} tokens of context, same run "
-        f"(attention: {some['attention']})"
+    table = figures_table(
+        f"KV cache precision at {some['context']:,} tokens of context, same run "
+        f"(attention: {some['attention']})",
+        (
+            "precision",
+            "KV cache",
+            "step",
+            "B/token",
+            "KV read/step",
+            "all read/step",
+            "ITL p50 ms",
+            "ITL p90 ms",
+            "ITL min ms",
+            "vs fp32 cache",
+            "attention ms",
+            "top-1 agree",
+            "mean KL",
+        ),
     )
-    for column in (
-        "precision",
-        "KV cache",
-        "step",
-        "B/token",
-        "KV read/step",
-        "all read/step",
-        "ITL p50 ms",
-        "ITL p90 ms",
-        "ITL min ms",
-        "vs fp32 cache",
-        "attention ms",
-        "top-1 agree",
-        "mean KL",
-    ):
-        table.add_column(column, justify="right")
     for r in result["results"]:
         caches = r.get("kv_cache") or {}
         base = caches.get("fp32", {}).get("itl_ms_long")
@@ -251,4 +248,4 @@ def print_kv_cache_table(console, result: dict) -> None:
                 f"{quality['top1_agreement']:.1%}" if quality else "–",
                 f"{quality['mean_kl_nats']:.5f}" if quality else "–",
             )
-    console.print(table)
+    print_figures(console, table)

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tui.cli.report import figures_table, print_figures, report_console
 from tui.fmt import plain_text
 from tui.plot import text_plot
 
@@ -27,16 +28,16 @@ def pool_line(result: dict) -> Text:
 
 def print_lab(result: dict) -> None:
     """The pool, the workload, the policies compared, then the batch sweep where the budget held one."""
-    console = Console()
+    console = report_console()
     console.print(pool_line(result))
     console.print(_workload_line(result))
-    console.print(_policies(result["policies"]))
+    print_figures(console, _policies(result["policies"]))
     agree = "the same tokens" if result["outputs_agree"] else "DIFFERENT tokens (numerics at a near tie)"
     console.print(f"greedy answers: every policy produced {agree} for every request")
     if not result["sweep"]:
         console.print("sweep: the budget holds no batch (raise --budget-mib)")
         return
-    console.print(_sweep(result["sweep"]))
+    print_figures(console, _sweep(result["sweep"]))
     _print_sweep_findings(console, result)
     _print_sweep_plot(console, result["sweep"])
 
@@ -53,10 +54,7 @@ def _workload_line(result: dict) -> str:
 
 
 def _table(title: str, columns: tuple[str, ...]) -> Table:
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column, justify="right")
-    return table
+    return figures_table(title, columns)
 
 
 POLICIES_TITLE = "Three policies, same workload (times in ms; peak KV bytes: paged vs contiguous)"

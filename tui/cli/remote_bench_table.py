@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tui.cli.report import figures_table, print_figures, report_console
 from tui.fmt import plain_text
 
 
@@ -18,14 +18,14 @@ def _rate(value: float | None) -> str:
 
 
 def print_remote_tables(result: dict) -> None:
-    console = Console()
+    console = report_console()
     console.print(server_line(result))
     if not result["forces_length"]:
         console.print("  (this server takes no ignore_eos: answers may end before the asked length)")
-    console.print(_prefill(result["prefill"]))
-    console.print(_decode(result["decode"]))
-    console.print(_turns(result["turns"]))
-    console.print(_streams(result["concurrency"]))
+    print_figures(console, _prefill(result["prefill"]))
+    print_figures(console, _decode(result["decode"]))
+    print_figures(console, _turns(result["turns"]))
+    print_figures(console, _streams(result["concurrency"]))
     console.print("  '-': the server does not report it. Ours minus the server's = network and queueing.")
 
 
@@ -43,9 +43,10 @@ def server_line(result: dict) -> Text:
 
 
 def _prefill(rows: list[dict]) -> Table:
-    table = Table(title="Prefill, fresh prompts: client TTFT beside the server's own prompt time")
-    for column in ("prompt tokens", "TTFT ms", "prefill tok/s", "server prompt ms", "server tok/s"):
-        table.add_column(column, justify="right")
+    table = figures_table(
+        "Prefill, fresh prompts: client TTFT beside the server's own prompt time",
+        ("prompt tokens", "TTFT ms", "prefill tok/s", "server prompt ms", "server tok/s"),
+    )
     for row in rows:
         table.add_row(
             str(row["prompt_tokens"]),
@@ -58,9 +59,9 @@ def _prefill(rows: list[dict]) -> Table:
 
 
 def _decode(row: dict) -> Table:
-    table = Table(title="Decode, one long answer")
-    for column in ("tokens", "tok/s", "ITL p50 ms", "ITL p90 ms", "server ITL ms"):
-        table.add_column(column, justify="right")
+    table = figures_table(
+        "Decode, one long answer", ("tokens", "tok/s", "ITL p50 ms", "ITL p90 ms", "server ITL ms")
+    )
     table.add_row(
         str(row["tokens"]),
         _rate(row["tok_s"]),
@@ -72,9 +73,10 @@ def _decode(row: dict) -> Table:
 
 
 def _turns(row: dict) -> Table:
-    table = Table(title="Last turn: its history in the server's prefix cache vs the same prompt fresh")
-    for column in ("turn", "prompt", "reused", "TTFT cached ms", "TTFT fresh ms", "speed-up"):
-        table.add_column(column, justify="right")
+    table = figures_table(
+        "Last turn: its history in the server's prefix cache vs the same prompt fresh",
+        ("turn", "prompt", "reused", "TTFT cached ms", "TTFT fresh ms", "speed-up"),
+    )
     table.add_row(
         str(row["turn"]),
         str(row["prompt_tokens"]),
@@ -87,9 +89,10 @@ def _turns(row: dict) -> Table:
 
 
 def _streams(rows: list[dict]) -> Table:
-    table = Table(title="Concurrent streams: batching keeps each stream's ITL while the total grows")
-    for column in ("streams", "tokens", "wall s", "total tok/s", "TTFT mean ms", "ITL p50 ms", "ITL p90 ms"):
-        table.add_column(column, justify="right")
+    table = figures_table(
+        "Concurrent streams: batching keeps each stream's ITL while the total grows",
+        ("streams", "tokens", "wall s", "total tok/s", "TTFT mean ms", "ITL p50 ms", "ITL p90 ms"),
+    )
     for row in rows:
         table.add_row(
             str(row["streams"]),
