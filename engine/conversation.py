@@ -18,6 +18,9 @@ class Message:
     content: str
     trace: AnswerTrace | None = field(default=None, compare=False, repr=False)
     """For an answer generated in this session: its steps, for the token inspector."""
+    sampled_ids: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    """For an answer resumed with its saved KV cache: the ids it was sampled as, read back from
+    the cache (an answer of this session has them in its trace)."""
     saved_id: int | None = field(default=None, compare=False)
     """Its id in the conversation store, once saved: trimming, forks and refusals drop it with
     the message, so the ids of a conversation never fall out of step with its messages."""

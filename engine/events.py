@@ -129,6 +129,19 @@ class ModelReady:
 
 
 @dataclass(frozen=True)
+class SamplingResolved:
+    """The sampling a loaded model answers with: what the user chose, the model's own defaults for
+    the rest (engine/model_sampling.py), llmchat's where neither says."""
+
+    settings: dict[str, Any]
+    """Every SamplingSettings field and its value."""
+    from_model: tuple[str, ...]
+    """The fields that took the model's own value."""
+    source: str | None
+    """Where the model's values come from, in words; None where it recommends none."""
+
+
+@dataclass(frozen=True)
 class CachePrecisionChanged:
     """The KV cache's precision changed between turns (`--kv-cache`): `info` has its new element
     and scale sizes; the cache starts empty, so the next turn prefills the conversation again."""
@@ -145,6 +158,9 @@ class PhaseChanged:
     phase: Phase
     tokens: int | None = 0
     reused: int | None = 0
+    reuse_stopped: str | None = None
+    """Why reuse stopped before the cache's end, where the prompt does not hold an earlier
+    answer as it was sampled (engine/prompt_format.py `Joined.broken`)."""
 
 
 @dataclass(frozen=True)
@@ -200,8 +216,12 @@ class StepPaused:
     index: int
     position: int
     sampled: Candidate
+    """Its `prob` is from the distribution the sampler drew from (after temperature, top-k/p, min-p)."""
     greedy: Candidate
     top_k: tuple[Candidate, ...]
+    model_probs: tuple[float, float] | None = None
+    """The model's own probabilities of the sampled and the greedy token (softmax of its logits,
+    before any setting: what F4 shows)."""
 
 
 @dataclass(frozen=True)
@@ -418,6 +438,7 @@ class MessageSaved:
 Event = Union[
     ModelLoading,
     ModelReady,
+    SamplingResolved,
     CachePrecisionChanged,
     PhaseChanged,
     PromptTokens,
@@ -491,7 +512,17 @@ def _kv_cache_json(event: CachePrecisionChanged) -> dict[str, Any]:
 
 
 def _phase_json(event: PhaseChanged) -> dict[str, Any]:
-    return {"event": "phase", "phase": event.phase, "tokens": event.tokens, "reused": event.reused}
+    phase = {"event": "phase", "phase": event.phase, "tokens": event.tokens, "reused": event.reused}
+    return phase | ({"reuse_stopped": event.reuse_stopped} if event.reuse_stopped else {})
+
+
+def _sampling_json(event: SamplingResolved) -> dict[str, Any]:
+    return {
+        "event": "sampling",
+        **event.settings,
+        "from_model": list(event.from_model),
+        "source": event.source,
+    }
 
 
 def _prompt_json(event: PromptTokens) -> dict[str, Any]:
@@ -527,6 +558,7 @@ def _step_paused_json(event: StepPaused) -> dict[str, Any]:
         "sampled": event.sampled.id,
         "greedy": event.greedy.id,
         "top_k": _top_k_json(event.top_k),
+        "model_probs": None if event.model_probs is None else [_round(p) for p in event.model_probs],
     }
 
 
@@ -620,6 +652,7 @@ def _saved_json(event: MessageSaved) -> dict[str, Any]:
 _ENCODERS: dict[type, Callable[[Any], dict[str, Any]]] = {
     ModelLoading: _loading_json,
     ModelReady: _ready_json,
+    SamplingResolved: _sampling_json,
     CachePrecisionChanged: _kv_cache_json,
     PhaseChanged: _phase_json,
     PromptTokens: _prompt_json,

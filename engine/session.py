@@ -50,7 +50,7 @@ from engine.instruments.stepping import PendingStep, StepGate
 from engine.instruments.trace import AnswerTrace, forced_step
 from engine.kvcache import KVCache, cache_precision_of, cache_precision_problem, with_cache_precision
 from engine.models import LoadedModel, ModelError, not_enough_memory, out_of_memory, resolve
-from engine.prompt_format import CHAT_TEMPLATE, RAW
+from engine.prompt_format import CHAT_TEMPLATE, RAW, Joined, answer_ids_in
 from engine.sampling import Draw, Sampler, SamplingSettings
 from engine.thinking import ThoughtSplitter, markers_of, opens_block, switch_problem, thinking_figures
 
@@ -114,6 +114,8 @@ class ChatSession(Turns):
         """Step mode: when enabled, each drawn token waits for the caller's choice."""
         self.trace: AnswerTrace | None = None
         """The steps of the answer in progress, or of the last one."""
+        self.reuse_stopped: str | None = None
+        """Why this turn's prompt could not hold every earlier answer as sampled (set by `_fit`)."""
         self.speculation: DecodeStrategy | None = None
         """Speculative decoding (engine/speculative/): off (None) keeps the plain loop below."""
         if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
@@ -229,22 +231,57 @@ class ChatSession(Turns):
         self.cache.clear()
 
     def template(self, messages: list[Message]) -> list[int]:
+        return self.joined(messages).ids
+
+    def joined(self, messages: list[Message]) -> Joined:
+        """The conversation's ids, each answer of this session as the ids it was sampled as (the
+        ones the KV cache holds), so a follow-up reuses the whole cache."""
         chat = [{"role": m.role, "content": m.content} for m in messages]
         if self.system_prompt:
             chat.insert(0, {"role": "system", "content": self.system_prompt})
-        return self.prompt_format.ids(self.tokenizer, chat)
+        first = len(chat) - len(messages)
+        kept = {first + i: ids for i, m in enumerate(messages) if (ids := self.sampled_ids(m))}
+        return self.prompt_format.joined(self.tokenizer, chat, kept=kept)
+
+    def sampled_ids(self, message: Message) -> list[int] | None:
+        """The ids an answer was sampled as, without the stop token that ended it: from its trace,
+        or read back from a saved cache (None: not known, its text is tokenized)."""
+        if message.role != "assistant":
+            return None
+        if message.sampled_ids is not None:
+            return list(message.sampled_ids)
+        if message.trace is None or not message.trace.steps or None in (ids := message.trace.ids):
+            return None
+        return ids[:-1] if ids[-1] in self.stop_ids else ids
+
+    def with_sampled_ids(self, messages: list[Message], held: list[int]) -> list[Message]:
+        """`messages` (resumed from the store) with each answer's sampled ids read back from `held`,
+        a saved cache's ids, as far as the cache holds the conversation: so the next turn's prompt
+        is the one the cache was made for, not the text tokenized again."""
+        messages = list(messages)
+        for index, message in enumerate(messages):
+            if message.role != "assistant" or self.sampled_ids(message) is not None:
+                continue
+            start = self.template(messages[:index])  # the prompt the answer continued
+            ids = answer_ids_in(self.tokenizer, held, len(start), message.content)
+            if ids is None or held[: len(start)] != start:
+                break
+            messages[index] = dataclasses.replace(message, sampled_ids=tuple(ids))
+        return messages
 
     def _fit(self) -> tuple[list[int] | None, ContextTrimmed | None]:
         """Template the conversation, dropping the oldest turns until it fits the window."""
         reserve = min(self.sampling.max_new_tokens, self.context // 4)
         messages = list(self.messages)  # trimmed only once the rest is known to fit
-        ids = self.template(messages)
-        before = len(ids)
-        while len(ids) + reserve > self.context and len(messages) > 1:
+        joined = self.joined(messages)
+        before = len(joined.ids)
+        while len(joined.ids) + reserve > self.context and len(messages) > 1:
             # Drop the oldest exchange (a user message and the answer that followed).
             cut = 2 if len(messages) > 2 and messages[1].role == "assistant" else 1
             del messages[:cut]
-            ids = self.template(messages)
+            joined = self.joined(messages)
+        ids = joined.ids
+        self.reuse_stopped = joined.broken
         if len(ids) + 1 > self.context:
             return None, None
         dropped = len(self.messages) - len(messages)
@@ -298,11 +335,13 @@ class ChatSession(Turns):
         self.meter = ContentionMeter()
         self.paused_s = 0.0
         """Step mode: seconds this turn waited for the student (not the machine's time)."""
+        held = len(self.cache)
         reused = self.cache.reuse(ids)
         self.trace = AnswerTrace(tuple(ids), reused)
         new_ids = ids[reused:]
         yield PromptTokens(tuple(ids), self.namer.pieces(ids), reused)
-        yield PhaseChanged("prefill", len(new_ids), reused)
+        stopped, self.reuse_stopped = (self.reuse_stopped if reused < held else None), None
+        yield PhaseChanged("prefill", len(new_ids), reused, stopped)
         with torch.inference_mode():
             logits = yield from self._prefill(new_ids)
             prefill_s = time.perf_counter() - started
@@ -422,12 +461,14 @@ class ChatSession(Turns):
         waiting = time.perf_counter()
         self.step_gate.offer(PendingStep(index, draw, logits, seen, self.sampling))
         greedy = draw.greedy_id
+        model = torch.softmax(logits.float(), -1)  # before any setting: F4's figures
         yield StepPaused(
             index=index,
             position=len(self.cache),
             sampled=Candidate(draw.id, self.namer.piece(draw.id), math.exp(draw.logprob)),
             greedy=Candidate(greedy, self.namer.piece(greedy), draw.top_probs[0] if draw.top_probs else 1.0),
             top_k=self.candidates(draw),
+            model_probs=(model[draw.id].item(), model[greedy].item()),
         )
         chosen = self.step_gate.wait(self.cancel)
         waited = time.perf_counter() - waiting

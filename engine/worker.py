@@ -13,7 +13,7 @@ import threading
 import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, TypeVar
 
 import torch
 
@@ -27,9 +27,11 @@ from engine.events import (
     ModelReady,
     Notice,
     PhaseChanged,
+    SamplingResolved,
 )
 from engine.fast.step_path import decode_step
 from engine.kvcache import cache_precision_of, cache_precision_problem
+from engine.model_sampling import chosen_fields, resolved
 from engine.quant.precision import PrecisionError, cpu_note
 from engine.remote.cancel import CancelEvent  # plain threading: the openai package loads only for a server
 from engine.sampling import SamplingSettings
@@ -178,6 +180,10 @@ class InferenceWorker:
         """Where turns are saved as they finish; None runs without saving."""
         self.chat: SavedChat | None = None
         self.sampling = sampling or SamplingSettings()
+        self.chosen: set[str] = set(chosen_fields(self.sampling))
+        """The sampling fields the user set (flags, config.json, Settings; any given here that is
+        not llmchat's default): a model's own defaults never replace them
+        (engine/model_sampling.py)."""
         self.system_prompt = system_prompt
         self.context = context
         self.kv_cache: str | None = None
@@ -265,8 +271,10 @@ class InferenceWorker:
         if self.session is not None:
             self.session.cancel.set()
 
-    def set_sampling(self, settings: SamplingSettings) -> None:
-        """Takes effect at the next token, also in the middle of an answer."""
+    def set_sampling(self, settings: SamplingSettings, chosen: Iterable[str] = ()) -> None:
+        """Takes effect at the next token, also in the middle of an answer; `chosen` names the
+        fields the user set (kept when a model with defaults of its own loads)."""
+        self.chosen |= set(chosen)
         self.sampling = settings
         if self.session is not None:
             self.session.sampling = settings
@@ -274,7 +282,7 @@ class InferenceWorker:
     def update_sampling(self, **changes) -> SamplingSettings:
         """Validate and apply changed fields; raises ValueError with the allowed range."""
         settings = replace(self.sampling, **changes)
-        self.set_sampling(settings)
+        self.set_sampling(settings, chosen=changes)
         return settings
 
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -459,6 +467,7 @@ class InferenceWorker:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         yield ModelReady(self.session.info)
+        yield self._model_sampling(command.spec)
         if not self.session.info.cache_is_default:
             yield Notice(
                 f"KV cache {cache_precision_of(self.session.info.cache_dtype)}: {self.session.decode_path()}"
@@ -469,6 +478,12 @@ class InferenceWorker:
                 yield Notice(note)
         yield decode_step(self.session)
         yield from self._follow_compile(self.session)
+
+    def _model_sampling(self, spec: str) -> SamplingResolved:
+        """Answer with the model's own sampling defaults where the user set none."""
+        settings, event = resolved(spec, self.sampling, self.chosen)
+        self.set_sampling(settings)
+        return event
 
     def _follow_compile(self, session: ChatSession) -> Iterator[Event]:
         """Say that the decode step compiles, where it does, and what decodes once it is built."""

@@ -107,14 +107,15 @@ def test_a_missing_file_means_prefill(tmp_path, tiny_loaded):
 @pytest.mark.parametrize(
     "field, value, reason",
     [
-        ("precision", "bf16", "precision 'bf16'"),
+        ("precision", "bf16", "it was made at bf16 precision, the model is loaded at fp32"),
         ("dtype", "bfloat16", "its KV cache precision is bf16, this chat's is fp32"),
-        ("model_spec", "smollm2-135m", "model_spec"),
-        ("model_name", "other", "model_name"),
-        ("weights", "0123456789abcdef", "weights"),
-        ("layers", "3", "layers '3'"),
-        ("kv_heads", "4", "kv_heads"),
-        ("head_dim", "8", "head_dim"),
+        ("model_spec", "smollm2-135m", "it was made by another model (smollm2-135m), not the loaded "),
+        ("model_name", "other", "it was made by another model (other)"),
+        # In words (it said "made with weights '686168d8dc657335', the loaded model has 'a6538931…'"):
+        ("weights", "0123456789abcdef", "the loaded model's weights are not the ones it was made with"),
+        ("layers", "3", "it was made for a model of 3 layers, the loaded one has 2"),
+        ("kv_heads", "4", "it was made for a model of 4 K/V heads, the loaded one has 2"),
+        ("head_dim", "8", "it was made for heads of 8 dimensions, the loaded model's have 16"),
         ("format", "something-else", "not an llmchat KV cache"),
         ("format_version", "2", "format version 2"),
         ("token_ids", "[1, 2", "token ids are missing or damaged"),

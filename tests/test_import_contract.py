@@ -19,6 +19,7 @@ ENGINE_FRONT = (
     "engine",  # DEFAULT_MODEL, spelled where nothing imports torch
     "engine.events",  # what the UI hears
     "engine.sampling",  # the settings it sends
+    "engine.model_sampling",  # `ask` answers with a model's own sampling defaults
     "engine.conversation",
     "engine.utf8",  # checks on text from outside before it is sent
     "engine.chat_templates",  # --chat-template: names, and a file checked before loading

@@ -90,6 +90,22 @@ def test_prefill_is_dense_and_decode_is_thin(tiny_loaded):
     assert (prefill.bound(peaks), decode.bound(peaks)) == ("compute", "memory")
 
 
+def test_a_step_mode_answer_times_no_decode_step(tiny_loaded):
+    """Each token waited at the gate on the slow path: its 3.7 tok/s fed F6's 'last turn'."""
+    import dataclasses
+
+    from tui.screens.phases import measure_rows
+
+    session = ChatSession(tiny_loaded, SamplingSettings(temperature=0.0, max_new_tokens=12))
+    finished = [e for e in session.send("How does inference work?") if isinstance(e, TurnFinished)][-1]
+    stepped = dataclasses.replace(finished.stats, step_path="step mode")
+    measured = turn_phases(ModelShape.of(tiny_loaded), stepped)
+    assert measured.decode is None and measured.prefill is not None
+    assert "decode not timed: a step-mode answer" in " ".join(
+        str(line) for line in measure_rows(measured, None)
+    )
+
+
 def test_the_roofline():
     peaks = Calibration("cpu", "float32", 1, matmul_flop_s=100.0, bandwidth_bytes_s=10.0, measured_at=0.0)
     thin = PhaseMeasure("decode", 1, 2.0, flops=50, bytes=100)

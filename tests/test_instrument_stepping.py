@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from engine.events import StepPaused, TokenSampled, TurnFinished, to_json
 from engine.instruments.stepping import StepGate
@@ -139,3 +140,24 @@ def test_a_paused_step_as_json(tiny_loaded):
             line = to_json(event)
             session.step_gate.take()
     assert line["event"] == "step_paused" and line["greedy"] == line["top_k"][0]["id"] == line["sampled"]
+
+
+def test_a_paused_step_gives_the_models_own_probability_beside_the_drawn_one(tiny_loaded):
+    """Top-p renormalizes: the step sheet read 'drew five (100.0%)' where F4 showed the model's
+    91.91%; both are given, each named."""
+    from tui.screens.step import waiting_line
+
+    session = ChatSession(tiny_loaded, SamplingSettings(temperature=0.7, top_p=0.5, seed=1, max_new_tokens=1))
+    session.step_gate.pause()
+    for event in session.send("How does inference work?"):
+        if isinstance(event, StepPaused):
+            paused = event
+            session.step_gate.take()
+    with torch.inference_mode():  # the same prompt through the model alone: its own distribution
+        model = torch.softmax(ChatSession(tiny_loaded, SETTINGS).forward(list(session.trace.prompt_ids)), -1)
+    assert paused.model_probs == pytest.approx(
+        (model[paused.sampled.id].item(), model[paused.greedy.id].item())
+    )
+    assert paused.sampled.prob > paused.model_probs[0]  # after temperature 0.7 and top-p 0.5
+    shown = waiting_line(paused).plain
+    assert f"({paused.sampled.prob:.1%} as sampled, model {paused.model_probs[0]:.2%})" in shown

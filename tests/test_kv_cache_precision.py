@@ -55,6 +55,25 @@ def test_bytes_summed_from_the_tensors_equal_the_formula(tiny_loaded, precision)
     assert session.cache_event().bytes == session.cache_event().bytes_per_token * len(session.cache)
 
 
+@pytest.mark.parametrize("precision", CACHE_PRECISIONS)
+def test_every_instrument_counts_the_bytes_per_token_the_tensors_hold(tiny_loaded, precision):
+    """One figure for one cache: the KV panel's, F6's, the context sweep's and F8's (an int8
+    cache read 12,240 B/token in the KV panel, 46,080 in F6 and 11,520 in the sweep)."""
+    from engine.instruments.context_sweep import shape_of
+    from engine.instruments.phases import ModelShape
+    from engine.instruments.precision_compare import compare_kv_cache
+
+    session = greedy(tiny_loaded, precision)
+    answers(session)
+    measured = session.cache.tensor_bytes() // len(session.cache)
+    assert session.cache_event().bytes_per_token == measured  # the KV panel
+    assert ModelShape.of(session.loaded, session.info).kv_bytes_per_token == measured  # F6
+    assert shape_of(session).kv_bytes_per_token == measured  # the context sweep (x)
+    if precision != "fp32":
+        compared = compare_kv_cache(tiny_loaded, session.template(session.messages[:1]), precision, 4)
+        assert compared.other.kv_bytes_per_token == measured  # F8
+
+
 def test_the_int8_cache_holds_int8_values_and_a_float32_scale_per_token_and_head(tiny_loaded):
     session = greedy(tiny_loaded, "int8")
     answers(session, QUESTIONS[:1])

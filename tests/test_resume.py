@@ -14,6 +14,7 @@ from engine.events import (
     MessageSaved,
     Notice,
     PromptTokens,
+    StepPaused,
     TokenSampled,
     TurnFinished,
 )
@@ -273,6 +274,40 @@ def test_a_forked_answer_is_saved_as_a_new_version(tiny_loaded, store):
     assert len(chat.message_ids) == len(chat.session.messages) == 2
     assert [m.id for m in store.path(chat.conversation_id)] == chat.message_ids
     assert len(store.messages(chat.conversation_id)) == 6
+
+
+def test_the_markdown_export_says_how_each_answer_was_decoded(tiny_loaded, store):
+    """It dropped the fork, step mode, the KV cache precision and speculation."""
+    from engine.speculative.drafters import PromptLookup
+    from engine.speculative.loop import Speculation
+
+    chat = new_chat(tiny_loaded, store, kv_cache="int8")
+    chat.session.speculation = Speculation(PromptLookup(), 4)
+    turn(chat.send("How does inference work? How does inference work?"))
+    chat.session.speculation = None
+    turn(chat.send("again"))
+    turn(chat.fork(2, chat.session.messages[3].trace.steps[2].top_k[1].id))
+    chat.session.step_gate.pause()
+    for event in chat.send("and once more"):
+        if isinstance(event, StepPaused):
+            chat.session.step_gate.take()
+    shown = store.export_markdown(chat.conversation_id)
+    assert "KV cache int8 · fused · speculative lookup, K 4" in shown
+    assert "KV cache int8 · step mode" in shown
+    assert "forked at step 3" in shown
+
+
+def test_resuming_says_when_the_conversation_was_answered_at_another_precision(tiny_loaded, store):
+    import dataclasses
+
+    live = chat_two_turns(tiny_loaded, store)
+    bf16 = dataclasses.replace(tiny_loaded, info=dataclasses.replace(tiny_loaded.info, precision="bf16"))
+    opened = turn(new_chat(bf16, store).resume(live.conversation_id))
+    assert (
+        "this conversation was answered at fp32; the model runs at bf16 now "
+        "(Settings or --precision fp32 switches it)"
+    ) in opened["notices"]
+    assert not [n for n in turn(new_chat(tiny_loaded, store).resume("last"))["notices"] if "answered" in n]
 
 
 # -- the CLI -----------------------------------------------------------------------------------

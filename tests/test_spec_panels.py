@@ -33,6 +33,18 @@ def test_kept_drafts_are_underlined_and_rejected_ones_struck_before_the_correcti
     assert (stream.drafted, stream.kept) == (3, 1)
 
 
+def test_drafts_kept_past_the_end_of_the_answer_are_not_counted_as_shown():
+    """It read "drafts kept 7/8" with 6 chips underlined and none struck: the round's kept EOS
+    ended the answer, so the drafts after it were never shown."""
+    stream = TokenStream()
+    stream.prompt = PromptTokens((1, 2), ("a", "b"), 0)
+    stream.add([token(0, 5, "x")], repaint=False)
+    stream.add_round(DraftRound(1, "lookup", (6, 2, 8, 9), ("p", "<eos>", "r", "s"), 3, 7, 0.001, 0.05))
+    stream.add([token(1, 6, "p"), token(2, 2, "<eos>")], repaint=False)  # the answer ends at the EOS
+    underlined = [c for c in stream.chips if any(ACCEPTED.strip() in str(s.style) for s in c.spans)]
+    assert stream.kept == len(underlined) == 2 and stream.drafted == 4
+
+
 def test_phase_panel_shows_acceptance_and_tokens_per_forward():
     panel = PhasePanel()
     panel.set_phase(PhaseChanged("prefill", 4, 0))

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from engine.events import DraftRound, ModelReady, TurnFinished, TurnStats, to_json
+from engine.events import Contention, DraftRound, ModelReady, TurnFinished, TurnStats, to_json
 from engine.instruments.phases import ModelShape, turn_phases
 from engine.instruments.verify_cost import measured_rounds, verify_cost
 from engine.sampling import SamplingSettings
@@ -48,7 +48,7 @@ def test_the_speed_up_is_against_the_newest_plain_answer_decoded_the_same_way(ti
     info = tiny_loaded.info
     base = PlainBaseline()
     first = base.finished(stats(30.0, "lookup, K 4"), info)
-    assert first.plain is None and "no plain answer measured yet in this session" in first.describe()
+    assert first.plain is None and "no comparable plain answer yet" in first.describe()
     assert base.finished(stats(20.0, path="compiled"), info) is None  # plain answer 2
     assert base.finished(stats(99.0, path="step mode"), info) is None  # waits for the user: no speed
     up = base.finished(stats(30.0, "lookup, K 4"), info)
@@ -61,6 +61,24 @@ def test_the_speed_up_is_against_the_newest_plain_answer_decoded_the_same_way(ti
     assert up.describe() == "3.00× plain: 30.0 vs 10.0 tok/s (plain answer 5)"
     other = dataclasses.replace(info, precision="bf16")
     assert base.finished(stats(30.0, "lookup, K 4"), other).plain is None  # another precision
+
+
+def test_a_speculative_answer_is_never_compared_with_an_unlike_plain_one(tiny_loaded):
+    """It read "7.29x vs plain 6.0 tok/s (#5)": #5 was eager, fp32 cache, on a busy machine, the
+    speculative answer had an int8 cache."""
+    info = tiny_loaded.info
+    int8 = dataclasses.replace(info, cache_dtype="int8", cache_scale_bytes=4)
+    base = PlainBaseline()
+    busy = Contention(cpu_share=0.47, source="schedstat", load_1m=3.0, cores=2, busy=True)
+    base.finished(dataclasses.replace(stats(6.0), contention=busy), int8)  # busy: no baseline
+    base.finished(stats(6.0, path="reference"), int8)  # the HF forward: another path
+    base.finished(stats(20.0), info)  # an fp32 cache
+    up = base.finished(stats(30.0, "lookup, K 4"), int8)
+    assert up.plain is None and up.short().startswith("no comparable plain answer yet")
+    base.finished(stats(12.0, path="compiled"), int8)
+    assert (
+        base.finished(stats(30.0, "lookup, K 4"), int8).short() == "2.50× vs plain 12.0 tok/s (#5, compiled)"
+    )
 
 
 def test_turn_stats_say_how_the_answer_was_decoded(tiny_loaded):
@@ -106,7 +124,17 @@ def test_measured_rounds_time_the_usual_k():
     assert measured_rounds([]) is None
 
 
-def test_the_app_shows_the_speed_up_and_f6_the_verify_pass(tiny_model_dir, tmp_path):
+class QuietMeter:
+    """The suite's own load is no busy spell: a busy plain answer is no baseline."""
+
+    def stop(self, paused_s: float = 0.0) -> Contention:
+        return Contention(cpu_share=1.0, source="test", load_1m=0.0, cores=2, busy=False)
+
+
+def test_the_app_shows_the_speed_up_and_f6_the_verify_pass(tiny_model_dir, tmp_path, monkeypatch):
+    from engine import session
+
+    monkeypatch.setattr(session, "ContentionMeter", QuietMeter)
     recorder = Recorder()
 
     async def scenario():
@@ -118,7 +146,7 @@ def test_the_app_shows_the_speed_up_and_f6_the_verify_pass(tiny_model_dir, tmp_p
             await pilot.press(*PROMPTS[0], "enter")
             await turns_done(pilot, recorder, 1)
             phase = widget_text(app.query_one(PhasePanel))
-            assert "no plain answer measured yet in this session" in phase
+            assert "no comparable plain answer yet" in phase
 
             app.speculation = (None, 4)
             app.engine.set_speculation(None, 4)
@@ -168,3 +196,14 @@ def test_bench_speculative_reports_a_plain_step_beside_the_verify_round(tiny_loa
     for row in (result, *result["prompts"].values()):
         assert row["plain_step_ms"] > 0 and row["verify_ms_per_round"] >= 0
         assert row["speedup"] == pytest.approx(row["tok_s"] / row["plain_tok_s"], abs=2e-3)
+
+
+def test_a_speculative_answers_itl_is_its_time_per_token_not_a_rounds_gap():
+    """A round's kept tokens arrive together: their gaps (~0) read 'ITL 0.1 ms'."""
+    panel = PhasePanel()
+    spec = dataclasses.replace(stats(25.0, "lookup, K 4"), itl_p50_s=1e-4)
+    panel.final = spec
+    assert panel.median_itl == pytest.approx(0.04)
+    assert "40.0 ms per token (a round's tokens arrive together)" in str(panel._timings())
+    panel.final = stats(25.0)
+    assert "per token" not in str(panel._timings())

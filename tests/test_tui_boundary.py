@@ -66,6 +66,7 @@ def test_a_chat_session_has_every_attribute_of_its_view(tiny_loaded):
         "messages",
         "namer",
         "prompt_format",
+        "sampled_ids",
         "sampling",
         "step_gate",
         "stop_ids",

@@ -297,8 +297,9 @@ def test_step_mode_takes_an_alternative_then_greedy_then_resumes(tiny_model_dir,
             first = recorder.of(StepPaused)[0]
             shown = screen_text(app)
             assert f"step 1 · KV position {first.position}" in shown
-            assert (
-                f"the sampler drew {visible_piece(first.sampled.piece)} ({first.sampled.prob:.1%})" in shown
+            drew = f"{first.sampled.prob:.1%} as sampled, model {first.model_probs[0]:.2%}"
+            assert f"the sampler drew {visible_piece(first.sampled.piece)} ({drew})" in " ".join(
+                shown.split()
             )
             for candidate in first.top_k[:4]:
                 assert f"{candidate.prob:7.2%}".strip() in shown

@@ -195,7 +195,7 @@ class FakeEngine:
         self.calls.append(("cancel",))
         self.cancelled.set()
 
-    def set_sampling(self, settings) -> None:
+    def set_sampling(self, settings, chosen=()) -> None:
         self.calls.append(("set_sampling", settings))
         self.sampling = settings
 
@@ -279,9 +279,10 @@ class FakeEngine:
                     piece,
                     "" if end else piece,
                     math.log(prob),
-                    candidates(token_id, piece, prob),
+                    top := candidates(token_id, piece, prob),
                     0.120 if index == 0 else 0.020 + 0.001 * index,
                     self.cache_tokens,
+                    entropy=-sum(c.prob * math.log(c.prob) for c in top if c.prob > 0),  # they hold it all
                     thinking=thought == [True],
                 )
             )

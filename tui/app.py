@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from functools import partial
+from pathlib import Path
 from typing import Callable, Iterable, TypeVar
 
 from textual.app import App, ComposeResult, SystemCommand
@@ -31,13 +32,14 @@ from engine.events import (
     MessageSaved,
     ModelInfo,
     ModelReady,
+    SamplingResolved,
     TurnFinished,
     TurnStats,
 )
 from themes import load_themes
 from tui import config
 from tui.engine_link import Engine, EngineFactory, inference_worker, resolve_sampling
-from tui.fmt import visible_controls
+from tui.fmt import model_sampling_note, visible_controls
 from tui.history import History
 from tui.instruments import INSTRUMENT_BINDINGS, Instruments
 from tui.messages import Doorbell, EngineEvent, EngineStarted, Inbox, Pacer, gathered
@@ -89,6 +91,8 @@ class ChatApp(App[None]):
         self.engine_factory = engine_factory
         self.engine: Engine | None = None
         self.sampling = None
+        self.model_sampling: tuple[tuple[str, ...], str | None] = ((), None)
+        """The sampling fields that hold the loaded model's own defaults, and where they come from."""
         self.precision = "server" if self.options.remote else self.options.precision
         self.speculation: tuple[str | None, int] = (self.options.speculative, self.options.draft_tokens)
         """The drafter (None: plain decoding) and K, as last asked for (Settings shows them)."""
@@ -225,8 +229,9 @@ class ChatApp(App[None]):
     def _start_engine(self) -> None:
         """On a background thread: import the engine, create its worker, and say so."""
         try:
-            sampling, problem = resolve_sampling(self.options.sampling)
+            sampling, problem, chosen = resolve_sampling(self.options.sampling)
             engine = self.engine_factory(self._emit, sampling, self.options.system, self.options.context)
+            engine.set_sampling(sampling, chosen=chosen)  # kept when the model has defaults of its own
         except Exception as e:  # an engine that cannot start is shown; the app stays open
             self._emit(Failed(f"the engine could not start: {type(e).__name__}: {e}"))
             return
@@ -284,6 +289,8 @@ class ChatApp(App[None]):
         match message.event:
             case ModelReady(info):
                 self._model_ready(info)
+            case SamplingResolved():
+                self._sampling_resolved(message.event)
             case CachePrecisionChanged(info):
                 self.part(KVCachePanel).set_model(info)  # empty now: the next turn prefills again
             case TurnFinished(stats, _, error):
@@ -294,6 +301,16 @@ class ChatApp(App[None]):
                 await self.history.show(message.event)
             case event:
                 await self.router.show(event)
+
+    def _sampling_resolved(self, event: SamplingResolved) -> None:
+        """The loaded model's own sampling defaults took the fields the user did not set: say so."""
+        from engine.sampling import SamplingSettings
+
+        self.sampling = SamplingSettings(**event.settings)
+        self.model_sampling = (event.from_model, event.source)
+        self.part(TopKPanel).set_sampling(self.sampling)
+        if event.from_model:
+            self.part(ChatLog).add_note(f"Sampling: {model_sampling_note(event)}; Settings changes it.")
 
     def _turn_finished(self, stats: TurnStats, error: str) -> None:
         self.part(ChatLog).finish(turn_summary(stats, error))
@@ -423,6 +440,26 @@ class ChatApp(App[None]):
         self.engine.regenerate()
         self._refresh_keys()
 
+    def deliver_screenshot(
+        self, filename: str | None = None, path: str | None = None, time_format: str | None = None
+    ) -> str | None:
+        """The palette's Screenshot: an SVG of the screen, saved where the user said (`--shots`,
+        config.json) or in the data dir, and the path said. Textual's default, ~/Downloads, need
+        not exist ("Failed to save screenshot"); in a browser the browser downloads it."""
+        if self.is_web:
+            return super().deliver_screenshot(filename, path, time_format)
+        from engine.saved.store import data_dir
+
+        folder = Path(path or self.options.shots or data_dir() / "screenshots").expanduser()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            saved = self.save_screenshot(filename, str(folder), time_format)
+        except OSError as e:
+            self.notify(f"screenshot not saved in {folder}: {e.strerror or e}", severity="error")
+            return None
+        self.notify(f"screenshot saved: {saved}", title="Screenshot")
+        return saved
+
     def action_settings(self) -> None:
         if self.sampling is None:
             self.notify("Settings open once the engine has started (a few seconds).")
@@ -443,6 +480,7 @@ class ChatApp(App[None]):
             (*self.speculation, self.options.model),
             server=info.server if info else None,
             kv_cache=self._kv_cache_now(),
+            model_sampling=self.model_sampling,
         )
 
     def _kv_cache_now(self) -> str:
@@ -472,15 +510,19 @@ class ChatApp(App[None]):
         self._refresh_keys()
 
     def on_settings_screen_sampling_applied(self, message) -> None:
-        old, self.sampling = self.sampling, message.settings
-        if self.engine is not None:
-            self.engine.set_sampling(message.settings)
-        self.part(TopKPanel).set_sampling(message.settings)
         from tui.screens.settings import changes, describe_changes
+
+        old, self.sampling = self.sampling, message.settings
+        changed = changes(old, message.settings)
+        if self.engine is not None:
+            self.engine.set_sampling(message.settings, chosen=changed)
+        from_model, source = self.model_sampling
+        self.model_sampling = (tuple(name for name in from_model if name not in changed), source)
+        self.part(TopKPanel).set_sampling(message.settings)
 
         when = "from the next answer" if self.options.remote else "from the next token"
         self.notify(describe_changes(old, message.settings) + f" ({when})", title="Sampling")
-        self._save_sampling(changes(old, message.settings))
+        self._save_sampling(changed)
 
     def action_conversations(self) -> None:
         from tui.screens.conversations import ConversationsScreen

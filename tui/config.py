@@ -57,6 +57,8 @@ class Config:
     `model` then names one of its models (the first it lists when left at the default)."""
     api_key_env: str | None = None
     """With a server: the environment variable that holds its API key (never the key itself)."""
+    shots: str | None = None
+    """The folder the palette's Screenshot saves SVGs in; null: `screenshots` in the data dir."""
     sampling: dict[str, Any] = field(default_factory=dict)
     """Defaults for sampling: temperature, top_k, top_p, min_p, repetition_penalty, seed, max_new_tokens."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, TypeVar
 
 from engine.events import Event
 from engine.instruments.view import SessionView
@@ -47,7 +47,7 @@ class Engine(Protocol):
     def step_version(self, index: int, step: int) -> None: ...
     def new_chat(self, system_prompt: str | None = None) -> None: ...
     def cancel(self) -> None: ...
-    def set_sampling(self, settings: "SamplingSettings") -> None: ...
+    def set_sampling(self, settings: "SamplingSettings", chosen: Iterable[str] = ()) -> None: ...
     def set_speculation(self, choice: str | None, k: int = 4) -> None: ...
     def set_cache_precision(self, precision: str) -> None: ...
     def shutdown(self, timeout: float = 5.0) -> None: ...
@@ -98,14 +98,15 @@ def open_store(emit: Emit) -> "Store | None":
     return store
 
 
-def resolve_sampling(values: Mapping[str, Any]) -> tuple["SamplingSettings", str | None]:
-    """Settings from config and flags; a bad value is dropped alone (its default used) and named."""
+def resolve_sampling(values: Mapping[str, Any]) -> tuple["SamplingSettings", str | None, list[str]]:
+    """Settings from config and flags; a bad value is dropped alone (its default used) and named.
+    Also the fields set (a model's own defaults take the others)."""
     import dataclasses
 
     from engine.sampling import SamplingSettings
 
     defaults = settings = SamplingSettings()
-    problems = []
+    problems, chosen = [], []
     for name, value in values.items():
         if name not in SamplingSettings.names():
             problems.append(f"{name} is not a sampling setting")
@@ -114,4 +115,6 @@ def resolve_sampling(values: Mapping[str, Any]) -> tuple["SamplingSettings", str
             settings = dataclasses.replace(settings, **{name: value})
         except (ValueError, TypeError) as e:
             problems.append(f"{e}: using the default {getattr(defaults, name)}")
-    return settings, "; ".join(problems) or None
+            continue
+        chosen.append(name)
+    return settings, "; ".join(problems) or None, chosen

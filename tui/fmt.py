@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Sequence
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from engine.events import TurnStats
+    from engine.events import SamplingResolved, TurnStats
 
 PROB_LEVELS = ((0.9, "success"), (0.5, "primary"), (0.2, "warning"), (0.0, "error"))
 """Probability floors and the theme colour for each, so every theme gets its own."""
@@ -162,3 +162,13 @@ def prefill_rate(stats: TurnStats) -> str:
     if stats.prefilled_tokens == 1 and stats.prefill_tok_s > 0:
         return f"1 token, {ms(1 / stats.prefill_tok_s)}"
     return "–"
+
+
+def model_sampling_note(event: SamplingResolved) -> str:
+    """'temperature 0.2, top-p 0.9: the model's own (SmolLM2's model card)'."""
+    own = ", ".join(f"{name.replace('_', '-')} {_number(event.settings[name])}" for name in event.from_model)
+    return f"{own}: the model's own ({event.source})"
+
+
+def _number(value: float | int | None) -> str:
+    return "random" if value is None else f"{value:g}" if isinstance(value, float) else str(value)

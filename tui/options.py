@@ -47,6 +47,8 @@ class AppOptions:
     """`--chat-template`: a template name (engine/chat_templates.py) or a file, for a model without one."""
     thinking: bool | None = None
     """`--thinking on|off`: the chat template's `enable_thinking`; None leaves the template's default."""
+    shots: str | None = None
+    """Where Screenshot saves (`--shots`, config.json); None: `screenshots` in the data dir."""
 
     @property
     def template_text(self) -> str | None:
@@ -81,6 +83,7 @@ FROM_EITHER = (
     "kv_cache",
     "server",
     "api_key_env",
+    "shots",
 )
 """The options a flag or the config file sets (a flag wins)."""
 

@@ -63,11 +63,13 @@ class CacheShape:
     weight_bytes: int
     source: str
     """Where the numbers come from: the loaded model, or the formula with a named config."""
+    scale_bytes: int = 0
+    """An int8 cache's scale per head and token (engine/events.py ModelInfo.kv_bytes_per_token)."""
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """kv = 2 (K and V) · layers · kv_heads · head_dim · element bytes."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.element_bytes
+        """kv = 2 (K and V) · layers · kv_heads · (head_dim · element bytes + scale bytes)."""
+        return 2 * self.layers * self.kv_heads * (self.head_dim * self.element_bytes + self.scale_bytes)
 
     def kv_bytes(self, context: int) -> int:
         """Cache bytes one decode step reads at `context` positions."""
@@ -100,6 +102,7 @@ def shape_of(session: ChatSession) -> CacheShape:
         info.cache_element_bytes,
         ModelShape.of(session.loaded).streamed_weight_bytes,
         f"this model as loaded: {info.precision} weights, {info.cache_dtype} cache",
+        info.cache_scale_bytes or 0,
     )
 
 

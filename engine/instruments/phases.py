@@ -56,7 +56,7 @@ import platformdirs
 import torch
 
 from engine.contention import ContentionMeter
-from engine.events import Contention, TurnStats
+from engine.events import Contention, ModelInfo, TurnStats
 from engine.models import LoadedModel, weights_read_per_token
 from engine.session import PREFILL_CHUNK
 
@@ -98,8 +98,10 @@ class ModelShape:
     more). None: Llama's 2·hidden."""
 
     @classmethod
-    def of(cls, loaded: LoadedModel) -> ModelShape:
-        config, info = loaded.model.config, loaded.info
+    def of(cls, loaded: LoadedModel, info: ModelInfo | None = None) -> ModelShape:
+        """`info`: the session's, whose KV cache may have another precision than the model's
+        own (an int8 cache's bytes per token are its scales' too: the KV panel's figure)."""
+        config, info = loaded.model.config, info or loaded.info
         biases, norms = _layer_vectors(loaded.model)
         return cls(
             layers=info.layers,
@@ -489,7 +491,11 @@ def _prefill_phase(shape: ModelShape, stats: TurnStats) -> PhaseMeasure | None:
 def _decode_phase(shape: ModelShape, stats: TurnStats) -> PhaseMeasure | None:
     """The turn's decode at its mean context over its median step, None where there is no step to time."""
     # A speculative answer's tokens come in rounds (gaps of ~0 within one): no plain step to time.
+    # A step-mode answer ran the slow path of a token at a time past the gate (3.7 tok/s): no
+    # measure of the machine either.
     if not (stats.generated_tokens > 1 and stats.itl_p50_s > 0 and stats.speculative is None):
+        return None
+    if stats.step_path == "step mode":
         return None
     context = stats.prompt_tokens + stats.generated_tokens // 2
     steps = stats.generated_tokens - 1

@@ -160,8 +160,13 @@ def tokenizer_view(
     )
 
 
-def _template_ids(session: SessionView, chat: list[dict]) -> list[int]:
-    return session.prompt_format.ids(session.tokenizer, chat, generation_prompt=False)
+def _template_ids(
+    session: SessionView, chat: list[dict], kept: dict[int, list[int]] | None = None
+) -> list[int]:
+    """`chat` as the session templates it: each answer in `kept` (chat index -> its sampled ids) as
+    it was sampled, as the prompt holds it (engine/prompt_format.py `joined`)."""
+    kept = {i: ids for i, ids in (kept or {}).items() if i < len(chat)}
+    return session.prompt_format.joined(session.tokenizer, chat, generation_prompt=False, kept=kept).ids
 
 
 def default_system_tokens(session: SessionView, first: dict, template_ids: TemplateIds | None = None) -> int:
@@ -202,16 +207,20 @@ def message_spans(
     being written (the generation prompt and its tokens), role "assistant", message None.
     """
     ids = list(ids)
-    template_ids = template_ids or partial(_template_ids, session)
     chat: list[tuple[str, int | None, dict]] = []
     if session.system_prompt:
         chat.append(("system", None, {"role": "system", "content": session.system_prompt}))
     for i, m in enumerate(session.messages):
         chat.append((m.role, i, {"role": m.role, "content": m.content}))
+    plain = template_ids or partial(_template_ids, session)
+    if template_ids is None:  # each answer as it was sampled, as the prompt holds it
+        first = len(chat) - len(session.messages)
+        sampled = ((first + i, session.sampled_ids(m)) for i, m in enumerate(session.messages))
+        template_ids = partial(_template_ids, session, kept={i: ids for i, ids in sampled if ids})
     spans: list[Span] = []
     start = 0
     first_is_system = chat and chat[0][0] == "system"
-    default = default_system_tokens(session, chat[0][2], template_ids) if chat and not first_is_system else 0
+    default = default_system_tokens(session, chat[0][2], plain) if chat and not first_is_system else 0
     if default and len(ids) > default:
         spans.append(Span("system", 0, default, None, default=True))
         start = default

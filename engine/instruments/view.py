@@ -69,6 +69,9 @@ class SessionView(Protocol):
     @property
     def stop_ids(self) -> Set[int]: ...
 
+    def sampled_ids(self, message: Message) -> list[int] | None:
+        """The ids an answer was sampled as (the prompt holds them as they are), or None."""
+
     @property
     def sampling(self) -> SamplingSettings:
         """Swapped whole, never mutated: a read sees one consistent set of settings."""

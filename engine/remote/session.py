@@ -288,6 +288,10 @@ class RemoteSession(Turns):
             yield Notice(f"{', '.join(names)}: not supported by this server ({kind}); not applied")
         self._noted_unsupported = names
 
+    def sampled_ids(self, message: Message) -> list[int] | None:
+        """None: a server's answer goes back to it as text (its prefix cache matches its own ids)."""
+        return None
+
     def cache_event(self) -> CacheChanged:
         """This chat's share is not known until a turn; the server-wide fill is asked now."""
         return self._cache_event(None, fill=True)

@@ -12,6 +12,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.gguf_header import gguf_metadata
+
 LLAMA_SERVER_CACHE_BYTES = 2
 """llama-server keeps K and V in f16 unless started with --cache-type-k/--cache-type-v,
 which it does not report: the formula says it assumes the default."""
@@ -59,59 +61,6 @@ def gguf_shape(path: str | None) -> GgufShape | None:
         vocab_size=vocab if _whole(vocab) else None,
         context_trained=trained if _whole(trained) else None,
     )
-
-
-_SCALARS = {
-    0: "<B",
-    1: "<b",
-    2: "<H",
-    3: "<h",
-    4: "<I",
-    5: "<i",
-    6: "<f",
-    7: "<?",
-    10: "<Q",
-    11: "<q",
-    12: "<d",
-}
-_STRING, _ARRAY = 8, 9
-
-
-def gguf_metadata(path: Path) -> dict[str, object]:
-    """A GGUF file's key-value header, arrays skipped (the `gguf` package's reader also parses
-    every tensor and the whole vocabulary: seconds, for three numbers)."""
-    with path.open("rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError("not a GGUF file")
-        _version, _tensors, count = struct.unpack("<IQQ", f.read(20))
-        meta: dict[str, object] = {}
-        for _ in range(count):
-            key = _string(f)
-            kind = struct.unpack("<I", f.read(4))[0]
-            meta[key] = _read(f, kind)
-        return meta
-
-
-def _read(f, kind: int) -> object:
-    if kind in _SCALARS:
-        fmt = _SCALARS[kind]
-        return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-    if kind == _STRING:
-        return _string(f)
-    if kind == _ARRAY:
-        item, length = struct.unpack("<IQ", f.read(12))
-        if item in _SCALARS:
-            f.seek(length * struct.calcsize(_SCALARS[item]), 1)
-        else:
-            for _ in range(length):
-                _read(f, item)
-        return None
-    raise ValueError(f"unknown GGUF value type {kind}")
-
-
-def _string(f) -> str:
-    (length,) = struct.unpack("<Q", f.read(8))
-    return f.read(length).decode("utf-8", errors="replace")
 
 
 def _whole(value: object) -> bool:

@@ -237,6 +237,16 @@ def load_cache(
     )
 
 
+def held_ids(path: Path, vocab: int) -> list[int] | None:
+    """The token ids a cache file says it holds (read from its metadata alone), or None where it
+    has none to read. Not checked against the model: `load_cache` does that."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return _token_ids(f.metadata() or {}, vocab)
+    except Exception:  # no file, a damaged one, or ids that are not ids: load_cache says which
+        return None
+
+
 class _Mismatch(ValueError):
     """The file is readable but was not made by this model, or does not add up."""
 
@@ -256,13 +266,27 @@ def _check_metadata(metadata: dict[str, str], loaded: LoadedModel, info: ModelIn
 def _check_same_model(metadata: dict[str, str], loaded: LoadedModel, info: ModelInfo) -> None:
     """Raise _Mismatch unless the file was made by this model with this chat's cache precision."""
     for key, expected in describe(loaded, info).items():
+        if key in ("format", "format_version"):  # checked first, by _check_metadata
+            continue
         if key == "dtype" and metadata.get(key) != expected:
             made = cache_precision_of(str(metadata.get(key)))
             raise _Mismatch(
                 f"its KV cache precision is {made}, this chat's is {cache_precision_of(expected)}"
             )
         if metadata.get(key) != expected:
-            raise _Mismatch(f"made with {key} {metadata.get(key)!r}, the loaded model has {expected!r}")
+            raise _Mismatch(_MISMATCH[key].format(made=metadata.get(key), now=expected))
+
+
+_MISMATCH = {
+    "model_spec": "it was made by another model ({made}), not the loaded {now}",
+    "model_name": "it was made by another model ({made}), not the loaded {now}",
+    "weights": "the loaded model's weights are not the ones it was made with (a changed model file)",
+    "precision": "it was made at {made} precision, the model is loaded at {now}",
+    "layers": "it was made for a model of {made} layers, the loaded one has {now}",
+    "kv_heads": "it was made for a model of {made} K/V heads, the loaded one has {now}",
+    "head_dim": "it was made for heads of {made} dimensions, the loaded model's have {now}",
+}
+"""Why a cache file does not fit the loaded model, in words (the fields of `describe`)."""
 
 
 def _token_ids(metadata: dict[str, str], vocab: int) -> list[int]:

@@ -45,11 +45,12 @@ from engine.events import (
     TurnFinished,
     TurnStats,
 )
-from engine.kvcache import common_prefix
+from engine.kvcache import cache_precision_of, common_prefix
 from engine.sampling import SamplingSettings
-from engine.saved.cache_file import CacheFileError, load_cache, save_cache
+from engine.saved.cache_file import CacheFileError, held_ids, load_cache, save_cache
 from engine.saved.store import (
     AnswerRecord,
+    Conversation,
     ConversationBusy,
     ConversationChanged,
     Store,
@@ -66,9 +67,16 @@ STORABLE_INT = 2**63 - 1
 """SQLite's largest integer: a count beyond it (a server's nonsense) would fail the answer's save."""
 
 
-def answer_record(info: ModelInfo, sampling: SamplingSettings, stats: TurnStats) -> AnswerRecord:
-    """The reproducibility and speed record of one answer; a count no store can hold is not kept,
-    so the answer is saved whatever figures came with it."""
+def answer_record(
+    info: ModelInfo,
+    sampling: SamplingSettings,
+    stats: TurnStats,
+    token_ids: list[int] | None = None,
+    fork_step: int | None = None,
+) -> AnswerRecord:
+    """The reproducibility and speed record of one answer: how it was decoded, the ids it was
+    sampled as; a count no store can hold is not kept, so the answer is saved whatever figures
+    came with it."""
     return AnswerRecord(
         model=info.spec,
         precision=info.precision,
@@ -82,7 +90,32 @@ def answer_record(info: ModelInfo, sampling: SamplingSettings, stats: TurnStats)
         itl_p90_s=stats.itl_p90_s,
         prefill_tok_s=stats.prefill_tok_s,
         decode_tok_s=stats.decode_tok_s,
+        token_ids=None if token_ids is None else tuple(token_ids),
+        step_path=stats.step_path,
+        speculative=stats.speculative,
+        kv_cache=None
+        if info.server is not None or not info.cache_dtype
+        else cache_precision_of(info.cache_dtype),
+        fork_step=fork_step,
     )
+
+
+def made_otherwise(conversation: Conversation, info: ModelInfo) -> str | None:
+    """What a resumed conversation was answered with that this session is not (its model, its
+    precision), in one line; None where they are alike. A precision is not switched for it (a
+    reload), it is said."""
+    if info.server is not None or conversation.model is None:
+        return None
+    if conversation.model != info.spec:
+        return (
+            f"this conversation was answered by {conversation.model}; the next answers come from {info.spec}"
+        )
+    if conversation.precision and conversation.precision != info.precision:
+        return (
+            f"this conversation was answered at {conversation.precision}; the model runs at {info.precision} "
+            f"now (Settings or --precision {conversation.precision} switches it)"
+        )
+    return None
 
 
 def _storable(count: int | None) -> int | None:
@@ -163,9 +196,15 @@ class SavedChat:
         self.conversation_id = conversation.id
         self._show(path)
         yield loaded
+        unlike = made_otherwise(conversation, self.session.info)
+        if unlike:
+            yield Notice(unlike)
         if use_cache and self.session.capabilities.saves_cache:
-            history, needed = self._history()
             path = self.store.cache_path(conversation.id)
+            held = held_ids(path, self.session.info.vocab_size)
+            if held:  # the answers as the cache holds them, so its history is the cache's own
+                self.session.messages[:] = self.session.with_sampled_ids(self.session.messages, held)
+            history, needed = self._history()
             cache, notice = load_cache(path, self.session.loaded, history, needed, self.session.info)
             if cache is not None:
                 self.session.cache = cache
@@ -181,6 +220,9 @@ class SavedChat:
         if not messages:
             return ids, 0
         last = messages[-1]
+        answer = self.session.sampled_ids(last)
+        if answer is not None:  # read back from the cache: it ends one token short of it
+            return ids, len(self.session.template(messages[:-1])) + len(answer) - 1
         # Where the last message's text ends: the first token that differs once it is extended.
         extended = self.session.template([*messages[:-1], Message(last.role, last.content + "\x00")])
         end = common_prefix(ids, extended)
@@ -216,7 +258,10 @@ class SavedChat:
 
     def _show(self, path: list[StoredMessage]) -> None:
         """Make `path` the session's messages; the cache stays (the next turn reuses the common prefix)."""
-        self.session.messages[:] = [Message(m.role, m.content, saved_id=m.id) for m in path]
+        self.session.messages[:] = [
+            Message(m.role, m.content, sampled_ids=m.record and m.record.token_ids, saved_id=m.id)
+            for m in path
+        ]
         self.head = path[-1].id if path else None
 
     def _loaded_event(
@@ -309,7 +354,15 @@ class SavedChat:
     def _save_answer(self, finished: TurnFinished) -> Iterator[Event]:
         """Save the answer the session just appended, and give it its id."""
         messages = self.session.messages
-        record = answer_record(self.session.info, self.session.sampling, finished.stats)
+        answer = messages[-1]
+        fork_step = answer.trace.fork_step if answer.trace is not None else None
+        record = answer_record(
+            self.session.info,
+            self.session.sampling,
+            finished.stats,
+            self.session.sampled_ids(answer),
+            fork_step,
+        )
         parent = messages[-2].saved_id if len(messages) > 1 else None
         index = len(messages) - 1
         try:

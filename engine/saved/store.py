@@ -51,7 +51,7 @@ DATA_DIR_ENV = "LLMCHAT_DATA_DIR"
 """Environment variable that moves the data directory (tests point it at a tmp dir)."""
 
 DB_NAME = "conversations.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Stored in PRAGMA user_version; a file with a higher number is refused, never rewritten."""
 
 EXPORT_FORMAT = "llmchat-conversation"
@@ -106,12 +106,21 @@ CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
 END;
 """
 
-MIGRATIONS = (_SCHEMA_V1,)
+_SCHEMA_V2 = """
+ALTER TABLE messages ADD COLUMN token_ids TEXT;
+ALTER TABLE messages ADD COLUMN step_path TEXT;
+ALTER TABLE messages ADD COLUMN speculative TEXT;
+ALTER TABLE messages ADD COLUMN kv_cache TEXT;
+ALTER TABLE messages ADD COLUMN fork_step INTEGER;
+"""
+
+MIGRATIONS = (_SCHEMA_V1, _SCHEMA_V2)
 """MIGRATIONS[n] takes a file from user_version n to n + 1."""
 
 _RECORD_FIELDS = (
     "model", "precision", "sampling", "stop", "prompt_tokens", "reused_tokens", "tokens",
-    "ttft_s", "itl_p50_s", "itl_p90_s", "prefill_tok_s", "decode_tok_s",
+    "ttft_s", "itl_p50_s", "itl_p90_s", "prefill_tok_s", "decode_tok_s", "token_ids",
+    "step_path", "speculative", "kv_cache", "fork_step",
 )  # fmt: skip
 
 
@@ -146,6 +155,18 @@ class AnswerRecord:
     itl_p90_s: float
     prefill_tok_s: float
     decode_tok_s: float
+    token_ids: tuple[int, ...] | None = None
+    """The ids the answer was sampled as, less the stop token: a follow-up's prompt holds them as
+    they are (its text may tokenize otherwise), so a resumed cache is reused to its end. None in a
+    file of format 1, or from a server."""
+    step_path: str | None = None
+    """What decoded it: 'compiled', 'fused', 'reference', or 'step mode' (each token chosen)."""
+    speculative: str | None = None
+    """Who drafted and K ('lookup, K 4') for a speculative answer."""
+    kv_cache: str | None = None
+    """The KV cache precision it was decoded with (fp32, bf16, fp16, int8)."""
+    fork_step: int | None = None
+    """For a forked answer: the step where it took another token than the answer it branched from."""
 
 
 @dataclass(frozen=True)
@@ -769,11 +790,21 @@ def _open_lock_file(path: Path, conversation_id: int) -> int:
 
 
 def describe_record(record: AnswerRecord) -> str:
-    """One line: model, precision, sampling, speed and why the answer stopped."""
+    """One line: model, precision, sampling, how it was decoded, speed and why it stopped."""
     sampling = ", ".join(f"{k} {v}" for k, v in record.sampling.items() if v is not None)
-    return (
-        f"{record.model} · {record.precision} · {sampling} · TTFT {record.ttft_s * 1000:.0f} ms · "
-        f"{record.decode_tok_s:.1f} tok/s · {record.tokens} tokens · stop: {record.stop}"
+    how = [
+        f"KV cache {record.kv_cache}" if record.kv_cache else "",
+        record.step_path or "",
+        f"speculative {record.speculative}" if record.speculative else "",
+        f"forked at step {record.fork_step + 1}" if record.fork_step is not None else "",
+    ]
+    return " · ".join(
+        [
+            f"{record.model} · {record.precision} · {sampling}",
+            *(part for part in how if part),
+            f"TTFT {record.ttft_s * 1000:.0f} ms · {record.decode_tok_s:.1f} tok/s · {record.tokens} tokens",
+            f"stop: {record.stop}",
+        ]
     )
 
 
@@ -802,6 +833,7 @@ def _record_values(record: AnswerRecord | None) -> tuple:
         return (None,) * len(_RECORD_FIELDS)
     values = asdict(record)
     values["sampling"] = json.dumps(record.sampling, sort_keys=True)
+    values["token_ids"] = None if record.token_ids is None else json.dumps(list(record.token_ids))
     return tuple(values[name] for name in _RECORD_FIELDS)
 
 
@@ -810,6 +842,7 @@ def _message(row: sqlite3.Row) -> StoredMessage:
     if row["role"] == "assistant" and row["model"] is not None:
         values = {name: row[name] for name in _RECORD_FIELDS}
         values["sampling"] = json.loads(values["sampling"] or "{}")
+        values["token_ids"] = _token_ids(values["token_ids"])
         record = AnswerRecord(**values)
     return StoredMessage(
         row["id"],
@@ -820,6 +853,17 @@ def _message(row: sqlite3.Row) -> StoredMessage:
         row["created"],
         record,
     )
+
+
+def _token_ids(text: str | None) -> tuple[int, ...] | None:
+    """An answer's stored ids; None where there are none or they are not ids (they only save a
+    prefill: the text is the answer)."""
+    try:
+        ids = json.loads(text) if text else None
+    except ValueError:
+        return None
+    ok = isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+    return tuple(ids) if ok else None
 
 
 def _statements(script: str) -> list[str]:

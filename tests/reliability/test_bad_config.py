@@ -57,8 +57,9 @@ def test_a_context_that_is_not_positive_and_text_that_is_not_utf8_are_ignored(tm
 
 
 def test_a_sampling_value_out_of_range_loses_only_itself():
-    settings, problem = resolve_sampling({"temperature": 9, "top_k": 5})
+    settings, problem, chosen = resolve_sampling({"temperature": 9, "top_k": 5})
     assert settings.top_k == 5 and settings.temperature == 0.7
+    assert chosen == ["top_k"]  # the model's own temperature, where it has one, is used
     assert problem == "temperature must be in [0, 5], got 9: using the default 0.7"
 
 

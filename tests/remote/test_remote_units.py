@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
+from engine.gguf_header import gguf_metadata
 from engine.remote import dialects
 from engine.remote.chunks import parse
 from engine.remote.client import RemoteError, api_key, base_url, root_url, shown_url
 from engine.remote.metrics import gauge
 from engine.remote.request import chat_request, unsupported
-from engine.remote.shape import gguf_metadata, gguf_shape
+from engine.remote.shape import gguf_shape
 from engine.remote.turn import Prompt, RemoteTurn
 from engine.sampling import SamplingSettings
 from tests.remote.llama_server import smollm2_gguf

@@ -20,7 +20,7 @@ from engine import DEFAULT_MODEL
 from tui.cli import remote
 from tui.cli.checks import check_engine_flags, sampling_from, text_problem
 from tui.cli.exits import FAILED, USAGE, fail, refuse
-from tui.fmt import prefill_rate, thinking_part, visible_controls
+from tui.fmt import model_sampling_note, prefill_rate, thinking_part, visible_controls
 from tui.options import thinking_wanted
 
 ASK_DECODES = "ask runs the eager step: a one-shot command does not wait for a compile"
@@ -120,7 +120,7 @@ class Printer:
             self.write(sys.stderr, "\n")
 
     def emit(self, event) -> None:
-        from engine.events import ModelReady, Notice, TokenSampled, TurnFinished, to_json
+        from engine.events import ModelReady, Notice, SamplingResolved, TokenSampled, TurnFinished, to_json
 
         if self.as_json:
             self.out(json.dumps(to_json(event), ensure_ascii=False) + "\n")
@@ -132,6 +132,8 @@ class Printer:
             self.say(f"llmchat: {event.message}")
         elif isinstance(event, ModelReady) and event.info.server is not None:
             self.say(f"llmchat: {remote.server_line(event.info)}")
+        elif isinstance(event, SamplingResolved) and event.from_model:
+            self.say(f"llmchat: sampling {model_sampling_note(event)}")
 
     def finished(self, event) -> None:
         """A turn's end: its stats line, its speculation, and why it was cut, if it was."""
@@ -174,6 +176,7 @@ def local_session(flags: AskFlags, sampling, emit):
     from engine import models
     from engine.chat_templates import template_text
     from engine.events import ModelLoading
+    from engine.model_sampling import chosen_fields, resolved
     from engine.quant.precision import PrecisionError
     from engine.session import ChatSession
 
@@ -202,6 +205,9 @@ def local_session(flags: AskFlags, sampling, emit):
         )
     except models.ModelError as e:  # its fast path did not fit, or --thinking found no switch
         refuse(str(e), flags.as_json)
+    chosen = [*flags.sampling, *chosen_fields(sampling)]
+    session.sampling, sampling_event = resolved(flags.model or DEFAULT_MODEL, sampling, chosen)
+    emit(sampling_event)
     if session.device.type == "cpu" and os.environ.get("LLMCHAT_COMPILE", "1") != "0":
         from engine.fast import kernels
 

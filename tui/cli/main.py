@@ -55,6 +55,9 @@ def main(
     server: Optional[str] = options.Server,
     api_key_env: Optional[str] = options.ApiKeyEnv,
     read_timeout: Optional[float] = options.ReadTimeout,
+    shots: Optional[str] = typer.Option(
+        None, "--shots", help="Folder for Screenshot (palette) SVGs; default: screenshots in the data dir."
+    ),
 ) -> None:
     """Open the chat app (the default when no command is given).
 

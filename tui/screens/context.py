@@ -149,10 +149,12 @@ def crossover_lines(this: CacheShape, window: int) -> list[Content]:
 
 def _crossover(shape: CacheShape, beyond: str = "") -> Content:
     """One model's W, kv and the context c* where its cache outweighs its weights."""
+    row = f"{shape.head_dim}·{shape.element_bytes}"
+    row = f"({row}+{shape.scale_bytes})" if shape.scale_bytes else row  # an int8 cache's scales
     return Content.assemble(
         (shape.name + ":", "bold"),
         f" W {human_bytes(shape.weight_bytes)}, kv 2·{shape.layers}·{shape.kv_heads}·"
-        f"{shape.head_dim}·{shape.element_bytes} = {shape.kv_bytes_per_token:,} B/token → ",
+        f"{row} = {shape.kv_bytes_per_token:,} B/token → ",
         (f"c* = {shape.crossover:,} tokens", "bold $text-accent"),
         beyond,
         (f"  ({shape.source})", "$text-muted"),

@@ -127,6 +127,12 @@ def measure_rows(turn: TurnPhases, peaks: Calibration | None) -> list[Content]:
         row("achieved compute", [si(m.flop_s, "FLOP/s") for m in measures]),
         row("achieved bandwidth", [human_bytes(m.bytes_s) + "/s" for m in measures]),
     ]
+    if turn.decode is None and turn.step_path == "step mode":
+        lines.append(
+            Content.styled(
+                "decode not timed: a step-mode answer (each token went through the gate)", "$text-muted"
+            )
+        )
     return lines + (_peak_rows(measures, peaks) if peaks is not None else [])
 
 
@@ -299,7 +305,7 @@ class PhasesScreen(InstrumentScreen):
     def __init__(self, link: Instruments, step: int | None = None, answer: AnswerRef | None = None) -> None:
         super().__init__(link, step, answer)
         self.peaks: Calibration | None = None
-        self.shape = ModelShape.of(link.session.loaded)
+        self.shape = ModelShape.of(link.session.loaded, link.session.info)
 
     def compose_body(self) -> ComposeResult:
         yield Static(id="model")
@@ -360,7 +366,7 @@ class PhasesScreen(InstrumentScreen):
         info = link.session.info
         stats = link.last_stats
         path = stats.step_path if stats is not None and stats.speculative else "fused"
-        plain = link.plain.plain_for(info, path) or link.plain.newest(info)
+        plain = link.plain.plain_for(info, path) or link.plain.plain_for(info, "compiled")
         k = getattr(link.app, "speculation", (None, 4))[1]
         lines = verify_lines(self.shape, k, stats, measured_rounds(link.spec_rounds), plain)
         self.query_one("#verify", Static).update(Content("\n").join(lines))

@@ -170,10 +170,13 @@ class SettingsScreen(ModalScreen[None]):
         speculation: tuple[str | None, int, str] = (None, 4, ""),
         server: ServerInfo | None = None,
         kv_cache: str = "fp32",
+        model_sampling: tuple[tuple[str, ...], str | None] = ((), None),
     ) -> None:
         """`speculation`: (the drafter now, or None; K; the model spec, for its own draft copy);
-        `kv_cache`: the KV cache precision in use."""
+        `kv_cache`: the KV cache precision in use; `model_sampling`: the sampling fields that hold
+        the model's own defaults, and where those come from."""
         super().__init__()
+        self.model_sampling = model_sampling
         self.kv_cache = kv_cache
         self.speculation = speculation
         self.precision = precision
@@ -202,10 +205,15 @@ class SettingsScreen(ModalScreen[None]):
 
     def _sampling_fields(self):
         yield Static(self._sampling_heading(), classes="heading")
+        from_model, source = self.model_sampling
+        if from_model:
+            own = f"◆ the model's own default ({source}); a value you apply is kept instead"
+            yield Static(own, id="model-sampling", classes="hint", markup=False)
         unsupported = self.server.unsupported_settings if self.server else ()
         for name, label in FIELDS.items():
             with Horizontal(classes="row"):
-                yield Label(label + (" ✖ not supported by this server" if name in unsupported else ""))
+                mark = " ◆" if name in from_model else ""
+                yield Label(label + mark + (" ✖ not supported by this server" if name in unsupported else ""))
                 yield Input(field_text(self.sampling, name), id=name, compact=True, select_on_focus=True)
             yield _problem(name)
 

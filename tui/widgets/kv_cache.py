@@ -158,6 +158,7 @@ class KVCachePanel(Widget):
             ),
             *head_sharing_lines(self.info, used, real if self.cache else None),
             self._turn_line(),
+            *self._reuse_stopped_line(),
             *self._unfed_line(),
         ]
         return Content("\n").join(lines)
@@ -213,6 +214,15 @@ class KVCachePanel(Widget):
             " · ",
             (f"{self.turn.tokens:,} newly prefilled", "$text-warning"),
         )
+
+    def _reuse_stopped_line(self) -> list[Content]:
+        """Where this turn's prompt did not hold an earlier answer as sampled: the token reuse
+        stopped at, and why."""
+        turn = self.turn
+        if turn is None or not turn.reuse_stopped:
+            return []
+        stopped = f"reuse stopped at token {turn.reused:,}: {turn.reuse_stopped}"
+        return [Content.styled(stopped, "$text-warning")]
 
     def _next_turn_line(self) -> Content:
         """Before the first turn on a resumed or a new cache: what the next turn will reuse."""

@@ -197,12 +197,15 @@ class PhasePanel(Widget):
         """Two lines: TTFT and ITL, then the decode and prefill rates."""
         last = self.itl[-1] if self.itl else None
         prefill = prefill_rate(self.final) if self.final else "–"
+        itl = f"last {ms(last)} · median {ms(self.median_itl)}"
+        if self.speculative:  # a round's tokens arrive together: their gaps say nothing alone
+            itl = f"{ms(self.median_itl)} per token (a round's tokens arrive together)"
         return Content.assemble(
             ("TTFT ", "bold"),
             ms(self.ttft_s),
             "  ",
             ("ITL ", "bold"),
-            f"last {ms(last)} · median {ms(self.median_itl)}",
+            itl,
             "\n",
             ("decode ", "bold"),
             f"{self.decode_tok_s:.1f} tok/s",
@@ -310,7 +313,16 @@ class PhasePanel(Widget):
         return f"{new} · {reused} from the cache{done}"
 
     @property
+    def speculative(self) -> bool:
+        return bool(self.rounds) or (self.final is not None and self.final.speculative is not None)
+
+    @property
     def median_itl(self) -> float | None:
+        """The median gap between tokens; with speculation the time per token (its gaps are a
+        round's, then ~0 for the tokens the round kept: 'ITL 0.1 ms')."""
+        if self.speculative:
+            rate = self.decode_tok_s
+            return 1 / rate if rate > 0 else None
         if self.final is not None and self.final.generated_tokens > 1:
             return self.final.itl_p50_s
         return statistics.median(self.itl) if self.itl else None

@@ -108,6 +108,7 @@ class TokenStream(Widget):
         self.marks: dict[int, tuple[int, ...]] = {}
         """Speculation: answer index -> (): a kept draft; (ids...): drafts rejected in its place."""
         self.drafted = self.kept = 0
+        """Drafts proposed, and those kept as the panel shows them (underlined)."""
 
     def set_prompt(self, prompt: PromptTokens) -> None:
         self.prompt, self.chips, self.generated, self.thought = prompt, [], 0, 0
@@ -136,11 +137,12 @@ class TokenStream(Widget):
         if rejected:
             self.marks[event.index + event.accepted] = tuple(rejected)
         self.drafted += len(event.drafted)
-        self.kept += event.accepted
 
     def add(self, tokens: list[TokenSampled], repaint: bool = True) -> None:
         for t in tokens:
             mark = self.marks.pop(t.index, None)
+            # Kept as the chips show it: a draft kept past an end-of-turn token never shows.
+            self.kept += mark == ()
             style = logprob_style(t.logprob) + (ACCEPTED if mark == () else "")
             style += THOUGHT if t.thinking else ""
             for token_id, piece in mark or ():

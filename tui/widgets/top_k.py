@@ -111,11 +111,17 @@ def _coverage(token: TokenSampled, probs: list[float]) -> Content:
 
 
 def _step_line(token: TokenSampled, probs: list[float]) -> Content:
-    """The step, its KV position, and a lower bound on the entropy (the candidates' share only)."""
+    """The step, its KV position, and the entropy of the distribution the token was drawn from:
+    exact where the whole distribution is known (locally), else a lower bound from the candidates
+    (a server's few alternatives)."""
     position = "–" if token.position is None else token.position
+    if token.entropy is not None:
+        entropy = f"{fixed(max(0.0, token.entropy / math.log(2)), 2)} bits"
+    else:
+        entropy = f"≥ {fixed(max(0.0, entropy_bits(probs)), 2)} bits (from these {len(probs)})"
     return Content.assemble(
         ("step ", "bold"),
         f"{token.index + 1} · position {position} · ",
         ("entropy ", "bold"),
-        f"≥ {fixed(max(0.0, entropy_bits(probs)), 2)} bits",
+        entropy,
     )
