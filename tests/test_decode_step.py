@@ -57,7 +57,7 @@ class FakeBuild:
     ("build", "step", "state", "words"),
     [
         (FakeBuild("building", started_ago=12), "eager", "building", "compiling in the background"),
-        (FakeBuild("ready", compile_s=58), "compiled", "ready", "one block per layer, ready after 58 s"),
+        (FakeBuild("ready", compile_s=58), "compiled", "ready", "layer by layer, ready after 58 s"),
         (FakeBuild("failed", error="no C++ compiler"), "eager", "failed", "compile failed: no C++ compiler"),
         (
             FakeBuild("given up", error="the build ran past 900 s"),

@@ -52,7 +52,14 @@ def test_phase_panel_shows_acceptance_and_tokens_per_forward():
     panel.add_round(DraftRound(1, "lookup", (6, 7, 8, 9), ("p",) * 4, 3, 1, 0.001, 0.05), repaint=False)
     panel.add_round(DraftRound(5, "lookup", (6, 7, 8, 9), ("p",) * 4, 1, 1, 0.001, 0.05), repaint=False)
     line = panel._why().plain
-    assert "4/8 drafts kept (50%)" in line and "3.0 tokens/forward" in line
+    assert line == "4/8 drafts kept · 3.0 tokens/pass · verify 50.0 ms"
+    # The panel's 52 cells hold it with hundreds of drafts ("4.5 tokens/forw…" was cut).
+    for i in range(100):
+        panel.add_round(
+            DraftRound(9 + i, "lookup", (6, 7, 8, 9), ("p",) * 4, 3, 1, 0.001, 0.104), repaint=False
+        )
+    assert panel._why().plain.startswith("304/408 drafts kept · 4.0 tokens/pass")
+    assert len(panel._why().plain) <= 52
 
 
 def test_config_json_sets_speculation_and_a_flag_wins(tmp_path):

@@ -207,3 +207,14 @@ def test_a_speculative_answers_itl_is_its_time_per_token_not_a_rounds_gap():
     assert "40.0 ms per token (a round's tokens arrive together)" in str(panel._timings())
     panel.final = stats(25.0)
     assert "per token" not in str(panel._timings())
+
+
+def test_the_80_column_strip_keeps_the_last_turn_whole():
+    """It read "… · compiled  last tu…" at 80x24."""
+    from engine.events import DecodeStep
+
+    panel = PhasePanel()
+    panel.decode_step = DecodeStep("compiled", "kernel", "ready", "", 58.0)
+    panel.final = dataclasses.replace(stats(43.5, path="compiled", tokens=512), ttft_s=0.120, stop="length")
+    strip = panel._strip()
+    assert strip.plain.endswith("512 tokens · length") and strip.cell_length <= 78  # inside the border

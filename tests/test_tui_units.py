@@ -289,3 +289,11 @@ def test_a_turn_on_a_slower_step_says_which_beside_its_speed():
     assert "18.2 tok/s (HF forward) · done" in turn_summary(stats("reference"))
     assert "18.2 tok/s · done" in turn_summary(stats("compiled"))  # the usual step: nothing to say
     assert "18.2 tok/s · done" in turn_summary(stats(None))  # a server's answer
+
+
+def test_the_phase_panel_says_a_server_decodes_instead_of_not_known_yet():
+    """With --server the step line read "decode step: not known yet" all session."""
+    from tui.widgets.phase import step_line
+
+    assert step_line(None, None, "llama.cpp").plain == "decode step on the server (llama.cpp): not reported"
+    assert step_line(None).plain == "decode step: not known yet"  # the local engine, before a load

@@ -331,7 +331,7 @@ class ChatApp(App[None]):
         self.part(KVCachePanel).set_model(info)
         self.part(TopKPanel).set_model(info)
         if info.server is not None:
-            self.part(PhasePanel).set_decode_step(None)  # the server decodes: its step is not known here
+            self.part(PhasePanel).set_server(info.server.kind)  # it decodes: its step is not known here
             self.part(ChatLog).add_note(server_note(info))
         elif switched:
             self.part(ChatLog).add_note(

@@ -233,7 +233,8 @@ class KVCachePanel(Widget):
         if self.resumed:
             return Content.styled("resumed: the next turn prefills the history", "$text-warning")
         if self.info is not None and self.info.server is not None:
-            return Content.styled("next turn: the server's prefix cache decides the reuse", "$text-muted")
+            # 52 cells: it was cut at "…decides the"
+            return Content.styled("next turn: reuse is up to the server's prefix cache", "$text-muted")
         return Content.styled("new cache: the next turn prefills the whole conversation", "$text-warning")
 
 

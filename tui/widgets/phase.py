@@ -39,8 +39,13 @@ def elapsed(seconds: float) -> str:
     return f"{whole // 60}:{whole % 60:02d}"
 
 
-def step_line(step: DecodeStep | None, building_s: float | None = None) -> Content:
-    """Which decode step runs, in one line; `building_s` the compile's running time now."""
+def step_line(step: DecodeStep | None, building_s: float | None = None, server: str | None = None) -> Content:
+    """Which decode step runs, in one line; `building_s` the compile's running time now; `server`
+    the kind of server that decodes (it does not say which step: "not known yet" all session)."""
+    if step is None and server is not None:
+        return Content.assemble(
+            ("decode step ", "bold"), (f"on the server ({server}): not reported", "$text-muted")
+        )
     if step is None:
         return Content.styled("decode step: not known yet", "$text-muted")
     if step.compile == "building":
@@ -71,6 +76,10 @@ def step_word(step: DecodeStep | None, building_s: float | None = None) -> str:
     return f" · {STEPS[step.step]}"
 
 
+PANEL_CELLS = 52
+"""The Phase panel's text width (54 columns, less its padding): a longer line is cut."""
+
+
 class PhasePanel(Widget):
     DEFAULT_CSS = """
     PhasePanel { height: 9; border: round $primary 50%; border-title-color: $text; padding: 0 1;
@@ -97,6 +106,8 @@ class PhasePanel(Widget):
         self.speedup: SpeedUp | None = None
         """A finished speculative answer against plain decoding in this session."""
         self.decode_step: DecodeStep | None = None
+        self.server: str | None = None
+        """The kind of server that decodes (None: the local engine)."""
         self._build_started = 0.0
         """time.monotonic() when the compile shown started (its elapsed time counts on from it)."""
         self._ticker: Timer | None = None
@@ -105,6 +116,11 @@ class PhasePanel(Widget):
         self._ticker = self.set_interval(1.0, self.refresh, pause=True)
 
     # -- what the engine said -------------------------------------------------
+    def set_server(self, kind: str) -> None:
+        """A server decodes: its step is not known here, and the panel says so."""
+        self.server = kind
+        self.set_decode_step(None)
+
     def set_decode_step(self, step: DecodeStep | None) -> None:
         """What runs a decode step now (None: unknown, e.g. a server decodes); while a compile
         builds, its elapsed time counts on each second."""
@@ -182,7 +198,7 @@ class PhasePanel(Widget):
             " ",
             self._detail(),
             "\n",
-            step_line(self.decode_step, self.building_s),
+            step_line(self.decode_step, self.building_s, self.server),
             "\n",
             self._why(),
             "\n",
@@ -234,12 +250,13 @@ class PhasePanel(Widget):
         kept = sum(r.accepted for r in self.rounds)
         emitted = kept + len(self.rounds)
         n = len(self.rounds)
-        return Content.assemble(
-            ("speculative ", "bold"),
-            f"{kept}/{drafted} drafts kept ({kept / drafted:.0%}) · {emitted / n:.1f} tokens/forward · "
-            f"draft {ms(sum(r.draft_s for r in self.rounds) / n)} verify "
-            f"{ms(sum(r.verify_s for r in self.rounds) / n)} a round",
-        )
+        # Within the panel's 52 cells ("4.5 tokens/forw…" was cut): the verify time where it fits,
+        # F6 has it and a round's draft time.
+        head = f"{kept}/{drafted} drafts kept"
+        rest = f" · {emitted / n:.1f} tokens/pass"
+        verify = f" · verify {ms(sum(r.verify_s for r in self.rounds) / n)}"
+        fits = len(head + rest + verify) <= PANEL_CELLS
+        return Content.assemble((head, "bold"), rest + (verify if fits else ""))
 
     def _share(self) -> Content:
         """The CPU share the last turn's figures were measured at; a warning on a busy machine
@@ -269,8 +286,15 @@ class PhasePanel(Widget):
             (" " + numbers, "$text-muted"),
             (step_word(self.decode_step, self.building_s), "$text-muted"),
             "  ",
-            self._detail(),
+            self._strip_detail(),
         )
+
+    def _strip_detail(self) -> Content:
+        """The detail, short where the strip would cut it at 80 columns ("compiled  last tu…")."""
+        final = self.final
+        if self.phase == "idle" and self.waiting_step is None and final is not None:
+            return Content.styled(f"{count(final.generated_tokens, 'token')} · {final.stop}", "$text-muted")
+        return self._detail()
 
     def _server_figures(self) -> Content:
         """Why the phase costs what it does; after a server's turn, its own figures instead; outside
