@@ -297,3 +297,14 @@ def test_the_phase_panel_says_a_server_decodes_instead_of_not_known_yet():
 
     assert step_line(None, None, "llama.cpp").plain == "decode step on the server (llama.cpp): not reported"
     assert step_line(None).plain == "decode step: not known yet"  # the local engine, before a load
+
+
+def test_f8_does_not_say_its_tokens_begin_as_a_step_mode_answer_did():
+    """After a step-mode answer F8 said "they begin as the chat's answer did" where they did not."""
+    from tui.screens.precision import intro
+
+    greedy = SamplingSettings(temperature=0)
+    assert intro("fp32", greedy).endswith("so they begin as the chat's answer did.")
+    stepped = intro("fp32", greedy, "step mode")
+    assert "begin as the chat's answer did" not in stepped
+    assert stepped.endswith("chosen token by token in step mode, so these tokens can differ from it.")

@@ -39,14 +39,20 @@ BUDGET_GIB = 16
 """The memory the context lesson fills (a GPU's spare memory after the weights, say)."""
 
 
-def intro(precision: str, sampling) -> str:
-    """What is compared, and why its tokens need not be the chat's."""
+def intro(precision: str, sampling, step_path: str | None = None) -> str:
+    """What is compared, and why its tokens need not be the chat's (`step_path`: how the chat's
+    last answer was decoded; in step mode the student chose its tokens)."""
     text = (
         f"The last turn's prompt is answered again at {precision} (the reference) by plain greedy decoding "
         "(always the most probable token: repeatable), and the second precision is fed those same tokens "
         "(a KV cache precision: the same model with an fp32 cache answers, and is fed them with the "
         "rounded cache)."
     )
+    if step_path == "step mode":
+        return (
+            text
+            + " The chat's answer was chosen token by token in step mode, so these tokens can differ from it."
+        )
     if sampling.temperature == 0 and sampling.repetition_penalty == 1:
         return text + " The chat answered greedily too, so they begin as the chat's answer did."
     return text + (
@@ -192,7 +198,8 @@ class PrecisionScreen(InstrumentScreen):
 
     def compose_body(self) -> ComposeResult:
         current = self.link.session.info.precision
-        yield Static(intro(current, self.link.session.sampling))
+        last = self.link.last_stats
+        yield Static(intro(current, self.link.session.sampling, last.step_path if last else None))
         yield from self._controls(current)
         yield Static(id="status", classes="muted")
         yield Static("Speed and memory", classes="section")
