@@ -23,7 +23,7 @@ from engine import models
 from engine.contention import ContentionMeter
 from engine.events import TokenSampled, TurnFinished, contention_json
 from engine.fast import compiled as compiled_module
-from engine.fast import fused
+from engine.fast import fused, kernels, matvec
 from engine.kvcache import CACHE_PRECISIONS, with_cache_precision
 from engine.models import LoadedModel, weights_read_per_token
 from engine.prompts import FILLER, QUESTIONS
@@ -554,28 +554,44 @@ def _agreement(steps: list, kl_digits: int) -> dict:
     }
 
 
-BANDWIDTH_READ = "matrix x vector"
+BANDWIDTH_READ = "best of torch.mv and the step's matvec kernel"
 """How `measure_bandwidth` reads (saved with F6's calibration, which is measured again when this
-changes). A plain `sum` over the buffer read ~20% slower than this on the AVX-512 Xeon (23 vs
-29 GiB/s), and decode steps outran it: F6 showed w8 at 110% of that roof."""
+changes). A plain `sum` read ~20% slower than torch.mv on the AVX-512 Xeon (23 vs 29 GiB/s), and
+torch.mv alone read ~45% slower than the step's own kernel on an AVX-512 EPYC (16-18 vs 30-32 GB/s):
+decode steps then outran the roof (a Zen 5 `bench -p fp32`: roof 20.1 GB/s, decode 31 GB/s)."""
 
 
 def measure_bandwidth(device: str, megabytes: int = 512) -> float:
     """Bytes/s for reading a large buffer once (the memory bound a decode step pays): the buffer
-    as a matrix times a vector, a decode step's own read, through torch's tuned kernel."""
+    as a matrix times a vector, a decode step's own read, on all of torch's threads, the best of
+    five reads by each reader a step may use (torch's kernel; on a CPU also engine/fast/matvec.cpp,
+    built or loaded here, which the compiled and fused steps multiply with)."""
     matrix = torch.ones(megabytes * 2**20 // 4 // 2048, 2048, dtype=torch.float32, device=device)
     vector = torch.ones(2048, dtype=torch.float32, device=device)
-    torch.mv(matrix, vector)
+    readers = [lambda: torch.mv(matrix, vector)]
+    if (
+        device == "cpu"
+        and matvec.enabled
+        and kernels.load("step") is None
+        and matvec.can_multiply_now(matrix)
+    ):
+        readers.append(lambda: matvec.multiply(vector[None], matrix))
+    return matrix.numel() * 4 / min(_best_time(read, device) for read in readers)
+
+
+def _best_time(read: Callable[[], object], device: str, runs: int = 5) -> float:
+    """The shortest of `runs` timed calls of `read`, after one untimed (a first call pays its setup)."""
+    read()
     best = float("inf")
-    for _ in range(5):
+    for _ in range(runs):
         if device == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
-        torch.mv(matrix, vector)
+        read()
         if device == "cuda":
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - started)
-    return matrix.numel() * 4 / best
+    return best
 
 
 def reset_peak_memory(device: str) -> bool:
@@ -637,7 +653,7 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
     """Every measurement of `config`, one precision at a time, as a JSON-ready dict."""
     device = models.resolve_device(config.device)
     bandwidth = measure_bandwidth(device)
-    report(f"measured memory bandwidth: {bandwidth / 1e9:.1f} GB/s")
+    report(f"measured memory bandwidth: {bandwidth / 1e9:.1f} GB/s ({BANDWIDTH_READ})")
     results: list[PrecisionResult] = []
     # fp32 first: the targets are ratios to its generate, and it is the quality reference.
     for precision in sorted(config.precisions, key=lambda p: p != "fp32"):
@@ -648,6 +664,7 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
         "device": device,
         "random_weights": config.random_weights,
         "bandwidth_gb_s": round(bandwidth / 1e9, 2),
+        "bandwidth_read": BANDWIDTH_READ,
         "torch_threads": torch.get_num_threads(),
         "results": [r.as_dict() for r in results],
     }

@@ -21,6 +21,8 @@ def print_tables(result: dict) -> None:
     console.print(*_heading(result))
     print_figures(console, _decode(results))
     _print_decode_notes(console, results)
+    if any(r["fraction_of_bound"] > 1 for r in results):
+        console.print(ABOVE_BOUND)
     print_figures(console, _prefill(results))
     print_figures(console, _multi_turn(results))
     _print_optional_tables(console, result)
@@ -88,6 +90,12 @@ def _decode_bound_and_memory(r: dict) -> tuple[str, ...]:
         _mb(r["weight_bytes"]),
         _mb(r["peak_memory_bytes"]) + ("*" if r["peak_memory_scope"] != "this precision" else ""),
     )
+
+
+ABOVE_BOUND = (
+    "  of bound over 100%: the step read part of its bytes from the CPU's caches, which are faster "
+    "than memory, or the bandwidth read ran slow (a busy machine)"
+)
 
 
 def _print_decode_notes(console: Console, results: list[dict]) -> None:

@@ -140,8 +140,8 @@ def _peak_rows(measures: list[PhaseMeasure], peaks: Calibration) -> list[Content
     """The rows measured against the machine's peaks: the share of each, and which roof is over it."""
     row = _table_row
     return [
-        row("  of peak FLOP/s", [f"{m.compute_use(peaks):.1%}" for m in measures]),
-        row("  of peak bandwidth", [f"{m.memory_use(peaks):.1%}" for m in measures]),
+        row("  of peak FLOP/s", [_share(m.compute_use(peaks)) for m in measures]),
+        row("  of peak bandwidth", [_share(m.memory_use(peaks)) for m in measures]),
         row("roofline allows", [si(m.attainable_flop_s(peaks), "FLOP/s") for m in measures]),
         Content.assemble(
             ("under the roof of".ljust(24), "bold"),
@@ -152,9 +152,15 @@ def _peak_rows(measures: list[PhaseMeasure], peaks: Calibration) -> list[Content
         ),
         Content.assemble(
             ("  reached of that roof".ljust(24), "bold"),
-            *((f"{m.roof_use(peaks):.1%}".rjust(COLUMN), LIMIT_STYLES[m.limit(peaks)]) for m in measures),
+            *((_share(m.roof_use(peaks)).rjust(COLUMN), LIMIT_STYLES[m.limit(peaks)]) for m in measures),
         ),
     ]
+
+
+def _share(fraction: float) -> str:
+    """A share of a measured peak; past it, a pointer to the verdict, which says why (a share over
+    100% of a roof reads as a wrong roof)."""
+    return f"{fraction:.1%}" if fraction <= 1 else "above it: see below"
 
 
 ROOF_NAMES = {"compute": "compute (FLOP/s)", "memory": "memory (bytes/s)"}
@@ -175,9 +181,13 @@ def phase_verdict(m: PhaseMeasure, peaks: Calibration) -> Content:
     return Content.assemble(
         (f"{name}: ", "bold"),
         f"{m.intensity:,.1f} FLOP/B {side} balance {peaks.balance:,.1f}, so {_roof(m, peaks)}, ",
-        (f"{m.roof_use(peaks):.1%} of it", LIMIT_STYLES[m.limit(peaks)] or "bold"),
+        (_reached(m.roof_use(peaks)), LIMIT_STYLES[m.limit(peaks)] or "bold"),
         f": {_what_limits(m, peaks)}",
     )
+
+
+def _reached(fraction: float) -> str:
+    return f"{fraction:.1%} of it" if fraction <= 1 else f"{fraction - 1:.0%} above it"
 
 
 def _roof(m: PhaseMeasure, peaks: Calibration) -> str:
