@@ -27,6 +27,7 @@ from textual.widgets import Footer, Static
 from engine.events import (
     CachePrecisionChanged,
     ConversationLoaded,
+    DecodeStep,
     Event,
     Failed,
     MessageSaved,
@@ -99,6 +100,7 @@ class ChatApp(App[None]):
         self.kv_cache: str | None = self.options.kv_cache
         """The KV cache precision as last asked for (None: the model precision's own)."""
         self.turns = TurnState()
+        self.turns.warming = self.options.warm_first and not self.options.remote
         self.inbox = Inbox()
         self.pacer = Pacer()
         self.router = Router(self)
@@ -299,6 +301,11 @@ class ChatApp(App[None]):
                 await self._failed(text)
             case ConversationLoaded() | MessageSaved():
                 await self.history.show(message.event)
+            case DecodeStep(compile=state):
+                await self.router.show(message.event)
+                if self.turns.warming and state != "building":  # ready, or it never will be
+                    self.turns.warming = False
+                    self._pump()
             case event:
                 await self.router.show(event)
 
@@ -363,9 +370,13 @@ class ChatApp(App[None]):
         if message.editing is not None:
             await self.history.submit_edit(message.editing, message.text)
             return
-        chat = self.part(ChatLog)  # the prompt box emptied itself when it sent the text
-        await chat.add_user(message.text)
-        await chat.expect_answer(self.turns.submit(message.text))
+        await self.submit(message.text)  # the prompt box emptied itself when it sent the text
+
+    async def submit(self, text: str) -> None:
+        """Ask `text`: shown in the chat at once, sent when the engine can take it."""
+        chat = self.part(ChatLog)
+        await chat.add_user(text)
+        await chat.expect_answer(self.turns.submit(text))
         self._pump()
 
     def _pump(self) -> None:
@@ -510,19 +521,27 @@ class ChatApp(App[None]):
         self._refresh_keys()
 
     def on_settings_screen_sampling_applied(self, message) -> None:
+        self.apply_sampling(message.settings, remember=True)
+
+    def apply_sampling(self, settings, remember: bool) -> None:
+        """Sample with `settings` from the next token, and say what changed; `remember` saves the
+        changed fields for the next start (a demo's are not)."""
         from tui.screens.settings import changes, describe_changes
 
-        old, self.sampling = self.sampling, message.settings
-        changed = changes(old, message.settings)
+        old, self.sampling = self.sampling, settings
+        changed = changes(old, settings)
+        if not changed:
+            return
         if self.engine is not None:
-            self.engine.set_sampling(message.settings, chosen=changed)
+            self.engine.set_sampling(settings, chosen=changed)
         from_model, source = self.model_sampling
         self.model_sampling = (tuple(name for name in from_model if name not in changed), source)
-        self.part(TopKPanel).set_sampling(message.settings)
+        self.part(TopKPanel).set_sampling(settings)
 
         when = "from the next answer" if self.options.remote else "from the next token"
-        self.notify(describe_changes(old, message.settings) + f" ({when})", title="Sampling")
-        self._save_sampling(changed)
+        self.notify(describe_changes(old, settings) + f" ({when})", title="Sampling")
+        if remember:
+            self._save_sampling(changed)
 
     def action_conversations(self) -> None:
         from tui.screens.conversations import ConversationsScreen
@@ -632,13 +651,14 @@ def make_app(options: AppOptions | None = None, engine_factory: EngineFactory = 
     return ChatApp(options, engine_factory)
 
 
-def run_app(**flags) -> None:
-    """Entry point for `llmchat` with no subcommand: flags override the config file."""
+def run_app(make: Callable[[AppOptions], ChatApp] = make_app, **flags) -> None:
+    """Entry point for `llmchat` with no subcommand (and `lecture`; `demo` makes its own app):
+    flags override the config file."""
     from tui.options import options_from
 
     _need_a_terminal()
     loaded, problem = config.load_config()
-    app = make_app(options_from(loaded, **flags))
+    app = make(options_from(loaded, **flags))
     if problem:
         app.call_later(app.notify, problem, severity="warning")
     app.run()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Awaitable, Iterable
 
 from textual.binding import Binding
 
@@ -282,18 +282,18 @@ class Instruments:
         return True
 
     # -- opening -------------------------------------------------------------------
-    def open(self, name: str, step: int | None = None, answer: AnswerRef | None = None) -> None:
-        """Open instrument `name` (the `instrument` action, a palette command, a chip click)."""
+    def open(self, name: str, step: int | None = None, answer: AnswerRef | None = None) -> Awaitable | None:
+        """Open instrument `name` (the `instrument` action, a palette command, a chip click): what
+        to await for its screen to be mounted, or None where it did not open (said why)."""
         if name == "step":
             self.toggle_step()
-            return
+            return None
         if not self._ready(name):
-            return
+            return None
         screen = self._screen(name, step, answer)
         if isinstance(self.app.screen, InstrumentView):
-            self.app.switch_screen(screen)
-        else:
-            self.app.push_screen(screen)
+            return self.app.switch_screen(screen)
+        return self.app.push_screen(screen)
 
     def _screen(self, name: str, step: int | None, answer: AnswerRef | None) -> Screen[None]:
         if name not in SCREENS:

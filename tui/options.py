@@ -49,6 +49,8 @@ class AppOptions:
     """`--thinking on|off`: the chat template's `enable_thinking`; None leaves the template's default."""
     shots: str | None = None
     """Where Screenshot saves (`--shots`, config.json); None: `screenshots` in the data dir."""
+    warm_first: bool = False
+    """Hold the first question until the compiled decode step is ready (`llmchat lecture`)."""
 
     @property
     def template_text(self) -> str | None:
@@ -88,14 +90,28 @@ FROM_EITHER = (
 """The options a flag or the config file sets (a flag wins)."""
 
 
+LECTURE = {"sampling": {"temperature": 0.0}, "system": "You are a helpful assistant. Keep answers short."}
+"""`llmchat lecture`'s preset, between the config file and the flags: greedy, so the same question
+gives the same answer in front of every class, and short answers a projector can show. SmolLM2 at
+T 0 answered the demo's questions right in English with this prompt; "Answer briefly" made it
+answer in French, "…in the language of the question" made it loop in French."""
+LECTURE_THEME = "llmchat-high-contrast"
+
+
 def options_from(config: Config, config_path: Path | None = None, **flags: Any) -> AppOptions:
-    """Flags that are not None win over the config file."""
-    sampling = dict(config.sampling)
+    """Flags that are not None win over the config file (and `lecture=True`'s preset over both
+    but the flags; a lecture's theme is never saved)."""
+    lecture = bool(flags.pop("lecture", False))
+    sampling = dict(config.sampling) | (LECTURE["sampling"] if lecture else {})
     sampling.update(flags.pop("sampling", None) or {})
+    if lecture:
+        flags["system"] = flags.get("system") or LECTURE["system"]
+        flags["theme"] = flags.get("theme") or LECTURE_THEME
     chosen = {
         name: flags[name] if flags.get(name) is not None else getattr(config, name) for name in FROM_EITHER
     }
-    chosen["theme_from_flag"] = flags.get("theme") is not None
+    chosen["theme_from_flag"] = flags.get("theme") is not None and not lecture
+    chosen["warm_first"] = lecture
     if flags.get("read_timeout") is not None:
         chosen["read_timeout_s"] = flags["read_timeout"]
     chosen["raw"] = bool(flags.get("raw"))

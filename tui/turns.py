@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from collections import deque
 
+WARMING = (
+    "⏳ waiting for the compiled decode step (the Phase panel shows its progress), so the first "
+    "answer runs at its real speed: sent as soon as it is ready"
+)
+
 
 class TurnState:
     """Whether a prompt may go to the engine now, and the prompts waiting (the conversation's own
@@ -21,6 +26,8 @@ class TurnState:
         """A turn is running on the engine (at most one is ever handed to it)."""
         self.waiting: deque[str] = deque()
         """Prompts waiting for the model to load or for the current answer to end."""
+        self.warming = False
+        """Prompts wait for the compiled step too (`llmchat lecture`: the class sees its real speed)."""
 
     def submit(self, text: str) -> str:
         """Queue a prompt; the note to show where its answer will appear."""
@@ -31,11 +38,13 @@ class TurnState:
             return "⏳ no model is loaded: this prompt is sent once one is"
         if self.busy:
             return "⏳ queued: sent when the current answer ends"
+        if self.warming:
+            return WARMING
         return "sending…"
 
     def next_prompt(self) -> str | None:
         """The prompt to send now, if the engine can take one (the turn then counts as running)."""
-        if self.ready and not self.busy and self.waiting:
+        if self.ready and not self.busy and not self.warming and self.waiting:
             self.busy = True
             return self.waiting.popleft()
         return None

@@ -7,6 +7,7 @@ Textual is imported only when the app starts, so headless commands stay light.
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any, Optional
 
 import typer
@@ -17,6 +18,10 @@ from tui.cli.conversations import conversations_app
 from tui.cli.exits import fail
 from tui.cli.lab import lab_app
 from tui.cli.options import with_sampling
+
+SHOTS = typer.Option(
+    None, "--shots", help="Folder for Screenshot (palette) SVGs; default: screenshots in the data dir."
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="See LLM inference happen, live.")
 app.add_typer(conversations_app, name="conversations")
@@ -55,9 +60,7 @@ def main(
     server: Optional[str] = options.Server,
     api_key_env: Optional[str] = options.ApiKeyEnv,
     read_timeout: Optional[float] = options.ReadTimeout,
-    shots: Optional[str] = typer.Option(
-        None, "--shots", help="Folder for Screenshot (palette) SVGs; default: screenshots in the data dir."
-    ),
+    shots: Optional[str] = SHOTS,
 ) -> None:
     """Open the chat app (the default when no command is given).
 
@@ -67,6 +70,68 @@ def main(
     if ctx.invoked_subcommand is None:
         flags = {name: value for name, value in locals().items() if name != "ctx"}  # as parsed
         open_app(**flags)
+
+
+THEME = typer.Option(None, "--theme", help="The theme for the projector (default llmchat-high-contrast).")
+NOT_IN_A_LECTURE = dict.fromkeys(
+    (
+        *("speculative", "draft_tokens", "raw", "chat_template", "thinking"),
+        *("server", "api_key_env", "read_timeout"),
+    )
+)
+"""The app's flags a lecture leaves at their defaults (a demo script sets speculation itself)."""
+
+
+@app.command()
+@with_sampling
+def lecture(
+    model: Optional[str] = options.Model,
+    precision: Optional[str] = options.Precision,
+    device: Optional[str] = options.Device,
+    sampling: Any = None,
+    system: Optional[str] = options.System,
+    context: Optional[int] = options.Context,
+    theme: Optional[str] = THEME,
+    kv_cache: Optional[str] = options.KVCache,
+    shots: Optional[str] = SHOTS,
+) -> None:
+    """Open the app for a projector: temperature 0, short answers in the question's language, the
+    high-contrast theme, and the first question held until the compiled decode step is ready."""
+    open_app(no_compile=False, resume=None, lecture=True, **NOT_IN_A_LECTURE, **locals())
+
+
+@app.command()
+@with_sampling
+def demo(
+    script: str = typer.Argument(..., help="A demo script (TOML), or the name of a shipped one: inference."),
+    model: Optional[str] = options.Model,
+    precision: Optional[str] = options.Precision,
+    device: Optional[str] = options.Device,
+    sampling: Any = None,
+    system: Optional[str] = options.System,
+    context: Optional[int] = options.Context,
+    theme: Optional[str] = THEME,
+    kv_cache: Optional[str] = options.KVCache,
+    shots: Optional[str] = SHOTS,
+) -> None:
+    """Step through a scripted demo, as `lecture` opens the app: each step asks, sets or opens an
+    instrument and says what to look at. → Space PgDn next, ← PgUp back, q ends the demo."""
+    flags = dict(locals())
+    from tui.demo_script import ScriptError, load
+
+    try:
+        flags["script"] = load(script, instrument_names())
+    except ScriptError as e:
+        fail(str(e))
+    for step in flags["script"].steps:
+        sampling_from(**step.sampling)  # a bad value fails now, naming the range
+    open_app(no_compile=False, resume=None, lecture=True, **NOT_IN_A_LECTURE, **flags)
+
+
+def instrument_names() -> set[str]:
+    from tui.instruments import SCREENS  # step mode is a switch, not a screen to open
+
+    return set(SCREENS)
 
 
 def open_app(no_compile: bool, resume: str | None, **flags: Any) -> None:
@@ -81,9 +146,15 @@ def open_app(no_compile: bool, resume: str | None, **flags: Any) -> None:
     resume_id = resolve_resume(resume) if resume is not None else None
     if no_compile:
         os.environ["LLMCHAT_COMPILE"] = "0"
-    from tui.app import run_app
+    from tui.app import make_app, run_app
 
-    run_app(resume=resume_id, **flags)
+    script = flags.pop("script", None)
+    if script is not None:
+        from tui.demo import DemoApp
+
+        run_app(partial(DemoApp, script), resume=resume_id, **flags)
+    else:
+        run_app(make_app, resume=resume_id, **flags)
 
 
 @app.command()

@@ -215,7 +215,7 @@ class PhasePanel(Widget):
         prefill = prefill_rate(self.final) if self.final else "–"
         itl = f"last {ms(last)} · median {ms(self.median_itl)}"
         if self.speculative:  # a round's tokens arrive together: their gaps say nothing alone
-            itl = f"{ms(self.median_itl)} per token (a round's tokens arrive together)"
+            itl = f"{ms(self.median_itl)}/token (round ÷ tokens)"  # PANEL_CELLS: it was cut
         return Content.assemble(
             ("TTFT ", "bold"),
             ms(self.ttft_s),
