@@ -7,6 +7,7 @@ come back as messages (see `tui.messages`). Handlers here are the only place wid
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 import time
@@ -671,7 +672,10 @@ def run_app(make: Callable[[AppOptions], ChatApp] = make_app, **flags) -> None:
 
 
 def _need_a_terminal() -> None:
-    """Exit 2 unless stdin and stdout are a terminal: Textual would wait for keys that never come."""
+    """Exit 2 unless stdin and stdout are a terminal: Textual would wait for keys that never come
+    (under `llmchat web` they are textual-serve's pipes, which bring the browser's keys)."""
+    if os.environ.get("TEXTUAL_DRIVER", "").endswith(":WebDriver"):
+        return
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         print(
             "llmchat: the chat app needs a terminal (stdin and stdout are not one); "

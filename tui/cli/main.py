@@ -128,6 +128,21 @@ def demo(
     open_app(no_compile=False, resume=None, lecture=True, **NOT_IN_A_LECTURE, **flags)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def web(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", "--host", help="Where to listen; beyond this machine, warned."),
+    port: int = typer.Option(8000, "--port", help="The port browsers connect to."),
+    lecture: bool = typer.Option(False, "--lecture", help="Serve `llmchat lecture` (its preset)."),
+) -> None:
+    """Serve the app to browsers (textual-serve): each tab runs its own llmchat, with its own model
+    and a data and config directory of its own. The app's flags follow, e.g. `llmchat web --port
+    8000 --precision bf16`."""
+    from tui.cli.web import serve
+
+    serve(host, port, lecture, ctx.args, app)
+
+
 def instrument_names() -> set[str]:
     from tui.instruments import SCREENS  # step mode is a switch, not a screen to open
 
