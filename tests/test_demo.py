@@ -30,10 +30,10 @@ def run(scenario) -> None:
 def test_the_shipped_demo_walks_the_seeds_chapters_in_order():
     script = load("inference", INSTRUMENTS)
     opened = [step.instrument for step in script.steps if step.instrument]
-    chapters = ["tokenizer", "embeddings", "attention", "phases", "context", "lab", "precision"]
+    chapters = ["tokenizer", "embeddings", "attention", "lens", "phases", "context", "lab", "precision"]
     assert opened == chapters  # GQA is read in the KV panel's table, on the main screen
-    assert script.settings_at(12).speculative == "lookup" and script.settings_at(13).kv_cache == "int8"
-    assert script.settings_at(13).speculative == "off" and script.settings_at(11).kv_cache is None
+    assert script.settings_at(13).speculative == "lookup" and script.settings_at(14).kv_cache == "int8"
+    assert script.settings_at(14).speculative == "off" and script.settings_at(12).kv_cache is None
 
 
 BAD = [
@@ -209,3 +209,20 @@ def test_the_demo_keys_give_way_to_the_scripts_keys_and_to_typing(tmp_path, tiny
             await wait_for(pilot, lambda: app.at == 1 and len(app.screen_stack) == 1, what="step 2 again")
 
     run(scenario)
+
+
+def test_lecture_and_demo_open_the_app_with_the_preset(monkeypatch):
+    """The commands as a user types them, up to the app's start (which needs a terminal)."""
+    from typer.testing import CliRunner
+
+    import tui.app
+    from tui import cli
+
+    opened = []
+    monkeypatch.setattr(tui.app, "run_app", lambda **flags: opened.append(flags))
+    runner = CliRunner()
+    assert runner.invoke(cli.app, ["lecture", "--precision", "bf16"]).exit_code == 0
+    assert runner.invoke(cli.app, ["demo", "inference"]).exit_code == 0
+    lecture, demo = opened
+    assert lecture["lecture"] and lecture["precision"] == "bf16" and lecture["make"].__name__ == "make_app"
+    assert demo["lecture"] and demo["make"].func is DemoApp and demo["make"].args[0].steps

@@ -1,4 +1,5 @@
-"""Two lessons of issue 14 in the app: the context experiment (x in F6) and the embeddings view (e in F2).
+"""The lessons in the app: the context experiment (x in F6), the embeddings view (e in F2), the logit
+lens (l in F2) and ablation (h in F2).
 
 Driven through Pilot against the real engine and the tiny model, as tests/test_tui_instruments.py
 drives the other instruments; the snapshot tests at the end pin how each view looks.
@@ -8,14 +9,17 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 from textual.widgets import Input
 
 from engine.events import PromptTokens, TurnFinished
 from engine.instruments import context_sweep
+from engine.instruments.ablation import MLP, Part, ablate
 from engine.instruments.context_sweep import LLAMA_2_7B, LLAMA_2_70B, ContextSweep, shape_of
 from engine.instruments.embeddings import token_embedding
 from engine.instruments.explain import explain
+from engine.instruments.logit_lens import context_before, logit_lens
 from engine.kvcache import common_prefix
 from engine.session import ChatSession
 from tests.test_tui_instruments import (
@@ -34,9 +38,11 @@ from tests.test_tui_instruments import (
 from tests.tui_screen import screen_text, wait_for
 from tui.fmt import visible_piece
 from tui.screens import context as context_screen
+from tui.screens.ablation import AblationScreen
 from tui.screens.context import ContextScreen, short_time
 from tui.screens.embeddings import EmbeddingsScreen
 from tui.screens.inspector import InspectorScreen
+from tui.screens.lens import LensScreen
 from tui.screens.phases import PhasesScreen
 from tui.widgets.explanation import ExplanationPanel
 
@@ -276,15 +282,22 @@ def test_snapshot_context_sweep_at_80x24(snap_compare, tiny_model_dir, tmp_path,
     assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=SMALL, run_before=before)
 
 
-def test_snapshot_embeddings(snap_compare, tiny_model_dir, tmp_path):
+def from_the_inspector(key: str, kind, *moves: str):
+    """A snapshot's run_before: answer, open F2, move to a step, open the lesson `key`, let it show."""
+
     async def before(pilot):
         await answered(pilot, recorder_of(pilot))
         await opened(pilot, "f2", InspectorScreen)
-        await pilot.press("home", "right")
-        await opened(pilot, "e", EmbeddingsScreen)
+        await pilot.press(*moves)
+        await opened(pilot, key, kind)
         await wait_for(pilot, lambda: pilot.app.screen.shown is not None, timeout=60)
         await settled(pilot)
 
+    return before
+
+
+def test_snapshot_embeddings(snap_compare, tiny_model_dir, tmp_path):
+    before = from_the_inspector("e", EmbeddingsScreen, "home", "right")
     assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
 
 
@@ -310,3 +323,92 @@ def test_a_chart_shows_values_labels_and_pending_points():
     assert "·" in lines[2]  # 64 not measured yet: a dot on the baseline
     assert lines[-1].split() == ["16", "32", "64"]
     assert len({len(line) for line in lines[1:-1]}) == 1  # the rows line up
+
+
+# -- the logit lens and ablation (l and h in F2) -------------------------------------------------
+def test_l_in_the_inspector_shows_the_lens_of_the_selected_step(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            await opened(pilot, "f2", InspectorScreen)
+            await pilot.press("home", "right")
+            await opened(pilot, "l", LensScreen)
+            screen = app.screen
+            await wait_for(pilot, lambda: screen.shown is not None, timeout=60, what="the lens")
+            trace = session_of(app).messages[-1].trace
+            ids, chosen = context_before(trace, 1)
+            expected = await on_engine(app, lambda s: logit_lens(s, ids, chosen))
+            await pilot.pause(0.1)
+            shown = screen_text(app)
+            assert screen.shown.chosen.id == chosen == trace.steps[1].id
+            for reading in expected.layers:  # every layer's row: its guesses and its entropy
+                row = next(line for line in shown.splitlines() if line.startswith(f" {reading.layer:>5}  "))
+                assert f"{reading.entropy_bits:5.2f}" in row and f"{reading.top[0].prob:6.1%}" in row
+            assert "After the last layer the lens is the model's own distribution" in shown
+            await pilot.press("right")  # the next step
+            await wait_for(pilot, lambda: screen.shown.chosen.id == trace.steps[2].id, timeout=60)
+
+    run(scenario)
+
+
+def test_h_in_the_inspector_turns_a_part_off_and_arrows_choose_it(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            await opened(pilot, "f2", InspectorScreen)
+            await opened(pilot, "h", AblationScreen)
+            screen = app.screen
+            await wait_for(pilot, lambda: screen.shown is not None, timeout=60, what="the ablation")
+            assert screen.shown.part == Part(1, MLP)  # the tiny model's last layer's MLP first
+            await pilot.press("down")
+            await wait_for(pilot, lambda: screen.shown.part == Part(1, 0), timeout=60, what="head 0")
+            await pilot.press("left_square_bracket")
+            await wait_for(pilot, lambda: screen.shown.part == Part(0, 0), timeout=60, what="layer 0")
+            trace = session_of(app).messages[-1].trace
+            ids, chosen = context_before(trace, len(trace.steps) - 1)
+            expected = await on_engine(app, lambda s: ablate(s, ids, chosen, Part(0, 0)))
+            await pilot.pause(0.1)
+            shown = " ".join(screen_text(app).split())
+            assert f"KL(as it is ‖ off) {expected.kl_nats:.4f} nats" in shown
+            assert "with layer 0, head 0 off" in shown
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("name", ["lens", "ablation"])
+def test_the_palette_opens_the_step_lessons_and_question_mark_explains_them(tiny_model_dir, tmp_path, name):
+    recorder = Recorder()
+    kind = {"lens": LensScreen, "ablation": AblationScreen}[name]
+    title = f"Lesson: {explain(name).title}"
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await answered(pilot, recorder)
+            await pilot.press("ctrl+p", *title)
+            await pilot.pause(0.3)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, kind), what=title)
+            await wait_for(pilot, lambda: app.screen.shown is not None, timeout=60, what="its result")
+            await pilot.press("question_mark")
+            await pilot.pause(0.1)
+            text = " ".join(screen_text(app).split())
+            assert " ".join(explain(name).text.split()[:6]) in text
+
+    run(scenario)
+
+
+def test_snapshot_logit_lens(snap_compare, tiny_model_dir, tmp_path):
+    before = from_the_inspector("l", LensScreen, "home", "right")
+    assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)
+
+
+def test_snapshot_ablation_at_80x24(snap_compare, tiny_model_dir, tmp_path):
+    before = from_the_inspector("h", AblationScreen)
+    assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=SMALL, run_before=before)

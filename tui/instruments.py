@@ -153,6 +153,25 @@ LESSONS = (
         "embeddings: the token's embedding row, its nearest tokens, what RoPE does to it",
         "tui.screens.embeddings:EmbeddingsScreen",
     ),
+    Instrument(
+        "lens",
+        "l in F2",
+        "Lens",
+        "Logit lens",
+        "What the model would predict after each layer, for one step: where the answer appears",
+        "logit lens: the top guesses and entropy after every layer, for the selected step",
+        "tui.screens.lens:LensScreen",
+    ),
+    Instrument(
+        "ablation",
+        "h in F2",
+        "Ablate",
+        "Ablation: turn off a head or an MLP",
+        "One attention head or a layer's MLP off for one step: the next-token distribution beside "
+        "the original, and the KL between them",
+        "ablation: one head or a layer's MLP off, the next-token distribution beside the original",
+        "tui.screens.ablation:AblationScreen",
+    ),
 )
 """Views without an F-key of their own: opened from another instrument (`key` says where) or Ctrl+P."""
 BY_NAME = {i.name: i for i in INSTRUMENTS + LESSONS}

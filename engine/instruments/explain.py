@@ -139,6 +139,28 @@ EXPLANATIONS: dict[str, Explanation] = {
         "TTFT(n) ≈ 2·P·n + 4·layers·heads·d·n²/2 FLOPs;  bytes per decode step = W + kv·c,  "
         "kv = 2·layers·kv_heads·head_dim·bytes;  c* = W / kv",
     ),
+    "lens": Explanation(
+        "Logit lens",
+        "Each layer adds its attention and MLP outputs to the residual stream, one vector per "
+        "position; after the last layer the final norm and the LM head turn it into a score for "
+        "every token. The logit lens applies that same norm and head to the stream after each "
+        "earlier layer: what the model would predict if it stopped there. Early layers guess "
+        "generic tokens (punctuation, 'the'); the answer rises through the top guesses late, and "
+        "entropy falls where the model settles. After the last layer the lens is the model's "
+        "own distribution, which is checked.",
+        "lens_l = softmax(W_head · norm(h_l)), h_l = the residual after layer l;  H = −Σ p log₂ p bits",
+    ),
+    "ablation": Explanation(
+        "Ablation",
+        "To see what one part of the model does for one prediction, turn it off and compare. A "
+        "head is silenced by zeroing its slice of the attention output before the output "
+        "projection, so it adds nothing to the residual stream; an MLP by zeroing its output. "
+        "The same context goes through the model with the part and without it: the top tokens "
+        "side by side and the KL divergence between the two distributions say how much it "
+        "mattered. Most single heads change little (the model is redundant); a late MLP or an "
+        "early layer can change the answer.",
+        "KL(p ‖ q) = Σ p log(p / q) nats;  head h off: attn_out[:, h·d:(h+1)·d] = 0 before o_proj",
+    ),
     "embeddings": Explanation(
         "Embeddings",
         "A token enters the model as one row of the embedding table: a vector of hidden-size numbers "

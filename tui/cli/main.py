@@ -167,9 +167,9 @@ def open_app(no_compile: bool, resume: str | None, **flags: Any) -> None:
     if script is not None:
         from tui.demo import DemoApp
 
-        run_app(partial(DemoApp, script), resume=resume_id, **flags)
+        run_app(make=partial(DemoApp, script), resume=resume_id, **flags)
     else:
-        run_app(make_app, resume=resume_id, **flags)
+        run_app(make=make_app, resume=resume_id, **flags)
 
 
 @app.command()

@@ -20,6 +20,7 @@ from textual.widgets import Input, Static
 from engine.instruments.embeddings import RopeEffect, RopeRow, TokenEmbedding, token_embedding, tokens_of
 from tui.fmt import human_bytes, subscript, visible_controls, visible_piece
 from tui.screens.instrument import InstrumentScreen
+from tui.screens.step_lesson import ChipPicker
 from tui.widgets.token_strip import StripToken, TokenStrip
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ def _relative_only(rope: RopeEffect, q_rows: list[RopeRow]) -> Content:
     )
 
 
-class EmbeddingsScreen(InstrumentScreen):
+class EmbeddingsScreen(ChipPicker, InstrumentScreen):
     INSTRUMENT = "embeddings"
     DEFAULT_CSS = """
     EmbeddingsScreen #text { margin-top: 1; width: 60; max-width: 100%; }
@@ -211,7 +212,7 @@ class EmbeddingsScreen(InstrumentScreen):
             (self.source or "No answer yet: type text to see its tokens.") + hint
         )
         if self.tokens:
-            self._compute()
+            self.compute()
 
     @on(Input.Submitted, "#text")
     def _typed(self, event: Input.Submitted) -> None:
@@ -234,20 +235,11 @@ class EmbeddingsScreen(InstrumentScreen):
     def action_type(self) -> None:
         self.query_one("#text", Input).focus()
 
-    def action_move(self, delta: int) -> None:
-        if self.tokens:
-            self.action_select(max(0, min(len(self.tokens) - 1, self.cursor + delta)))
-
-    def action_select(self, index: int) -> None:
-        self.cursor = index
-        self.query_one(TokenStrip).move_to(index)
-        self._compute()
-
     # -- computing --------------------------------------------------------------------
     def _status(self, text: str, style: str = "$text-muted") -> None:
         self.query_one("#status", Static).update(Content.styled(visible_controls(text), style))
 
-    def _compute(self) -> None:
+    def compute(self) -> None:
         token_id = self.tokens[self.cursor].id
         if token_id in self._results:
             self.show(self._results[token_id])

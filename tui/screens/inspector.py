@@ -166,6 +166,8 @@ class InspectorScreen(InstrumentScreen):
         Binding("t", "stages", "Stages"),
         Binding("k", "tokenizer", "Tokenizer"),
         Binding("e", "embeddings", "Embedding"),
+        Binding("l", "lens", "Lens"),
+        Binding("h", "ablation", "Ablate"),
     ]
     BODY_FOCUS = False
 
@@ -327,6 +329,16 @@ class InspectorScreen(InstrumentScreen):
         """The selected step's token in the embeddings view (its row, neighbours, RoPE)."""
         if self.ref is not None and self.steps:
             self.link.open("embeddings", step=self.step, answer=self.ref)
+
+    def action_lens(self) -> None:
+        """The selected step through the logit lens: the guesses after every layer."""
+        if self.ref is not None and self.steps:
+            self.link.open("lens", step=self.step, answer=self.ref)
+
+    def action_ablation(self) -> None:
+        """The selected step with one head or MLP turned off."""
+        if self.ref is not None and self.steps:
+            self.link.open("ablation", step=self.step, answer=self.ref)
 
     # -- engine -----------------------------------------------------------------------
     def engine_said(self, event: Event) -> None:
