@@ -17,6 +17,8 @@ INSTRUMENTS = {
     "kv_heads",
     "context",
     "embeddings",
+    "lens",
+    "ablation",
     "lab",
 }
 LAB_VIEWS = {"lab.timeline", "lab.pool", "lab.steps", "lab.policies", "lab.sweep"}

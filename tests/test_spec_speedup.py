@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 from rich.cells import cell_len
+from textual.geometry import Size
 
 from engine.events import Contention, DraftRound, ModelReady, TurnFinished, TurnStats, to_json
 from engine.instruments.phases import ModelShape, turn_phases
@@ -211,6 +212,23 @@ def test_a_speculative_answers_itl_is_its_time_per_token_not_a_rounds_gap():
     assert max(cell_len(line) for line in lines) <= PANEL_CELLS  # it was cut: "(a round's token…"
     panel.final = stats(25.0)
     assert "/token" not in str(panel._timings())
+
+
+def test_the_phase_panels_lines_fit_a_46_column_side():
+    """Between 100 and 139 columns the side is 46 wide (41 cells of text): "median 1…", "(top = 9…"
+    and "ITL 40.0 ms/token (round ÷ tok…" were cut there."""
+
+    class Narrow(PhasePanel):
+        content_size = Size(41, 7)
+
+    for speculative in (None, "lookup, K 4"):
+        panel = Narrow()
+        panel.final = dataclasses.replace(stats(25.0, speculative), itl_p50_s=0.0153)
+        panel.ttft_s, panel.itl = 4.548, [0.0744, 1.276]
+        lines = [*str(panel._timings()).splitlines(), str(panel._caption())]
+        assert max(cell_len(line) for line in lines) <= 41, lines
+        assert "median" in lines[0] or "/token" in lines[0]
+    assert "(top 1276 ms)" in lines[-1] or "speed-up" in lines[-1]
 
 
 def test_the_80_column_strip_keeps_the_last_turn_whole():

@@ -56,3 +56,28 @@ def test_the_fill_is_read_on_connecting_before_any_turn(llama_server):
     assert cache.tokens is None  # this chat holds nothing yet
     assert cache.server_fill == held / 2048 and cache.server_fill_source.startswith("/slots: ")
     session.close()
+
+
+def test_the_kv_panel_says_when_the_server_fill_was_read(llama_server):
+    """The fill is read on connecting and after each turn; mid-turn the panel showed "/slots: 0
+    tokens held" beside this chat's growing count, as if the two disagreed."""
+    from engine.events import PhaseChanged
+    from tui.widgets.kv_cache import KVCachePanel
+
+    session = session_for(llama_server)
+    panel = KVCachePanel()
+    panel.set_model(session.info)
+    panel.set_cache(session.cache_event(), repaint=False)
+    events, _ = turn(session, QUESTION)
+    mid_turn = []
+    for event in events:
+        if isinstance(event, PhaseChanged) and event.phase == "prefill":
+            panel.set_turn(event)
+        elif isinstance(event, CacheChanged):
+            panel.set_cache(event, repaint=False)
+            mid_turn.append(" ".join(str(panel.render()).split()))
+    assert "read before this turn, again at its end" in mid_turn[0]
+    shown = mid_turn[-1]  # the turn's last reading, after its answer
+    held = sum(slot.get("n_prompt_tokens", 0) for slot in httpx2.get(llama_server.root + "/slots").json())
+    assert f"/slots: {held:,} tokens held" in shown and "read before this turn" not in shown
+    session.close()

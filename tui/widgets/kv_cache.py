@@ -105,6 +105,9 @@ class KVCachePanel(Widget):
         saved cache."""
         self.server_fill: tuple[float, str] | None = None
         """A server's whole KV cache in use (0..1) and the metric it came from."""
+        self.fill_before_turn = False
+        """The server-wide fill was read before the running turn (it is read again at its end): it
+        showed "/slots: 0 tokens held" beside this chat's growing count, as if they disagreed."""
 
     def set_model(self, info: ModelInfo) -> None:
         """A (re)loaded model starts with an empty cache."""
@@ -120,6 +123,7 @@ class KVCachePanel(Widget):
     def set_turn(self, event: PhaseChanged) -> None:
         self.turn, self.finished = event, None
         self.fresh = self.resumed = False
+        self.fill_before_turn = self.server_fill is not None
         self.refresh(layout=True)
 
     def finish(self, stats: TurnStats) -> None:
@@ -130,6 +134,7 @@ class KVCachePanel(Widget):
         self.cache = event
         if event.server_fill is not None:  # read once a turn: kept until the next reading
             self.server_fill = (event.server_fill, event.server_fill_source)
+            self.fill_before_turn = False
         if repaint:
             self.refresh(layout=self.resumed)  # "resumed from disk" may take another line
 
@@ -184,7 +189,11 @@ class KVCachePanel(Widget):
         if self.server_fill is None:
             return Content.styled("server-wide cache use: not reported", "$text-muted")
         fill, source = self.server_fill
-        return Content.assemble(("server ", "bold"), f"{fill:.1%} of its KV cache in use ({source})")
+        return Content.assemble(
+            ("server ", "bold"),
+            f"{fill:.1%} of its KV cache in use ({source})",
+            (" · read before this turn, again at its end" if self.fill_before_turn else "", "$text-muted"),
+        )
 
     def _unfed_line(self) -> list[Content]:
         """After a turn: the answer's last token was never fed back, so the cache lacks it."""

@@ -189,6 +189,11 @@ class PhasePanel(Widget):
         self.refresh()
 
     # -- drawing ----------------------------------------------------------------
+    @property
+    def text_width(self) -> int:
+        """Cells a line may take: the panel's own, PANEL_CELLS before it is laid out."""
+        return self.content_size.width or PANEL_CELLS
+
     def render(self) -> Content:
         if self.content_size.height <= 1:
             return self._strip()
@@ -214,8 +219,12 @@ class PhasePanel(Widget):
         last = self.itl[-1] if self.itl else None
         prefill = prefill_rate(self.final) if self.final else "–"
         itl = f"last {ms(last)} · median {ms(self.median_itl)}"
+        if len(f"TTFT {ms(self.ttft_s)}  ITL {itl}") > self.text_width:  # a 46-column side: "median 1…"
+            itl = f"median {ms(self.median_itl)}"
         if self.speculative:  # a round's tokens arrive together: their gaps say nothing alone
             itl = f"{ms(self.median_itl)}/token (round ÷ tokens)"  # PANEL_CELLS: it was cut
+            if len(f"TTFT {ms(self.ttft_s)}  ITL {itl}") > self.text_width:
+                itl = f"{ms(self.median_itl)}/token"
         return Content.assemble(
             ("TTFT ", "bold"),
             ms(self.ttft_s),
@@ -236,9 +245,11 @@ class PhasePanel(Widget):
             if self.speedup.plain is None:
                 return Content.styled(self.speedup.short(), "$text-muted")
             return Content.assemble(("speed-up ", "bold"), self.speedup.short())
-        return Content.styled(
-            f"ITL of each token, newest right (top = {ms(max(self.itl, default=None))})", "$text-muted"
-        )
+        top = ms(max(self.itl, default=None))
+        caption = f"ITL of each token, newest right (top = {top})"
+        if len(caption) > self.text_width:  # "(top = 9…" on a 46-column side
+            caption = f"ITL per token, newest right (top {top})"
+        return Content.styled(caption, "$text-muted")
 
     def _why(self) -> Content:
         """What the phase costs; with speculation, what the rounds kept (a K-token verify reads the
@@ -255,7 +266,7 @@ class PhasePanel(Widget):
         head = f"{kept}/{drafted} drafts kept"
         rest = f" · {emitted / n:.1f} tokens/pass"
         verify = f" · verify {ms(sum(r.verify_s for r in self.rounds) / n)}"
-        fits = len(head + rest + verify) <= PANEL_CELLS
+        fits = len(head + rest + verify) <= self.text_width
         return Content.assemble((head, "bold"), rest + (verify if fits else ""))
 
     def _share(self) -> Content:
