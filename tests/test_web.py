@@ -28,7 +28,10 @@ import pytest
 from engine.saved.store import Store
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium package is not installed")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium package is not installed"),
+]
 
 QUESTION = "What is the capital of France?"
 CAPTURE = """
