@@ -105,6 +105,18 @@ def test_a_lecture_holds_the_first_question_until_the_compiled_step_is_ready(tmp
     run(scenario)
 
 
+def tiny_demo(script, tiny_model_dir, tmp_path) -> DemoApp:
+    """The demo on the real engine with the tiny model: greedy, 6 tokens an answer."""
+    options = AppOptions(
+        model=str(tiny_model_dir),
+        device="cpu",
+        cursor_blink=False,
+        config_path=tmp_path / "config.json",
+        sampling={"temperature": 0.0, "max_new_tokens": 6},
+    )
+    return DemoApp(script, options, Recorder().factory)
+
+
 def _caption_shown(app, number: int, steps: int, caption: str) -> bool:
     """The step's number and every word of its caption on the screen (wrapped, never cut)."""
     text = " ".join(screen_text(app).split())
@@ -120,15 +132,7 @@ def test_the_shipped_demo_runs_start_to_end_and_back(tmp_path, tiny_model_dir, s
     steps = len(script.steps)
 
     async def scenario():
-        recorder = Recorder()
-        options = AppOptions(
-            model=str(tiny_model_dir),
-            device="cpu",
-            cursor_blink=False,
-            config_path=tmp_path / "config.json",
-            sampling={"temperature": 0.0, "max_new_tokens": 6},
-        )
-        app = DemoApp(script, options, recorder.factory)
+        app = tiny_demo(script, tiny_model_dir, tmp_path)
         async with app.run_test(size=size) as pilot:
             for index, step in enumerate(script.steps):
                 if index:
@@ -180,15 +184,7 @@ def test_the_demo_keys_give_way_to_the_scripts_keys_and_to_typing(tmp_path, tiny
             '[[step]]\ncaption = "three"\ninstrument = "inspector"\n'
             'keys = ["home", "right", "right", "left"]\n'
         )
-        recorder = Recorder()
-        options = AppOptions(
-            model=str(tiny_model_dir),
-            device="cpu",
-            cursor_blink=False,
-            config_path=tmp_path / "config.json",
-            sampling={"temperature": 0.0, "max_new_tokens": 6},
-        )
-        app = DemoApp(load(str(path), INSTRUMENTS), options, recorder.factory)
+        app = tiny_demo(load(str(path), INSTRUMENTS), tiny_model_dir, tmp_path)
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: app.at == 0 and app.turns.ready, timeout=60, what="step 1")
             app.query_one("#prompt").focus()

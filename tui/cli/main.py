@@ -95,7 +95,7 @@ def lecture(
     kv_cache: Optional[str] = options.KVCache,
     shots: Optional[str] = SHOTS,
 ) -> None:
-    """Open the app for a projector: temperature 0, short answers in the question's language, the
+    """Open the app for a projector: temperature 0, a system prompt for short answers, the
     high-contrast theme, and the first question held until the compiled decode step is ready."""
     open_app(no_compile=False, resume=None, lecture=True, **NOT_IN_A_LECTURE, **locals())
 
