@@ -42,7 +42,7 @@ COMPILE_MODULES = {
     "test_build_group.py",
 }
 """Modules whose tests compile a decode step or build the C++ kernels (fresh processes, minutes)."""
-SERVER_FIXTURES = {"llama_server", "own_llama_server"}
+SERVER_FIXTURES = {"llama_server", "own_llama_server", "two_slot_llama_server"}
 
 
 def pytest_collection_modifyitems(items):

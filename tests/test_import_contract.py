@@ -32,6 +32,7 @@ ENGINE_FRONT = (
     "engine.speculative.*",
     "engine.saved.*",  # conversations: list, export, resume
     "engine.remote.*",  # a server: its target, session and bench
+    "engine.serving_metrics",  # the serving metric set's keys and flags (bench --server, lab)
     # The headless CLI (`ask`, `bench`) builds a session itself, without the worker:
     "engine.models",
     "engine.session",

@@ -1,6 +1,8 @@
 """The serving lab (engine/lab/) on the tiny model: batched greedy equals solo, the pool's bytes,
-blocks freed, preemption, bad input, and `llmchat lab batching --json`."""
+blocks freed, preemption, the serving figures, bad input, and `llmchat lab batching --json`."""
 
+import dataclasses
+import io
 import json
 import threading
 from types import SimpleNamespace
@@ -15,6 +17,7 @@ from engine.lab.run import Lab, LabConfig, LabError, bend, run
 from engine.lab.scheduler import LabStopped, Policy, Scheduler
 from engine.lab.sweep import SweepPoint
 from engine.lab.workload import WorkloadConfig, build
+from engine.serving_metrics import METRICS, Slo
 
 
 def solo_outputs(lab: Lab) -> dict[int, tuple[int, ...]]:
@@ -109,6 +112,49 @@ def test_timeline_and_latencies(tiny_loaded):
         assert r.ttft_s is not None and r.ttft_s > 0 and len(r.itls_s) == len(r.out) - 1
 
 
+def test_each_policy_reports_the_fields_serving_figures(tiny_loaded):
+    slo = Slo({"ttft": 1e7, "tpot": 1e7, "e2el": 1e7})
+    config = LabConfig(requests=4, max_batch=2, max_new=6, budget_mib=1, percentiles=(50, 90, 99), slo=slo)
+    lab = Lab(tiny_loaded, config)
+    try:
+        results = [lab.run_policy(name, None, None) for name in ("sequential", "static", "continuous")]
+    finally:
+        lab.release()
+    for result in results:
+        s = result.to_json()["serving"]
+        assert s["completed"] == 4 and s["failed"] == 0 and s["duration"] == result.makespan_s
+        assert s["request_throughput"] == pytest.approx(s["completed"] / s["duration"])
+        assert s["total_output_tokens"] == sum(len(r.out) for r in result.requests) == result.generated
+        assert s["total_input_tokens"] == sum(len(r.spec.prompt) for r in result.requests)
+        assert s["output_throughput"] == pytest.approx(result.throughput_tok_s)
+        assert s["mean_ttft_ms"] == pytest.approx(1000 * sum(result.ttfts_s) / 4)  # from arrival, as before
+        for key, _ in METRICS:
+            assert s[f"p50_{key}_ms"] <= s[f"p90_{key}_ms"] <= s[f"p99_{key}_ms"], key
+            assert s[f"median_{key}_ms"] == s[f"p50_{key}_ms"]
+        assert s["p50_e2el_ms"] >= s["p50_ttft_ms"]
+        assert not {"input_lens", "output_lens", "ttfts", "itls", "errors", "generated_texts"} & set(s)
+        assert 1 <= s["max_concurrent_requests"] <= (1 if result.policy == "sequential" else 2)
+        # goodput: every request meets a generous SLO, none an impossible one
+        assert s["request_goodput"] == s["request_throughput"]
+        never = dataclasses.replace(result, slo=Slo({"ttft": 0.001})).serving()
+        assert never["request_goodput"] == 0 and never["good_completed"] == 0
+        some = dataclasses.replace(result, slo=Slo({"e2el": s["median_e2el_ms"]})).serving()
+        assert 0 < some["request_goodput"] <= some["request_throughput"]
+
+
+def test_a_request_is_sent_at_its_arrival_and_ends_with_its_last_token(tiny_loaded):
+    lab = Lab(tiny_loaded, LabConfig(requests=3, max_batch=3, max_new=5, budget_mib=1, arrivals="poisson"))
+    try:
+        result = lab.run_policy("continuous", None, None)
+    finally:
+        lab.release()
+    for r in result.requests:
+        outcome = r.outcome()
+        assert outcome.ok and outcome.start_s == r.spec.arrival_s and outcome.ttft_s == r.ttft_s
+        assert outcome.token_times_s() == pytest.approx(r.token_times)
+        assert outcome.start_s + outcome.latency_s == pytest.approx(r.token_times[-1])
+
+
 def test_workload_is_seeded_and_has_long_and_korean_questions(tiny_loaded):
     tok = tiny_loaded.tokenizer
     a = build(WorkloadConfig(requests=10, arrivals="poisson", seed=3), tok)
@@ -164,9 +210,16 @@ def test_cli_json_has_the_sweep_and_the_three_policies(tiny_model_dir):
     from tui.cli.main import app
 
     args = ["lab", "batching", "--model", str(tiny_model_dir), "--requests", "3", "--max-new", "4"]
-    result = CliRunner().invoke(app, [*args, "--budget-mib", "0.5", "--max-batch", "2", "--json"])
+    serving = ["--percentiles", "50,90,99.9", "--goodput", "ttft:100000", "--goodput", "tpot:100000"]
+    result = CliRunner().invoke(app, [*args, "--budget-mib", "0.5", "--max-batch", "2", *serving, "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{") :])
+    assert data["percentiles"] == [50, 90, 99.9] and data["goodput_slo_ms"] == {"ttft": 1e5, "tpot": 1e5}
+    for p in data["policies"]:
+        s = p["serving"]
+        assert s["p50_ttft_ms"] <= s["p90_ttft_ms"] <= s["p99.9_ttft_ms"] and "p99_ttft_ms" not in s
+        assert s["request_goodput"] == s["request_throughput"] > 0 and s["completed"] == 3
+    assert_the_tables_fit_80_columns(data)
     assert [p["batch"] for p in data["sweep"]] == [1, 2, 4, 8, 16][: len(data["sweep"])]
     assert len(data["sweep"]) >= 2 and data["sweep_skipped"] == [1, 2, 4, 8, 16][len(data["sweep"]) :]
     for point in data["sweep"]:
@@ -181,9 +234,37 @@ def test_cli_json_has_the_sweep_and_the_three_policies(tiny_model_dir):
     assert data["pool"]["tensor_bytes"] == data["pool"]["formula_bytes"]
 
 
+def assert_the_tables_fit_80_columns(data: dict) -> None:
+    from rich.console import Console
+
+    from tui.cli import lab_table
+
+    out = io.StringIO()
+    original = lab_table.report_console
+    lab_table.report_console = lambda: Console(file=out, width=80)
+    try:
+        lab_table.print_lab(data)
+    finally:
+        lab_table.report_console = original
+    text = out.getvalue()
+    assert "…" not in text and all(len(line) <= 80 for line in text.splitlines())
+    assert "(continued)" not in text  # the latency table is one row per metric and policy
+    for header in ("req/s", "output", "total", "goodput", "mean ms", "median ms", "p99.9 ms"):
+        assert header.split()[0] in text
+    for p in data["policies"]:
+        for _, name in METRICS:
+            assert f"{name} {p['policy']}" in text
+    assert "goodput: the requests per second that met TTFT ≤ 100000 ms, TPOT ≤ 100000 ms" in text
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
+        (["--goodput", "foo:1"], ("--goodput", "'foo:1'")),
+        (["--goodput", "ttft:fast"], ("--goodput", "ttft", "fast")),
+        (["--percentiles", "0"], ("--percentiles", "0")),
+        (["--percentiles", "50,x"], ("--percentiles", "x")),
+        (["--goodput", "ttft:0"], "--goodput ttft:0: must be above 0 ms"),
         (["--max-batch", "0"], "--max-batch must be at least 1"),
         (["--budget-mib", "0.001"], "holds no block"),
         (["--arrivals", "sometimes"], "--arrivals must be"),
@@ -195,7 +276,9 @@ def test_cli_bad_input_is_one_line(tiny_model_dir, flags, message):
 
     result = CliRunner().invoke(app, ["lab", "batching", "--model", str(tiny_model_dir), *flags])
     assert result.exit_code == 2
-    assert message in result.output and result.output.count("llmchat:") == 1
+    fragments = message if isinstance(message, tuple) else (message,)  # the flag and what was wrong
+    assert all(f in result.output for f in fragments), result.output
+    assert result.output.count("llmchat:") == 1
 
 
 @pytest.mark.parametrize(

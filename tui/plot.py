@@ -1,56 +1,77 @@
-"""A text plot of a few points, for the terminal and the app alike (no Textual, no Rich).
+"""Line plots in text, drawn by plotext: the one plotting library of the commands and the app
+(the serving sweep's throughput-latency curve, the lab's batching sweep in the terminal and in
+F9). Without colour, so a plot reads the same in a terminal, a file, and every app theme.
 
-x values sit evenly spaced (the sweep's B = 1, 2, 4, 8, 16: a log scale), y is linear from 0.
-The measured points are ●, joined by ·; an optional reference line (○: what perfect scaling
-would give) shows where the measured curve falls away from it.
+(F6's context lesson keeps its own column chart, tui/widgets/bar_chart.py: its bars take the
+theme's colours and grow one measurement at a time, which plotext's text cannot.)
 """
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+_PLOTEXT = threading.Lock()
+"""plotext draws on one module-wide figure: one plot at a time."""
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    ys: Sequence[float]
+    marker: str = "●"
+    joined: bool = True
+    """Points joined by a dotted line; False: the points alone (a reference)."""
+
 
 def text_plot(
-    xs: list[int],
-    ys: list[float],
-    height: int = 10,
-    column: int = 8,
-    reference: list[float] | None = None,
-    unit: str = "",
+    xs: Sequence[float],
+    series: Sequence[Series],
+    width: int = 76,
+    height: int = 14,
+    x_ticks: Sequence[str] | None = None,
+    x_label: str = "",
+    title: str = "",
 ) -> list[str]:
-    """Lines of a plot `column` characters per x value and `height` rows tall."""
+    """The plot's lines, y from 0; `x_ticks` label each x (evenly spaced x values: a log scale)."""
+    import plotext as plt  # ~0.04 s: only when a plot is drawn
+
     if not xs:
         return ["(no points)"]
-    top = max(ys + (reference or [])) or 1.0
-    rows = [[" "] * (column * len(xs)) for _ in range(height)]
-    centres = [i * column + column // 2 for i in range(len(xs))]
-    for (x0, y0), (x1, y1) in zip(zip(centres, ys), zip(centres[1:], ys[1:])):
-        for x in range(x0 + 1, x1):
-            _put(rows, x, y0 + (y1 - y0) * (x - x0) / (x1 - x0), top, "·")
-    for x, y in zip(centres, reference or []):
-        _put(rows, x, y, top, "○")
-    for x, y in zip(centres, ys):
-        _put(rows, x, y, top, "●")
-    return _with_axes(rows, xs, top, column, unit)
+    top = max((y for s in series for y in s.ys), default=1.0) or 1.0
+    with _PLOTEXT:
+        plt.clear_figure()
+        plt.theme("clear")
+        plt.plotsize(width, height)
+        for s in series:
+            if s.joined:
+                plt.plot(list(xs), list(s.ys), marker="dot")
+        for s in reversed(series):  # the first series' points on top
+            plt.scatter(list(xs), list(s.ys), marker=s.marker, label=s.label if len(series) > 1 else None)
+        if x_ticks is not None:
+            plt.xticks(list(xs), list(x_ticks))
+        plt.ylim(0, top * 1.05)
+        plt.title(title)
+        plt.xlabel(x_label)
+        drawn = plt.uncolorize(plt.build())
+    return [line.rstrip() for line in drawn.splitlines()]
 
 
-def _put(rows: list[list[str]], x: int, y: float, top: float, mark: str) -> None:
-    """Mark (x, y) on the grid: a point over a line or a reference, a reference over a line."""
-    height = len(rows)
-    r = height - 1 - min(height - 1, round(y / top * (height - 1)))
-    if rows[r][x] in (" ", "·") or mark == "●":
-        rows[r][x] = mark
-
-
-def _with_axes(rows: list[list[str]], xs: list[int], top: float, column: int, unit: str) -> list[str]:
-    """The grid's lines with the y axis labelled every third row and the x values under it."""
-    height = len(rows)
-    label_width = len(f"{top:,.0f}")
-    lines = []
-    for r, cells in enumerate(rows):
-        value = top * (height - 1 - r) / (height - 1) if height > 1 else top
-        label = f"{value:,.0f}".rjust(label_width) if r % 3 == 0 or r == height - 1 else " " * label_width
-        lines.append(f"{label} ┤{''.join(cells)}".rstrip())
-    lines.append(" " * label_width + " └" + "─" * (column * len(xs)))
-    lines.append(
-        " " * (label_width + 2) + "".join(f"B={x}".center(column) for x in xs) + (f"  {unit}" if unit else "")
+def batching_plot(
+    batches: Sequence[int],
+    measured: Sequence[float],
+    ideal: Sequence[float],
+    width: int = 76,
+    height: int = 14,
+) -> list[str]:
+    """The lab's sweep: aggregate tok/s at each B (evenly spaced: a log scale) beside B x the B=1
+    rate, the line it would follow if batching cost nothing."""
+    return text_plot(
+        list(range(len(batches))),
+        [Series("measured", measured), Series("B × the B=1 rate", ideal, "○", joined=False)],
+        width,
+        height,
+        x_ticks=[f"B={b}" for b in batches],
+        title="aggregate tok/s against the batch size B",
     )
-    return lines

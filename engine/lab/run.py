@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from engine.fast import fused, kernels
@@ -21,6 +22,7 @@ from engine.lab.pool import BLOCK_SIZE, KVShape, PagedKVPool, PoolError
 from engine.lab.scheduler import POLICY_NAMES, OnStep, Policy, Request, Scheduler, StepRecord, greedy_eos
 from engine.lab.workload import Arrivals, RequestSpec, WorkloadConfig, build
 from engine.models import LoadedModel
+from engine.serving_metrics import DEFAULT_PERCENTILES, Slo, summarize
 
 
 class LabError(ValueError):
@@ -43,6 +45,10 @@ class LabConfig:
     sweep_passes: int = 3
     """Rounds over every B (engine/lab/sweep.py): a passing load falls on every B alike."""
     policies: tuple[str, ...] = POLICY_NAMES
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    """The latency percentiles of the serving figures (`--percentiles`)."""
+    slo: Slo | None = None
+    """What a request must meet to count toward goodput (`--goodput`); None: no goodput."""
 
     def __post_init__(self) -> None:
         for flag, value in (("max-batch", self.max_batch), ("requests", self.requests)):
@@ -62,6 +68,8 @@ class LabConfig:
             )
         if unknown := set(self.policies) - set(POLICY_NAMES):
             raise LabError(f"unknown policy {sorted(unknown)[0]!r} (sequential, static, continuous)")
+        if not self.percentiles or not all(0 < p <= 100 for p in self.percentiles):
+            raise LabError(f"--percentiles must be above 0 and at most 100, got {self.percentiles}")
 
     @property
     def workload(self) -> WorkloadConfig:
@@ -69,10 +77,12 @@ class LabConfig:
 
 
 def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    """numpy's (linear between ranks), as the serving figures beside it count (serving_metrics.py)."""
+    return float(np.percentile(values, q * 100)) if values else 0.0
+
+
+PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "errors", "generated_texts")
+"""summarize()'s per-request lists, left out of the lab's JSON (the figures are what it compares)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,8 @@ class PolicyResult:
     contiguous_tokens: int
     """What a contiguous reservation sets aside per request: the longest prompt + max new tokens."""
     token_bytes: int
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    slo: Slo | None = None
 
     @property
     def makespan_s(self) -> float:
@@ -123,6 +135,12 @@ class PolicyResult:
         """Bytes a max-length reservation per running request would have held at the busiest step."""
         return self.peak_running * self.contiguous_tokens * self.token_bytes
 
+    def serving(self) -> dict:
+        """The field's serving figures (engine/serving_metrics.py) over the run: each request sent
+        at its arrival, the run as long as the makespan; without the per-request lists."""
+        figures = summarize([r.outcome() for r in self.requests], self.makespan_s, self.percentiles, self.slo)
+        return {key: value for key, value in figures.items() if key not in PER_REQUEST_KEYS}
+
     def to_json(self) -> dict:
         ms = 1000.0
         return {
@@ -139,6 +157,7 @@ class PolicyResult:
             "generated_tokens": self.generated,
             "steps": len(self.steps),
             "makespan_s": round(self.makespan_s, 3),
+            "serving": self.serving(),
         }
 
 
@@ -192,6 +211,8 @@ class LabResult:
             "sweep_skipped": self.sweep_skipped,
             "sweep_bends_at": bend(self.sweep),
             "sweep_dips": sweep.dips(self.sweep, bend(self.sweep)),
+            "percentiles": list(c.percentiles),
+            "goodput_slo_ms": None if c.slo is None else dict(c.slo.limits_ms),
             "policies": [p.to_json() for p in self.policies],
             "outputs_agree": self.outputs_agree,
         }
@@ -260,6 +281,8 @@ class Lab:
             self.pool.block_bytes,
             longest,
             self.kv.token_bytes(),
+            self.config.percentiles,
+            self.config.slo,
         )
 
     def warm_up(self) -> None:

@@ -23,6 +23,7 @@ from typing import Callable, Literal
 from engine.lab.batched import BatchedForward, Feed
 from engine.lab.pool import PagedKVPool, PoolError, blocks_for
 from engine.lab.workload import RequestSpec
+from engine.serving_metrics import RequestOutcome
 
 PolicyName = Literal["sequential", "static", "continuous"]
 POLICY_NAMES: tuple[PolicyName, ...] = ("sequential", "static", "continuous")
@@ -84,6 +85,19 @@ class Request:
     @property
     def itls_s(self) -> list[float]:
         return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    def outcome(self) -> RequestOutcome:
+        """As a client would have seen it: sent at its arrival, ended with its last token."""
+        done = self.finished and self.token_times
+        return RequestOutcome(
+            start_s=self.spec.arrival_s,
+            prompt_tokens=len(self.spec.prompt),
+            output_tokens=len(self.out),
+            ttft_s=self.ttft_s,
+            itls_s=tuple(self.itls_s),
+            latency_s=self.token_times[-1] - self.spec.arrival_s if done else None,
+            error="" if done else "it did not finish",
+        )
 
 
 @dataclass(frozen=True)

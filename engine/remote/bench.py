@@ -90,6 +90,21 @@ def run(config: RemoteBenchConfig, report: Report = lambda line: None) -> dict:
     }
 
 
+def fresh_session(probe: RemoteSession, max_new_tokens: int, exact_length: bool) -> RemoteSession:
+    """A fresh greedy conversation on the probe's connection; its nonce keeps it out of the prefix
+    cache. `exact_length`: every answer as long as asked (ignore_eos; only where the server takes it)."""
+    session = RemoteSession(
+        probe.client,
+        probe.server,
+        probe.info,
+        SamplingSettings(temperature=0, max_new_tokens=max_new_tokens),
+        system_prompt=f"Session {uuid.uuid4().hex[:8]}.",
+    )
+    if exact_length and probe.server.dialect.ignore_eos:
+        session.request_extra = {"ignore_eos": True}
+    return session
+
+
 def prompt_of(tokens: int) -> str:
     """Text of roughly `tokens` tokens (about 0.75 words per token in English BPE vocabularies)."""
     words = max(1, round(tokens * 0.75))
@@ -103,18 +118,7 @@ class RemoteBench:
         self.forces_length = self.probe.server.dialect.ignore_eos
 
     def session(self, max_new_tokens: int) -> RemoteSession:
-        """A fresh conversation on the shared connection; its nonce keeps it out of the prefix cache."""
-        probe = self.probe
-        session = RemoteSession(
-            probe.client,
-            probe.server,
-            probe.info,
-            SamplingSettings(temperature=0, max_new_tokens=max_new_tokens),
-            system_prompt=f"Session {uuid.uuid4().hex[:8]}.",
-        )
-        if self.forces_length:
-            session.request_extra = {"ignore_eos": True}
-        return session
+        return fresh_session(self.probe, max_new_tokens, exact_length=self.forces_length)
 
     def ask(self, session: RemoteSession, text: str) -> TurnStats:
         finished = None

@@ -13,6 +13,7 @@ request for the next one's prefix). Their sum over the sum of `n_ctx` is the fil
 from __future__ import annotations
 
 import math
+from typing import Iterable
 
 from engine.remote.client import RemoteClient, RemoteError
 from engine.remote.dialects import Dialect
@@ -21,14 +22,26 @@ from engine.remote.dialects import Dialect
 def gauge(text: str, name: str) -> float | None:
     """The mean of the series named `name` (any labels) in a Prometheus text page, read by the
     Prometheus project's parser; None where the page has none, or is no Prometheus page."""
+    values = (series(text, (name,)) or {}).get(name)
+    return sum(values) / len(values) if values else None
+
+
+def series(text: str, names: Iterable[str]) -> dict[str, list[float]] | None:
+    """The finite values of each of `names` in a Prometheus text page, one per series (any labels:
+    a data-parallel server has one per engine), the page parsed once; a name the page lacks is
+    absent, and None means the text is no Prometheus page."""
     from prometheus_client.parser import text_string_to_metric_families  # ~0.1 s: only when asked
 
+    wanted = set(names)
+    found: dict[str, list[float]] = {}
     try:
-        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in wanted and math.isfinite(sample.value):
+                    found.setdefault(sample.name, []).append(sample.value)
     except Exception:  # the parser's errors are many kinds (ValueError, IndexError, ...): not a page
         return None
-    values = [s.value for s in samples if s.name == name and math.isfinite(s.value)]
-    return sum(values) / len(values) if values else None
+    return found
 
 
 def slots_fill(slots: object) -> tuple[float | None, str]:
@@ -65,3 +78,9 @@ def cache_fill(client: RemoteClient, dialect: Dialect) -> tuple[float | None, st
         if value is not None:
             return (value / 100 if dialect.fill_is_percent else value), name
     return None, ""
+
+
+def counters(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """Each of `names` the page has, summed over its series (a counter per engine sums to the
+    server's); empty for a page that is no Prometheus page."""
+    return {name: sum(values) for name, values in (series(text, names) or {}).items()}

@@ -13,10 +13,12 @@ from typing import Any
 
 from engine.events import ServerInfo
 from engine.remote import dialects
+from engine.remote.cancel import CancelEvent
 from engine.remote.client import RemoteClient, RemoteError
 from engine.remote.dialects import Dialect
 from engine.remote.request import OFF
 from engine.remote.shape import LLAMA_SERVER_CACHE_BYTES, GgufShape, gguf_shape
+from engine.remote.target import RemoteTarget
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,18 @@ class Server:
     cache_element_bytes: int | None
     parameters: int | None
     weight_bytes: int | None
+
+
+def reach(target: RemoteTarget, stop: CancelEvent | None = None) -> tuple[RemoteClient, Server]:
+    """A client to the server and what the server is; RemoteError says why not (its client is
+    closed). Setting `stop` cuts the asking short: a quit while a server keeps silent."""
+    client = RemoteClient(target)
+    try:
+        with client.connections.cut_on(stop or CancelEvent()):
+            return client, detect(client, target.model)
+    except RemoteError:
+        client.close()
+        raise
 
 
 def detect(client: RemoteClient, wanted: str | None) -> Server:

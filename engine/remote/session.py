@@ -37,7 +37,7 @@ from engine.remote.chunks import parse
 from engine.remote.client import ChatStream, RemoteClient, RemoteError
 from engine.remote.metrics import cache_fill
 from engine.remote.request import chat_request, unsupported
-from engine.remote.server import Server, detect
+from engine.remote.server import Server, reach
 from engine.remote.target import RemoteTarget
 from engine.remote.token_bytes import SeenTokens
 from engine.remote.tokenizer import ServerTokenizer
@@ -58,13 +58,7 @@ def connect(
     """Reach the server, find out what it is, and open a session; RemoteError says why not
     (setting `stop` cuts the asking short: a quit while a server keeps silent)."""
     started = time.perf_counter()
-    client = RemoteClient(target)
-    try:
-        with client.connections.cut_on(stop or CancelEvent()):
-            server = detect(client, target.model)
-    except RemoteError:
-        client.close()
-        raise
+    client, server = reach(target, stop)
     info = model_info(server, time.perf_counter() - started)
     return RemoteSession(client, server, info, sampling, system_prompt, context)
 

@@ -46,6 +46,7 @@ class LlamaServer:
         api_key: str | None = None,
         n_batch: int = 64,
         chat_template: Path | None = None,
+        parallel: int = 1,
     ):
         self.port = free_port()
         self.root = f"http://127.0.0.1:{self.port}"
@@ -54,6 +55,7 @@ class LlamaServer:
         args = [sys.executable, "-m", "tests.remote.llama_server", smollm2_gguf(), str(self.port), str(n_ctx)]
         args += ["--n-batch", str(n_batch)] + (["--api-key-env", "LLAMA_TEST_KEY"] if api_key else [])
         args += ["--chat-template-file", str(chat_template)] if chat_template else []
+        args += ["--parallel", str(parallel)]
         env = {**os.environ, "LLAMA_TEST_KEY": api_key or ""}
         with open(log, "wb") as out:
             self.process = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -81,6 +83,15 @@ class LlamaServer:
 
     def busy(self) -> bool:
         return any(slot.get("is_processing") for slot in httpx2.get(self.root + "/slots", timeout=10).json())
+
+    def wait_busy(self, timeout_s: float = 60.0) -> bool:
+        """True once a slot is processing (a request reached the model)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.busy():
+                return True
+            time.sleep(0.05)
+        return False
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
         """True once no slot is processing (the server stopped or finished generating)."""
@@ -116,13 +127,14 @@ def serve() -> None:
     parser.add_argument("--n-batch", type=int, default=64)
     parser.add_argument("--api-key-env")
     parser.add_argument("--chat-template-file", help="a Jinja template instead of the GGUF's own")
+    parser.add_argument("--parallel", type=int, default=1, help="slots (each gets n_ctx / parallel)")
     options = parser.parse_args()
     params = xllamacpp.CommonParams()
     params.model.path = options.model
     params.hostnames = ["127.0.0.1"]
     params.port = options.port
     params.n_ctx = options.n_ctx
-    params.n_parallel = 1
+    params.n_parallel = options.parallel
     # Small batches: prefill reports progress, and notices a client that left, every 64 tokens.
     params.n_batch = params.n_ubatch = options.n_batch
     params.endpoint_metrics = True

@@ -10,8 +10,15 @@ import typer
 
 from engine import DEFAULT_MODEL
 from tui.cli import remote
-from tui.cli.checks import check_chat_template, check_draft_tokens, check_kv_cache, check_speculative
+from tui.cli.checks import (
+    check_chat_template,
+    check_draft_tokens,
+    check_kv_cache,
+    check_speculative,
+    flag_named,
+)
 from tui.cli.exits import fail
+from tui.cli.serving import ServingFlags, bench_serving
 from tui.fmt import visible_controls
 
 
@@ -40,10 +47,15 @@ class BenchFlags:
     api_key_env: str | None
     read_timeout: float | None
     concurrency: str
+    serving: dict
+    """The serving flags given (options.SERVING): any of them asks for the serving benchmark."""
 
 
 def measure(flags: BenchFlags) -> None:
     check_speculative(flags.speculative)
+    if flags.serving and flags.server is None:
+        flag = next(iter(flags.serving)).replace("_", "-")
+        fail(f"--{flag}: a serving benchmark measures a server: give --server URL")
     if flags.server is not None:
         bench_server(flags)
     else:
@@ -56,6 +68,10 @@ def bench_server(flags: BenchFlags) -> None:
     if flags.kv_cache:
         fail("--kv-cache: a server keeps its own KV cache")
     where = remote.target(flags.server, flags.model, flags.api_key_env, flags.read_timeout, fail)
+    if flags.serving:
+        result = bench_serving(ServingFlags(**flags.serving), where)
+        emit_result(result, flags.as_json, "tui.cli.serving_table", "print_serving")
+        return
     lengths = numbers(flags.prompt_lengths or "64,256,1024", "--prompt-lengths")
     streams = numbers(flags.concurrency, "--concurrency")
     try:
@@ -132,12 +148,6 @@ def numbers(text: str, flag: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         fail(f"{flag} must be comma-separated whole numbers, got {text!r}")
-
-
-def flag_named(error: ValueError) -> str:
-    """A bench config's "repeats must be ...": the field, named as its flag."""
-    field, _, rest = str(error).partition(" ")
-    return f"--{field.replace('_', '-')} {rest}"
 
 
 def emit_result(result: dict, as_json: bool, module: str, printer: str) -> None:

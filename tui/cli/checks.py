@@ -3,9 +3,12 @@ second, not a minute of loading, and nothing is saved for a run that cannot happ
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from tui.cli.exits import fail
+
+if TYPE_CHECKING:
+    from engine.serving_metrics import Slo
 
 
 def check_engine_flags(flags: Mapping[str, Any]) -> None:
@@ -125,3 +128,24 @@ def resolve_resume(ref: str) -> int:
             return store.resolve(ref)
     except StoreError as e:
         fail(f"--resume: {e}")
+
+
+def flag_named(error: ValueError) -> str:
+    """A config's "repeats must be ...": the field, named as its flag."""
+    field, _, rest = str(error).partition(" ")
+    return f"--{field.replace('_', '-')} {rest}"
+
+
+def check_serving_figures(
+    percentiles: str | None, goodput: list[str] | None
+) -> tuple[tuple[float, ...], Slo | None]:
+    """--percentiles and --goodput (`bench --server`'s serving run, `lab batching`) parsed, or an
+    exit naming the flag."""
+    from engine.serving_metrics import DEFAULT_PERCENTILES, parse_goodput, parse_percentiles
+
+    try:
+        return (parse_percentiles(percentiles) if percentiles else DEFAULT_PERCENTILES), parse_goodput(
+            goodput or []
+        )
+    except ValueError as e:  # "percentiles must be ...", "goodput ttft:0: ...": the flag's own name
+        fail(f"--{e}")

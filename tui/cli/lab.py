@@ -11,6 +11,8 @@ from typing import Optional
 import typer
 
 from engine import DEFAULT_MODEL
+from tui.cli import options
+from tui.cli.checks import check_serving_figures
 from tui.cli.exits import fail
 from tui.fmt import visible_controls
 
@@ -88,10 +90,13 @@ def batching(
     threads: Optional[int] = typer.Option(
         None, "--threads", help="torch CPU threads (default: torch's; 1 is steadier on a busy machine)."
     ),
+    percentiles: Optional[str] = options.Percentiles,
+    goodput: Optional[list[str]] = options.Goodput,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Serve one workload three ways (sequential, static, continuous) and sweep decode over B."""
-    config = lab_config(dict(locals()))
+    percentiles_, slo = check_serving_figures(percentiles, goodput)
+    config = lab_config(dict(locals()) | {"percentiles": percentiles_, "slo": slo})
     check_budget(budget_mib, machine_memory_mib(), "this machine")
     if threads is not None:
         use_threads(threads)

@@ -6,9 +6,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from engine.serving_metrics import METRICS, percentile_word
 from tui.cli.report import figures_table, print_figures, report_console
 from tui.fmt import plain_text
-from tui.plot import text_plot
+from tui.plot import batching_plot
 
 
 def _mib(n: int) -> str:
@@ -31,7 +32,7 @@ def print_lab(result: dict) -> None:
     console = report_console()
     console.print(pool_line(result))
     console.print(_workload_line(result))
-    print_figures(console, _policies(result["policies"]))
+    print_policies(console, result)
     agree = "the same tokens" if result["outputs_agree"] else "DIFFERENT tokens (numerics at a near tie)"
     console.print(f"greedy answers: every policy produced {agree} for every request")
     if not result["sweep"]:
@@ -57,37 +58,81 @@ def _table(title: str, columns: tuple[str, ...]) -> Table:
     return figures_table(title, columns)
 
 
-POLICIES_TITLE = "Three policies, same workload (times in ms; peak KV bytes: paged vs contiguous)"
-POLICIES_COLUMNS = (
-    "policy", "tok/s", "TTFT p50", "TTFT p90", "ITL p50", "ITL p90",
-    "blocks", "paged", "contig.", "preempt",
-)  # fmt: skip
+def _f1(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
-def _policies(policies: list[dict]) -> Table:
-    table = _table(POLICIES_TITLE, POLICIES_COLUMNS)
+def _f2(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def print_policies(console: Console, result: dict) -> None:
+    """The three policies as a client of a server would measure them (`llmchat bench --server`'s
+    figures, vLLM's definitions), then what each held in the pool."""
+    policies = result["policies"]
+    slo = result.get("goodput_slo_ms")
+    print_figures(console, _throughput(policies, with_goodput=slo is not None))
+    if slo:
+        limits = ", ".join(f"{key.upper()} ≤ {limit:g} ms" for key, limit in slo.items())
+        console.print(f"goodput: the requests per second that met {limits}")
+    print_figures(console, _latency(policies, result.get("percentiles", [50, 90, 99])))
+    print_figures(console, _memory(policies))
+
+
+THROUGHPUT_TITLE = "Three policies, same workload: requests served (each sent at its arrival)"
+
+
+def _throughput(policies: list[dict], with_goodput: bool) -> Table:
+    columns = ["policy", "done", "duration s", "req/s", "output tok/s", "total tok/s"]
+    goodput_column = ["goodput req/s"] if with_goodput else []
+    table = _table(THROUGHPUT_TITLE, (*columns, *goodput_column, "max in flight"))
     for p in policies:
-        table.add_row(p["policy"], *_policy_times(p), *_policy_memory(p))
+        s = p["serving"]
+        goodput = [_f2(s["request_goodput"])] if with_goodput else []
+        table.add_row(
+            p["policy"],
+            str(s["completed"]),
+            f"{s['duration']:.2f}",
+            _f2(s["request_throughput"]),
+            _f1(s["output_throughput"]),
+            _f1(s["total_token_throughput"]),
+            *goodput,
+            str(s["max_concurrent_requests"] or 0),
+        )
     return table
 
 
-def _policy_times(p: dict) -> tuple[str, ...]:
-    return (
-        f"{p['throughput_tok_s']:.1f}",
-        f"{p['ttft_ms_p50']:.0f}",
-        f"{p['ttft_ms_p90']:.0f}",
-        f"{p['itl_ms_p50']:.1f}",
-        f"{p['itl_ms_p90']:.1f}",
-    )
+LATENCY_TITLE = (
+    "Latency in ms: TTFT arrival to first token, TPOT per token after it, ITL each gap, E2EL arrival to last"
+)
 
 
-def _policy_memory(p: dict) -> tuple[str, ...]:
-    return (
-        str(p["peak_blocks"]),
-        _mib(p["peak_paged_bytes"]),
-        _mib(p["peak_contiguous_bytes"]),
-        str(p["preemptions"]),
-    )
+def _latency(policies: list[dict], percentiles: list[float]) -> Table:
+    """One row per metric and policy (the policies side by side under each metric)."""
+    stats = ["mean", "median", "std", *(f"p{percentile_word(p)}" for p in percentiles)]
+    table = _table(LATENCY_TITLE, ("metric, policy", *(f"{stat} ms" for stat in stats)))
+    for key, name in METRICS:
+        for p in policies:
+            s = p["serving"]
+            table.add_row(f"{name} {p['policy']}", *(_f1(s[f"{stat}_{key}_ms"]) for stat in stats))
+    return table
+
+
+MEMORY_TITLE = "Peak KV: blocks, bytes paged vs a contiguous reservation per request, preemptions"
+MEMORY_COLUMNS = ("policy", "blocks", "paged", "contig.", "preempt")
+
+
+def _memory(policies: list[dict]) -> Table:
+    table = _table(MEMORY_TITLE, MEMORY_COLUMNS)
+    for p in policies:
+        table.add_row(
+            p["policy"],
+            str(p["peak_blocks"]),
+            _mib(p["peak_paged_bytes"]),
+            _mib(p["peak_contiguous_bytes"]),
+            str(p["preemptions"]),
+        )
+    return table
 
 
 SWEEP_COLUMNS = ("B", "aggregate tok/s", "x B=1", "ITL p50 ms", "FLOP/byte", "machine")
@@ -134,6 +179,5 @@ def _print_sweep_plot(console: Console, sweep: list[dict]) -> None:
     xs = [s["batch"] for s in sweep]
     ys = [s["aggregate_tok_s"] for s in sweep]
     first = sweep[0]["aggregate_tok_s"]
-    console.print("aggregate tok/s (● measured, ○ B x the B=1 rate)", markup=False)
-    for line in text_plot(xs, ys, reference=[first * x for x in xs], unit="tok/s"):
+    for line in batching_plot(xs, ys, [first * x for x in xs]):
         console.print(line, markup=False, highlight=False)

@@ -17,7 +17,7 @@ from tui.cli.checks import check_engine_flags, check_remote_flags, resolve_resum
 from tui.cli.conversations import conversations_app
 from tui.cli.exits import fail
 from tui.cli.lab import lab_app
-from tui.cli.options import with_sampling
+from tui.cli.options import with_sampling, with_serving
 
 SHOTS = typer.Option(
     None, "--shots", help="Folder for Screenshot (palette) SVGs; default: screenshots in the data dir."
@@ -209,6 +209,7 @@ def ask(
 
 
 @app.command()
+@with_serving
 def bench(
     model: Optional[str] = options.Model,
     precision: list[str] = typer.Option(["fp32"], "--precision", "-p", help="Repeat for several precisions."),
@@ -246,13 +247,39 @@ def bench(
     concurrency: str = typer.Option(
         "1,2,4,8", "--concurrency", help="With --server: comma-separated numbers of simultaneous streams."
     ),
+    serving: Any = None,
 ) -> None:
     """Measure prefill, decode, multi-turn reuse and memory against transformers' generate;
-    with --server, the server's prefill, decode, prefix cache and concurrent streams."""
+    with --server, the server's prefill, decode, prefix cache and concurrent streams; with --server
+    and any serving flag (--num-prompts, --request-rate, --sweep, ...), a serving benchmark whose
+    --json reads as `vllm bench serve`'s result file."""
     flags = dict(locals())  # the parameters, as parsed: nothing else is defined yet
     from tui.cli.benchmark import BenchFlags, measure
 
     measure(BenchFlags(**flags))
+
+
+@app.command()
+def top(
+    server: Optional[str] = typer.Option(
+        None,
+        "--server",
+        help="The OpenAI-compatible server to watch (vLLM, SGLang, llama-server), e.g. http://host:8000/v1.",
+    ),
+    api_key_env: Optional[str] = options.ApiKeyEnv,
+    interval: str = typer.Option(
+        "1", "--interval", metavar="SECONDS", help="Seconds between polls, 0.1 to 60."
+    ),
+    once: bool = typer.Option(False, "--once", help="Print one reading (rates over one interval) and exit."),
+    as_json: bool = typer.Option(False, "--json", help="With --once: one JSON object instead of text."),
+) -> None:
+    """Watch a server's load live: requests running and waiting, KV cache use, prompt and
+    generation tokens/s, prefix-cache hits, speculative acceptance (and llama.cpp's slots),
+    from its /metrics. Esc or q quits."""
+    flags = dict(locals())  # the parameters, as parsed: nothing else is defined yet
+    from tui.cli.top import TopFlags, watch
+
+    watch(TopFlags(**flags))
 
 
 if __name__ == "__main__":

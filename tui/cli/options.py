@@ -4,6 +4,7 @@ config file or the command decides it, and its help says the default.
 The seven sampling flags travel as one group: a command that takes a `sampling` parameter and is
 decorated with `with_sampling` shows the seven flags in its place and receives the ones given as
 one dict (typer reads a command's parameters from its signature, so the group is spliced there).
+`bench --server`'s serving flags travel the same way (`with_serving`).
 """
 
 from __future__ import annotations
@@ -93,23 +94,96 @@ SAMPLING: dict[str, tuple[Any, Any]] = {
 """The sampling flags by SamplingSettings field: (type, option)."""
 
 
-def with_sampling(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`command`, whose `sampling` parameter becomes the seven sampling flags; it is called with
-    `sampling` = {field: value} of the flags given."""
-    own = inspect.signature(command, eval_str=True)
-    parameters: list[inspect.Parameter] = []
-    for parameter in own.parameters.values():
-        if parameter.name != "sampling":
-            parameters.append(parameter)
-            continue
-        for name, (kind, option) in SAMPLING.items():
-            parameters.append(inspect.Parameter(name, parameter.kind, default=option, annotation=kind))
+Percentiles = typer.Option(
+    None, "--percentiles", help="Percentiles of TTFT, TPOT, ITL and E2EL to report (default 50,90,99)."
+)
+Goodput = typer.Option(
+    None, "--goodput", help="SLOs (ms) a good request meets: ttft:500,tpot:50,e2el:2000 (or repeat it)."
+)
 
-    @functools.wraps(command)
-    def grouped(**flags: Any) -> Any:
-        sampling = {name: flags.pop(name) for name in SAMPLING}
-        return command(**flags, sampling={k: v for k, v in sampling.items() if v is not None})
+SERVING: dict[str, tuple[Any, Any]] = {
+    "num_prompts": (
+        Optional[int],
+        typer.Option(
+            None, "--num-prompts", help="Serving benchmark (with --server): this many requests (16)."
+        ),
+    ),
+    "request_rate": (
+        Optional[str],
+        typer.Option(
+            None, "--request-rate", help="Serving: requests a second, gamma-spaced (default inf: at once)."
+        ),
+    ),
+    "burstiness": (
+        Optional[float],
+        typer.Option(None, "--burstiness", help="Serving: 1 is Poisson (default), below 1 burstier."),
+    ),
+    "max_concurrency": (
+        Optional[int],
+        typer.Option(
+            None, "--max-concurrency", help="Serving: at most this many requests in flight (no cap)."
+        ),
+    ),
+    "dataset": (
+        Optional[str],
+        typer.Option(
+            None, "--dataset", help='Serving: prompts from a file, one a line, or JSON Lines "prompt"s.'
+        ),
+    ),
+    "input_len": (
+        Optional[int],
+        typer.Option(
+            None, "--input-len", help="Serving: prompts of about this many tokens (default: questions)."
+        ),
+    ),
+    "output_len": (
+        Optional[int],
+        typer.Option(
+            None, "--output-len", help="Serving: exactly this many tokens an answer (default: to its end)."
+        ),
+    ),
+    "percentiles": (Optional[str], Percentiles),
+    "goodput": (Optional[list[str]], Goodput),
+    "sweep": (
+        Optional[str],
+        typer.Option(
+            None, "--sweep", help="Serving: repeat at each load: rate:1,2,4,inf or concurrency:1,2,4."
+        ),
+    ),
+    "seed": (Optional[int], typer.Option(None, "--seed", help="Serving: the arrivals' seed (default 0).")),
+}
+"""`bench --server`'s serving flags (tui/cli/serving.py): (type, option)."""
 
-    grouped.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
-    grouped.__annotations__ = {p.name: p.annotation for p in parameters}
-    return grouped
+
+def flag_group(
+    group: str, flags: dict[str, tuple[Any, Any]]
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator: the command's parameter named `group` becomes `flags`; the command is called
+    with `group` = {name: value} of the flags given."""
+
+    def splice(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = inspect.signature(command, eval_str=True)
+        parameters: list[inspect.Parameter] = []
+        for parameter in own.parameters.values():
+            if parameter.name != group:
+                parameters.append(parameter)
+                continue
+            for name, (kind, option) in flags.items():
+                parameters.append(inspect.Parameter(name, parameter.kind, default=option, annotation=kind))
+
+        @functools.wraps(command)
+        def grouped(**given: Any) -> Any:
+            values = {name: given.pop(name) for name in flags}
+            return command(**given, **{group: {k: v for k, v in values.items() if v not in (None, [])}})
+
+        grouped.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
+        grouped.__annotations__ = {p.name: p.annotation for p in parameters}
+        return grouped
+
+    return splice
+
+
+with_sampling = flag_group("sampling", SAMPLING)
+"""`command`, whose `sampling` parameter becomes the seven sampling flags."""
+with_serving = flag_group("serving", SERVING)
+"""`bench`, whose `serving` parameter becomes the serving benchmark's flags."""

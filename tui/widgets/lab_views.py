@@ -12,7 +12,7 @@ from engine.lab.run import bend
 from engine.lab.scheduler import RequestView, StepRecord
 from engine.lab.sweep import SweepPoint, dips
 from tui.fmt import count, human_bytes, ms
-from tui.plot import text_plot
+from tui.plot import batching_plot
 
 STATE_MARKS = {
     "queued": ("·", "$text-muted"),
@@ -204,11 +204,13 @@ def _bend_line(points: Sequence[SweepPoint]) -> Content:
 class SweepPlot(Static):
     """The sweep's aggregate tok/s against B, as text: ● measured, ○ B × the B=1 rate."""
 
+    PLOT_WIDTH = 60
+
     def show(self, points: Sequence[SweepPoint]) -> None:
         if not points:
             self.update("")
             return
         xs = [p.batch for p in points]
         ys = [p.aggregate_tok_s for p in points]
-        lines = text_plot(xs, ys, height=9, reference=[ys[0] * x for x in xs], unit="tok/s")
-        self.update(Content("aggregate tok/s: ● measured, ○ B × the B=1 rate\n" + "\n".join(lines)))
+        lines = batching_plot(xs, ys, [ys[0] * x for x in xs], width=self.PLOT_WIDTH, height=12)
+        self.update(Content("\n".join(lines)))

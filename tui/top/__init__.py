@@ -1,0 +1,1 @@
+"""`llmchat top`: a live view of a server's load (figures.py: the text; app.py: the view)."""
