@@ -30,10 +30,9 @@ import numpy as np
 
 from engine.events import Failed, TokenSampled, TurnFinished, TurnStats
 from engine.lab.workload import QUESTIONS
+from engine.remote import server_counts
 from engine.remote.bench import fresh_session, prompt_of
 from engine.remote.client import RemoteError
-from engine.remote.metrics import counters
-from engine.remote.server_stats import METRICS
 from engine.remote.session import connect
 from engine.remote.target import RemoteTarget
 from engine.serving_metrics import DEFAULT_PERCENTILES, RequestOutcome, Slo, summarize
@@ -166,7 +165,7 @@ class ServingBench:
 
     def run(self, config: ServingConfig) -> dict:
         """One run's result, under `vllm bench serve`'s keys, with the server's own figures."""
-        before = self._counters()
+        before = server_counts.read(self.probe.client, self.kind)
         started = time.perf_counter()
         outcomes, timings = self._requests(config, started)
         duration = time.perf_counter() - started
@@ -254,22 +253,6 @@ class ServingBench:
         )
 
     # -- the server's side --------------------------------------------------------------------
-    def _counter_names(self) -> tuple[str, str] | None:
-        """The server's /metrics counters of (prompt tokens, generated tokens), where it has them."""
-        names = METRICS.get(self.kind)
-        if names is None or names.prompt_tokens is None or names.generated_tokens is None:
-            return None
-        return names.prompt_tokens, names.generated_tokens
-
-    def _counters(self) -> dict[str, float] | None:
-        names = self._counter_names()
-        if not names:
-            return None
-        try:
-            return counters(self.probe.client.get_text("/metrics"), names)
-        except RemoteError:
-            return None
-
     def _server_figures(self, timings: list[TurnStats], before: dict | None, result: dict) -> dict:
         """What the server measured itself, beside ours; None where it does not report it."""
         server = [s.server for s in timings if s.server is not None]
@@ -278,26 +261,14 @@ class ServingBench:
         figures = {
             "mean_prompt_ms": statistics.mean(prompt_ms) if prompt_ms else None,
             "mean_tpot_ms": statistics.mean(per_token_ms) if per_token_ms else None,
-            "prompt_tokens": None,
-            "generation_tokens": None,
+            **server_counts.run_figures(self.kind, before, server_counts.read(self.probe.client, self.kind)),
         }
-        after = self._counters()
-        if before is not None and after is not None:
-            prompt_name, generated_name = self._counter_names()
-            figures["prompt_tokens"] = _delta(before, after, prompt_name)
-            figures["generation_tokens"] = _delta(before, after, generated_name)
         # Ours over theirs: TPOT should agree; TTFT only where nothing queued (a low rate), since
         # the server's prompt time starts when a slot takes the request.
         for ours, theirs in (("tpot", "mean_tpot_ms"), ("ttft", "mean_prompt_ms")):
             mine = result[f"mean_{ours}_ms"]
             figures[f"{ours}_ours_over_server"] = mine / figures[theirs] if mine and figures[theirs] else None
         return figures
-
-
-def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
-    if name not in before or name not in after or after[name] < before[name]:
-        return None  # not exported, or the server restarted during the run
-    return after[name] - before[name]
 
 
 def _progress_line(result: dict) -> str:

@@ -84,6 +84,7 @@ def test_our_figures_agree_with_the_servers_own(two_slot_llama_server):
     assert 0 < server["prompt_tokens"] <= run["total_input_tokens"]  # the template's head may be cached
     assert 0.75 < server["tpot_ours_over_server"] < 1.33
     assert server["ttft_ours_over_server"] >= 0.9  # ours adds the network to the server's prompt time
+    assert 0.75 < run["mean_tpot_ms"] / server["metrics_mean_tpot_ms"] < 1.33  # its /metrics' totals
     assert run["max_concurrent_requests"] == 1
 
 
@@ -168,3 +169,37 @@ def test_bad_serving_flags_exit_2_in_one_line_before_connecting(args, says, tmp_
     result = bench(*(swap.get(a, a) for a in args))
     assert result.exit_code == 2, result.output
     assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+VLLM_PAGE = """# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{{engine="0"}} {gen}
+vllm:prompt_tokens_total{{engine="0"}} {prompt}
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="+Inf"}} {n}
+vllm:time_to_first_token_seconds_sum{{engine="0"}} {ttft}
+vllm:time_to_first_token_seconds_count{{engine="0"}} {n}
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{{engine="0",le="+Inf"}} {gaps}
+vllm:inter_token_latency_seconds_sum{{engine="0"}} {itl}
+vllm:inter_token_latency_seconds_count{{engine="0"}} {gaps}
+"""
+
+
+def test_a_vllm_metrics_page_gives_the_runs_own_means_and_a_restart_gives_none():
+    """vLLM's histograms (llama.cpp sends none): the run's means are the growth of sum over count."""
+    from engine.remote.metrics import counters
+    from engine.remote.server_counts import run_figures, wanted
+
+    def page(**values) -> dict[str, float]:
+        return counters(VLLM_PAGE.format(**values), wanted("vllm"))
+
+    before = page(gen=100, prompt=50, n=2, ttft=0.5, gaps=98, itl=2.0)
+    after = page(gen=164, prompt=90, n=6, ttft=1.3, gaps=158, itl=3.2)
+    figures = run_figures("vllm", before, after)
+    assert figures["generation_tokens"] == 64 and figures["prompt_tokens"] == 40
+    assert figures["metrics_mean_ttft_ms"] == pytest.approx(200.0)  # 0.8 s over 4 requests
+    assert figures["metrics_mean_itl_ms"] == pytest.approx(20.0)  # 1.2 s over 60 gaps
+    assert figures["metrics_mean_e2el_ms"] is None and figures["metrics_mean_queue_ms"] is None  # not sent
+    restarted = run_figures("vllm", after, page(gen=10, prompt=5, n=1, ttft=0.1, gaps=9, itl=0.2))
+    assert restarted["generation_tokens"] is None and restarted["metrics_mean_ttft_ms"] is None
+    assert run_figures("openai-compatible", None, None)["metrics_mean_ttft_ms"] is None

@@ -13,6 +13,8 @@ from tui.cli.report import figures_table, print_figures, report_console
 from tui.fmt import plain_text
 from tui.plot import Series, text_plot
 
+SERVER_MEANS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"), ("queue", "queue"))
+"""The latencies a server's /metrics may give means of, beside ours."""
 PLOT_WIDTH = 76
 PLOT_HEIGHT = 16
 
@@ -108,6 +110,14 @@ def _server_lines(result: dict) -> list[str]:
             f"(ours {result['total_output_tokens']}), {server['prompt_tokens']:.0f} prompt tokens computed "
             f"(ours {result['total_input_tokens']}, some from its prefix cache)"
         )
+    means = [
+        f"{name} {server[f'metrics_mean_{key}_ms']:.1f} ms"
+        + (f" (ours {result[f'mean_{key}_ms']:.1f})" if result.get(f"mean_{key}_ms") is not None else "")
+        for key, name in SERVER_MEANS
+        if server[f"metrics_mean_{key}_ms"] is not None
+    ]
+    if means:
+        lines.append(f"  server's /metrics, means over the run: {', '.join(means)}")
     return lines or ["  the server reports no timings or counters of its own"]
 
 
