@@ -1,7 +1,8 @@
 """Issue 36's targets on this machine: llama.cpp's own server (PyPI's xllamacpp, the built-in GGUF)
 with 2 slots, measured by `bench --server`'s serving benchmark.
 
-    PYTHONPATH=. .venv/bin/python scripts/serving_vs_server.py [--parallel 2] [--prompts 16] [--output-len 32] [--json FILE]
+    PYTHONPATH=. .venv/bin/python scripts/serving_vs_server.py [--parallel 2] [--prompts 16]
+        [--output-len 32] [--json FILE]
 
 1. Agreement: one request at a time (nothing waits for a slot), our TTFT and TPOT against the
    server's own prompt time and time per token, as ratios (ours / the server's).

@@ -153,6 +153,29 @@ def test_smollm2s_own_sampling_makes_the_right_first_answer_likelier(smollm2):
     own, _ = with_model_sampling(SamplingSettings(), model_sampling("smollm2-135m"), ())
     assert chance_of_the(own) > 0.55 > 0.3 > chance_of_the(SamplingSettings())
 
+    # llmchat's system prompt for the built-in model: 'The' is all the mass the card's draw is
+    # made from (the template's own system prompt left 'L…' a 40% chance), so the answer starts right.
+    from tui.options import BUILT_IN_SYSTEM
+
+    session = ChatSession(smollm2, SamplingSettings(), system_prompt=BUILT_IN_SYSTEM)
+    session.messages.append(Message("user", "What is the capital of France?"))
+    with torch.inference_mode():
+        logits = session.forward(session.template(session.messages))
+    assert chance_of_the(own) > 0.95
+
+
+def test_the_built_in_model_starts_with_llmchats_system_prompt_unless_one_is_given():
+    from tui.config import Config
+    from tui.options import BUILT_IN_SYSTEM, options_from
+
+    default = options_from(Config())
+    assert default.system == BUILT_IN_SYSTEM and default.system_is_default
+    assert options_from(Config(system="Be a pirate.")).system == "Be a pirate."
+    assert options_from(Config(), system="").system == ""  # '' keeps the template's own
+    for flags in ({"model": "/models/other"}, {"server": "http://127.0.0.1:9/v1"}, {"raw": True}):
+        options = options_from(Config(), **flags)
+        assert options.system is None and not options.system_is_default, flags
+
 
 def test_the_app_says_which_sampling_is_the_models_and_settings_marks_it(recommending_dir, tmp_path):
     from textual.widgets import Input, Label

@@ -41,7 +41,7 @@ from engine.events import (
 from themes import load_themes
 from tui import config
 from tui.engine_link import Engine, EngineFactory, inference_worker, resolve_sampling
-from tui.fmt import model_sampling_note, visible_controls
+from tui.fmt import model_sampling_note, system_default_note, visible_controls
 from tui.history import History
 from tui.instruments import INSTRUMENT_BINDINGS, Instruments
 from tui.messages import Doorbell, EngineEvent, EngineStarted, Inbox, Pacer, gathered
@@ -319,6 +319,9 @@ class ChatApp(App[None]):
         self.part(TopKPanel).set_sampling(self.sampling)
         if event.from_model:
             self.part(ChatLog).add_note(f"Sampling: {model_sampling_note(event)}; Settings changes it.")
+        if self.options.system_is_default and self.options.resume is None:
+            note = system_default_note(self.options.system)
+            self.part(ChatLog).add_note(f"System prompt {note}; Settings changes it.")
 
     def _turn_finished(self, stats: TurnStats, error: str) -> None:
         self.part(ChatLog).finish(turn_summary(stats, error))

@@ -170,5 +170,10 @@ def model_sampling_note(event: SamplingResolved) -> str:
     return f"{own}: the model's own ({event.source})"
 
 
+def system_default_note(system: str) -> str:
+    """'"You are ...": llmchat's default for the built-in model (...)', for the chat and `ask`."""
+    return f"\"{system}\": llmchat's default for the built-in model (its template's own answered worse)"
+
+
 def _number(value: float | int | None) -> str:
     return "random" if value is None else f"{value:g}" if isinstance(value, float) else str(value)

@@ -20,8 +20,8 @@ from engine import DEFAULT_MODEL
 from tui.cli import remote
 from tui.cli.checks import check_engine_flags, sampling_from, text_problem
 from tui.cli.exits import FAILED, USAGE, fail, refuse
-from tui.fmt import model_sampling_note, prefill_rate, thinking_part, visible_controls
-from tui.options import thinking_wanted
+from tui.fmt import model_sampling_note, prefill_rate, system_default_note, thinking_part, visible_controls
+from tui.options import system_or_default, thinking_wanted
 
 ASK_DECODES = "ask runs the eager step: a one-shot command does not wait for a compile"
 DIM, UNDIM = "\x1b[2m", "\x1b[22m"
@@ -175,7 +175,7 @@ def local_session(flags: AskFlags, sampling, emit):
     cannot. Without --speculative nothing but the fast path runs, so transformers may be skipped."""
     from engine import models
     from engine.chat_templates import template_text
-    from engine.events import ModelLoading
+    from engine.events import ModelLoading, Notice
     from engine.model_sampling import chosen_fields, resolved
     from engine.quant.precision import PrecisionError
     from engine.session import ChatSession
@@ -193,11 +193,14 @@ def local_session(flags: AskFlags, sampling, emit):
     except (models.ModelError, PrecisionError) as e:
         refuse(str(e), flags.as_json)
     check_cache_precision(flags, loaded)
+    system, default_system = system_or_default(
+        flags.system, flags.model or DEFAULT_MODEL, local_chat=not flags.raw and flags.chat_template is None
+    )
     try:
         session = ChatSession(
             loaded,
             sampling,
-            flags.system,
+            system,
             flags.context,
             kv_cache=flags.kv_cache,
             raw=flags.raw,
@@ -208,6 +211,8 @@ def local_session(flags: AskFlags, sampling, emit):
     chosen = [*flags.sampling, *chosen_fields(sampling)]
     session.sampling, sampling_event = resolved(flags.model or DEFAULT_MODEL, sampling, chosen)
     emit(sampling_event)
+    if default_system and flags.conversation is None:  # a saved conversation keeps its own
+        emit(Notice(f"system prompt {system_default_note(system)}; --system changes it"))
     if session.device.type == "cpu" and os.environ.get("LLMCHAT_COMPILE", "1") != "0":
         from engine.fast import kernels
 
