@@ -40,6 +40,21 @@ class Clock:
         return self.now
 
 
+def test_a_narrow_phase_panel_says_why_in_short_not_cut(tiny_model_dir, tmp_path):
+    """At 120 columns the reason lost its end ("--no-compile / LLMCHAT_COMP…"): now its short form."""
+
+    async def scenario():
+        app = tiny_app(Recorder(), tiny_model_dir, tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.turns.ready, timeout=60)
+            await pilot.pause(0.2)
+            lines = panel_text(app).splitlines()
+            assert any(line.strip(" │").strip() == "compile off: --no-compile" for line in lines), lines
+            assert not any("LLMCHAT_COMP" in line for line in lines)
+
+    asyncio.run(scenario())
+
+
 def test_the_real_engine_with_compile_off_says_eager_and_why(tiny_model_dir, tmp_path):
     recorder = Recorder()
 
@@ -49,7 +64,7 @@ def test_the_real_engine_with_compile_off_says_eager_and_why(tiny_model_dir, tmp
             await answered(pilot, recorder)
             shown = panel_text(app)
             assert "decode step eager fused · attention" in shown
-            assert "compile off: --no-compile / LLMCHAT_COMPILE=0" in shown
+            assert "compile off: --no-compile (or LLMCHAT_COMPILE=0)" in shown
             # Beside the figures: the CPU share the turn was measured at (busy or not, said).
             measured = recorder.of(TurnFinished)[0].stats.contention
             assert measured is not None

@@ -33,7 +33,7 @@ from engine.events import (
 )
 from engine.thinking import thinking_figures
 
-COMPILE_OFF = DecodeStep("eager", "SDPA", "off", "compile off: --no-compile / LLMCHAT_COMPILE=0")
+COMPILE_OFF = DecodeStep("eager", "SDPA", "off", "compile off: --no-compile (or LLMCHAT_COMPILE=0)")
 """What the worker says after a load in tests (LLMCHAT_COMPILE=0), as engine/fast/step_path.py words it."""
 
 INFO = ModelInfo(

@@ -18,7 +18,7 @@ from engine.fast import attention, compiled, fused, kernels
 if TYPE_CHECKING:
     from engine.session import ChatSession
 
-COMPILE_OFF = "compile off: --no-compile / LLMCHAT_COMPILE=0"
+COMPILE_OFF = "compile off: --no-compile (or LLMCHAT_COMPILE=0)"
 BUILDING = "compiling in the background (about 10 s the first time, 1-3 s once saved)"
 
 

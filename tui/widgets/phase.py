@@ -59,12 +59,16 @@ def step_line(step: DecodeStep | None, building_s: float | None = None, server: 
     return Content.assemble(("decode step ", "bold"), f"{STEPS[step.step]}{attention}")
 
 
-def step_why(step: DecodeStep) -> Content:
-    """Why that step (and not a faster one): red when the compile failed or was given up."""
+def step_why(step: DecodeStep, width: int | None = None) -> Content:
+    """Why that step (and not a faster one): red when the compile failed or was given up; a
+    reason too long for `width` leaves out its closing parenthesis ("compile off: --no-compile")."""
     if step.compile == "building":
         return Content.styled("the compiled step takes over when ready", "$text-muted")
     style = "$text-error" if step.compile in ("failed", "given up") else "$text-muted"
-    return Content.styled(step.why, style)
+    why = step.why
+    if width is not None and len(why) > width and why.endswith(")") and " (" in why:
+        why = why[: why.rindex(" (")]
+    return Content.styled(why, style)
 
 
 def step_word(step: DecodeStep | None, building_s: float | None = None) -> str:
@@ -313,7 +317,7 @@ class PhasePanel(Widget):
         server = self.final.server if self.final is not None else None
         if self.phase != "idle" or server is None or server.prompt_ms is None:
             if self.phase != "prefill" and self.decode_step is not None:
-                return step_why(self.decode_step)
+                return step_why(self.decode_step, self.text_width)
             return Content.styled(WHY[self.phase], "italic $text-muted")
         per_token = server.predicted_per_token_ms
         decode = f" · ITL {per_token:.1f} ms" if per_token is not None else ""
