@@ -11,6 +11,7 @@ import threading
 import pytest
 from textual.widgets import Footer, Input, Markdown, Select
 
+from engine.events import Contention
 from tests.tui_fakes import FakeFactory, fake_app
 from tests.tui_screen import screen_text, wait_for, widget_text
 from tui.screens.settings import SettingsScreen
@@ -576,6 +577,24 @@ def test_the_kv_panel_says_every_word_and_why_the_last_token_is_not_cached(tmp_p
             assert "tokens 22 / 8,192" in kv and "0 reused · 15 newly prefilled" in kv
             assert "cache = 15 prompt + 8 answer − 1: decoding stopped on the last token" in kv
             assert "the next turn prefills it" in kv
+
+    run(scenario)
+
+
+def test_the_80x24_strip_of_a_busy_turn_is_never_cut(tmp_path):
+    """'IDLE ⚠ busy machine TTFT … · compiled  8 token…' ran past 80 columns: the flag is short
+    where the line would not fit, and a detail that does not fit is left out whole."""
+    busy = Contention(cpu_share=0.29, source="schedstat", load_1m=1.5, cores=2, busy=True)
+
+    async def scenario():
+        app = fake_app(FakeFactory(contention=busy), tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await ready(pilot)
+            await ask(pilot)
+            await turn_done(pilot)
+            await pilot.pause(0.1)
+            strip = widget_text(app.query_one(PhasePanel))
+            assert "⚠ busy" in strip and "43.5 tok/s" in strip and "…" not in strip, strip
 
     run(scenario)
 

@@ -104,7 +104,15 @@ class DemoApp(ChatApp):
             return  # moved on meanwhile, or it was closed
         await self.screen.mount(DemoCaption())
         self._show_caption()
-        self._press(step.keys)
+        self.call_later(self._take_keys, step.keys)  # after the focus the screen queued on mount
+
+    def _take_keys(self, keys: tuple[str, ...]) -> None:
+        """An instrument opened bare focuses its text box (the embeddings lesson), where the demo's
+        keys would type spaces and the demo could not go on: the keys are the demo's and the
+        script's (Tab or a click still reaches the box)."""
+        if isinstance(self.focused, (Input, TextArea)):
+            self.screen.set_focus(None)
+        self._press(keys)
 
     def _press(self, keys: tuple[str, ...]) -> None:
         """Press the script's keys in the instrument; the demo's own bindings step aside for them

@@ -294,15 +294,19 @@ class PhasePanel(Widget):
         label, style = BADGES[self.phase]
         numbers = f"TTFT {ms(self.ttft_s)} · ITL {ms(self.median_itl)} · {self.decode_tok_s:.1f} tok/s"
         busy = self.final is not None and self.final.contention is not None and self.final.contention.busy
-        # The busy flag and the step first: at 80 columns the end of the line is cut.
-        return Content.assemble(
-            (f" {label} ", style),
-            (" ⚠ busy machine" if busy else "", "bold $text-warning"),
-            (" " + numbers, "$text-muted"),
-            (step_word(self.decode_step, self.building_s), "$text-muted"),
-            "  ",
-            self._strip_detail(),
+        head = Content.assemble((f" {label} ", style))
+        tail = Content.assemble(
+            (" " + numbers, "$text-muted"), (step_word(self.decode_step, self.building_s), "$text-muted")
         )
+        detail = Content.assemble("  ", self._strip_detail())
+        # The busy flag and the step before the detail; at 80 columns the flag is short, and a
+        # detail that does not fit is left out rather than cut ("compiled  8 token…").
+        width = self.content_size.width or PANEL_CELLS
+        for flag in (" ⚠ busy machine", " ⚠ busy"):
+            line = head + Content.styled(flag if busy else "", "bold $text-warning") + tail
+            if line.cell_length + detail.cell_length <= width:
+                return line + detail
+        return line
 
     def _strip_detail(self) -> Content:
         """The detail, short where the strip would cut it at 80 columns ("compiled  last tu…")."""
