@@ -404,6 +404,18 @@ def test_the_palette_opens_the_step_lessons_and_question_mark_explains_them(tiny
     run(scenario)
 
 
+def test_a_lens_row_fits_an_80_column_screen_whole():
+    """A row's rank wrapped onto a line of its own at 80 columns ("…  0.0%" then "#3,018")."""
+    from engine.instruments.logit_lens import Guess, LayerReading
+    from tui.screens.lens import header, layer_row
+
+    wide = Guess(1, "abcdefghijklmnop", 0.505)  # cut to its cells, with "…"
+    widest = LayerReading(29, (wide, wide, wide), 15.59, 0.999, 49_152)
+    appears = LayerReading(29, (wide, wide, wide), 15.59, 0.999, 1)
+    for row in (layer_row(widest, 2, None), layer_row(appears, 1, 29), header()):
+        assert row.cell_length <= 78, row.plain
+
+
 def test_snapshot_logit_lens(snap_compare, tiny_model_dir, tmp_path):
     before = from_the_inspector("l", LensScreen, "home", "right")
     assert snap_compare(snapshot_app(tiny_model_dir, tmp_path), terminal_size=WIDE, run_before=before)

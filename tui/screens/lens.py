@@ -12,8 +12,9 @@ from engine.instruments.logit_lens import Guess, LayerReading, Lens, logit_lens
 from tui.fmt import prob_style, visible_piece
 from tui.screens.step_lesson import StepLessonScreen
 
-PIECE = 10
-"""Cells per guessed piece: three guesses, the entropy and the chosen token's share fit 80 columns."""
+PIECE = 9
+"""Cells per guessed piece: three guesses, the entropy and the chosen token's share and rank fit
+the 78 cells of an 80-column screen (at 10, a row's rank wrapped onto a line of its own)."""
 GUESSES = 3
 
 
@@ -30,12 +31,12 @@ def guess_cell(guess: Guess, chosen: bool) -> Content:
 
 def layer_row(reading: LayerReading, chosen: int, appears: int | None) -> Content:
     cells = [guess_cell(g, g.id == chosen) for g in reading.top[:GUESSES]]
-    mark = ("◀ appears", "bold $text-success") if reading.layer == appears else ""
+    mark = (" ◀", "bold $text-success") if reading.layer == appears else ""  # the summary says where
     return Content.assemble(
         f"{reading.layer:>5}  ",
         *cells,
         f"{reading.entropy_bits:5.2f}  ",
-        (f"{reading.chosen_prob:6.1%} #{reading.chosen_rank:<6,}", prob_style(reading.chosen_prob)),
+        (f"{reading.chosen_prob:6.1%} #{reading.chosen_rank:,}", prob_style(reading.chosen_prob)),
         mark,
     )
 
