@@ -7,6 +7,7 @@ import io
 import json
 import math
 import threading
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -203,3 +204,29 @@ def test_a_vllm_metrics_page_gives_the_runs_own_means_and_a_restart_gives_none()
     restarted = run_figures("vllm", after, page(gen=10, prompt=5, n=1, ttft=0.1, gaps=9, itl=0.2))
     assert restarted["generation_tokens"] is None and restarted["metrics_mean_ttft_ms"] is None
     assert run_figures("openai-compatible", None, None)["metrics_mean_ttft_ms"] is None
+
+
+def test_top_shows_both_slots_filling_while_a_serving_run_goes_on_beside_it(two_slot_llama_server):
+    """The issue's pairing: `llmchat top` watching the server while `bench --server` loads it."""
+    from engine.remote.server_stats import watch
+
+    where = RemoteTarget(two_slot_llama_server.url, None, None)
+    bench_ = ServingBench(where)
+    result: dict = {}
+    config = ServingConfig(where, num_prompts=2, output_len=120)
+    run = threading.Thread(target=lambda: result.update(bench_.run(config)), daemon=True)
+    seen = watch(where)
+    try:
+        run.start()
+        readings = []
+        while run.is_alive():
+            readings.append(seen.poll())
+            time.sleep(0.2)
+        readings.append(seen.poll())
+    finally:
+        seen.close()
+        run.join(120)
+    busy = [r.snapshot for r in readings if r.snapshot.running == 2]
+    assert busy and all(slot.processing and slot.held > 0 for slot in busy[-1].slots)
+    assert max(r.rates.generation_tps for r in readings if r.rates is not None) > 0
+    assert readings[-1].snapshot.running == 0 and result["completed"] == 2
