@@ -6,8 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from engine.serving_metrics import METRICS, percentile_word
-from tui.cli.report import figures_table, print_figures, report_console
+from tui.cli.report import figures_table, latency_table, print_figures, report_console
 from tui.fmt import plain_text
 from tui.plot import batching_plot
 
@@ -75,7 +74,8 @@ def print_policies(console: Console, result: dict) -> None:
     if slo:
         limits = ", ".join(f"{key.upper()} ≤ {limit:g} ms" for key, limit in slo.items())
         console.print(f"goodput: the requests per second that met {limits}")
-    print_figures(console, _latency(policies, result.get("percentiles", [50, 90, 99])))
+    runs = [(p["policy"], p["serving"]) for p in policies]
+    print_figures(console, latency_table(LATENCY_TITLE, runs, result.get("percentiles", [50, 90, 99])))
     print_figures(console, _memory(policies))
 
 
@@ -105,17 +105,6 @@ def _throughput(policies: list[dict], with_goodput: bool) -> Table:
 LATENCY_TITLE = (
     "Latency in ms: TTFT arrival to first token, TPOT per token after it, ITL each gap, E2EL arrival to last"
 )
-
-
-def _latency(policies: list[dict], percentiles: list[float]) -> Table:
-    """One row per metric and policy (the policies side by side under each metric)."""
-    stats = ["mean", "median", "std", *(f"p{percentile_word(p)}" for p in percentiles)]
-    table = _table(LATENCY_TITLE, ("metric, policy", *(f"{stat} ms" for stat in stats)))
-    for key, name in METRICS:
-        for p in policies:
-            s = p["serving"]
-            table.add_row(f"{name} {p['policy']}", *(_f1(s[f"{stat}_{key}_ms"]) for stat in stats))
-    return table
 
 
 MEMORY_TITLE = "Peak KV: blocks, bytes paged vs a contiguous reservation per request, preemptions"

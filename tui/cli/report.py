@@ -74,3 +74,18 @@ def _part(table: Table, indexes: list[int], widths: list[int], continued: bool) 
     for row in zip(*(list(column.cells) for column in columns)):
         part.add_row(*row)
     return part
+
+
+def latency_table(title: str, runs: list[tuple[str, dict]], percentiles: list[float]) -> Table:
+    """The serving metric set's latencies (engine/serving_metrics.py keys), one row per metric and
+    run: mean, median, std and each percentile in ms ('-' where nothing was measured)."""
+    from engine.serving_metrics import METRICS, percentile_word
+
+    stats = ["mean", "median", "std", *(f"p{percentile_word(p)}" for p in percentiles)]
+    table = figures_table(title, ("", *(f"{stat} ms" for stat in stats)))
+    table.columns[0].justify = "left"
+    for key, name in METRICS:
+        for label, figures in runs:
+            cells = [figures[f"{stat}_{key}_ms"] for stat in stats]
+            table.add_row(f"{name} {label}".strip(), *("-" if v is None else f"{v:,.1f}" for v in cells))
+    return table

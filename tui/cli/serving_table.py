@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from engine.serving_metrics import METRICS, percentile_word
-from tui.cli.report import figures_table, print_figures, report_console
+from engine.serving_metrics import percentile_word
+from tui.cli.report import figures_table, latency_table, print_figures, report_console
 from tui.fmt import plain_text
 from tui.plot import Series, text_plot
 
@@ -38,7 +38,7 @@ def _header(result: dict) -> Text:
 
 def _print_run(console: Console, result: dict) -> None:
     print_figures(console, _totals(result))
-    print_figures(console, _latencies(result))
+    print_figures(console, latency_table("Latency", [("", result)], result["percentiles"]))
     for line in _server_lines(result):
         console.print(line)
     for reason, count in result["failed_reasons"].items():
@@ -76,16 +76,6 @@ def _totals(result: dict) -> Table:
         rows.insert(7, ("Good requests", str(result["good_completed"])))
     for row in rows:
         table.add_row(*row)
-    return table
-
-
-def _latencies(result: dict) -> Table:
-    words = [percentile_word(p) for p in result["percentiles"]]
-    table = figures_table("Latency (ms)", ("", "mean", "median", "std", *(f"p{w}" for w in words)))
-    table.columns[0].justify = "left"
-    for key, name in METRICS:
-        stats = [result[f"{stat}_{key}_ms"] for stat in ("mean", "median", "std")]
-        table.add_row(name, *(_f(v, 1) for v in stats), *(_f(result[f"p{w}_{key}_ms"], 1) for w in words))
     return table
 
 
