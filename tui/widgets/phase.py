@@ -80,6 +80,8 @@ def step_word(step: DecodeStep | None, building_s: float | None = None) -> str:
     return f" · {STEPS[step.step]}"
 
 
+STRIP_CELLS = 78
+"""The one-line strip's cells before it is laid out: an 80-column screen inside its border."""
 PANEL_CELLS = 52
 """The Phase panel's text width (54 columns, less its padding): a longer line is cut."""
 
@@ -299,13 +301,13 @@ class PhasePanel(Widget):
             (" " + numbers, "$text-muted"), (step_word(self.decode_step, self.building_s), "$text-muted")
         )
         detail = Content.assemble("  ", self._strip_detail())
-        # The busy flag and the step before the detail; at 80 columns the flag is short, and a
-        # detail that does not fit is left out rather than cut ("compiled  8 token…").
-        width = self.content_size.width or PANEL_CELLS
-        for flag in (" ⚠ busy machine", " ⚠ busy"):
-            line = head + Content.styled(flag if busy else "", "bold $text-warning") + tail
-            if line.cell_length + detail.cell_length <= width:
-                return line + detail
+        # The busy flag and the step before the detail: where the line would pass the strip's
+        # width, the detail is left out whole, then the flag is shortened ("compiled  8 token…").
+        width = self.content_size.width or STRIP_CELLS
+        for flag, end in ((" ⚠ busy machine", detail), (" ⚠ busy machine", ""), (" ⚠ busy", "")):
+            line = head + Content.styled(flag if busy else "", "bold $text-warning") + tail + end
+            if line.cell_length <= width:
+                break
         return line
 
     def _strip_detail(self) -> Content:
