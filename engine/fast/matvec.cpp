@@ -10,6 +10,8 @@
 // float32 result, the rows' scales applied after; where the CPU has AVX512-VNNI or AVX2, x is
 // rounded to 16 bits and the rows summed in integers (rows_dpwssd, rows_madd). Up to 16 rows of x at once
 // (rows_many: a speculative verify, the lab's batch) read each weight row once for all of them.
+// w4's Q4_0 blocks (4-bit values, a float16 scale per 32) have an op of their own, matvec_q4
+// (rows_q4_int, rows_q4), and a one-pass widening for a prefill's matmul, dequantize_q4.
 // Built as part of decode_step.cpp.
 
 #include <ATen/core/Tensor.h>
@@ -344,11 +346,27 @@ inline float8 load8(const float* p) {
   return v;
 }
 
+// Row r of W (`row`, widened to float32) times each of x's N rows, into out's column r.
+template <int N>
+void sums_of_row(const float* xf, const float* row, float* out, int64_t rows, int64_t in, int64_t r) {
+  const int64_t full = in - in % 8;
+  float8 sums[N] = {};
+  for (int64_t k = 0; k < full; k += 8) {
+    const float8 weights = load8(row + k);
+    for (int j = 0; j < N; ++j) sums[j] += load8(xf + j * in + k) * weights;
+  }
+  for (int j = 0; j < N; ++j) {
+    float sum = 0.f;
+    for (int lane = 0; lane < 8; ++lane) sum += sums[j][lane];
+    for (int64_t k = full; k < in; ++k) sum += xf[j * in + k] * row[k];
+    out[j * rows + r] = sum;
+  }
+}
+
 template <int N, typename W>
 void rows_many(const float* xf, const W* w, float* out, int64_t rows, int64_t in, int64_t begin,
                int64_t end) {
   std::vector<float> widened(std::is_same_v<W, float> ? 0 : in);
-  const int64_t full = in - in % 8;
   for (int64_t r = begin; r < end; ++r) {
     const W* source = w + r * in;
     const float* row = reinterpret_cast<const float*>(source);
@@ -356,17 +374,183 @@ void rows_many(const float* xf, const W* w, float* out, int64_t rows, int64_t in
       for (int64_t k = 0; k < in; ++k) widened[k] = static_cast<float>(source[k]);
       row = widened.data();
     }
-    float8 sums[N] = {};
-    for (int64_t k = 0; k < full; k += 8) {
-      const float8 weights = load8(row + k);
-      for (int j = 0; j < N; ++j) sums[j] += load8(xf + j * in + k) * weights;
+    sums_of_row<N>(xf, row, out, rows, in, r);
+  }
+}
+
+// w4's Q4_0 blocks (engine/quant/w4.py): per row, in / 2 bytes of 4-bit values (value j of a
+// block of 32 in byte j's low half, value j + 16 in its high half) and in / 32 float16 scales,
+// read as stored. Each block is widened to float32 in registers (GCC's 16-float vector: one
+// AVX-512 register, two AVX2 ones) and summed against x as it is, then times its scale: the
+// dequantized matrix's product to float32 rounding, its bytes read once.
+struct Q4 {
+  const uint8_t* q;
+  const at::Half* scale;
+};
+
+constexpr int64_t kBlock = 32;
+using bytes16 = uint8_t __attribute__((vector_size(16)));
+using signed16 = int8_t __attribute__((vector_size(16)));
+using ints16 = int32_t __attribute__((vector_size(64)));
+using floats16 = float __attribute__((vector_size(64)));
+
+inline floats16 load_floats16(const float* p) {
+  floats16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// A block's 32 values minus 8, in float32: values 0..15 (`low`) and 16..31 (`high`).
+inline void widen_block(const uint8_t* p, floats16& low, floats16& high) {
+  bytes16 b;
+  std::memcpy(&b, p, sizeof b);
+  // Through int32 lanes: GCC converts int8 lanes to float one by one, int8 to int32 and int32 to
+  // float a register at a time.
+  const ints16 low_ints = __builtin_convertvector(reinterpret_cast<signed16>(b & 15) - 8, ints16);
+  const ints16 high_ints = __builtin_convertvector(reinterpret_cast<signed16>(b >> 4) - 8, ints16);
+  low = __builtin_convertvector(low_ints, floats16);
+  high = __builtin_convertvector(high_ints, floats16);
+}
+
+// One block's 32 products with x, in 16 lanes (the scale not yet applied).
+inline floats16 block_products(const uint8_t* p, const float* x) {
+  floats16 low, high;
+  widen_block(p, low, high);
+  return low * load_floats16(x) + high * load_floats16(x + 16);
+}
+
+// One row of x: two chains (even and odd blocks), the scale applied per block.
+void rows_q4(const float* x, Q4 w, float* out, int64_t in, int64_t begin, int64_t end) {
+  const int64_t blocks = in / kBlock;
+  for (int64_t r = begin; r < end; ++r) {
+    const uint8_t* q = w.q + r * (in / 2);
+    const at::Half* scale = w.scale + r * blocks;
+    floats16 even = {}, odd = {};
+    int64_t b = 0;
+    for (; b + 2 <= blocks; b += 2) {
+      llmchat::read_ahead(q + b * 16, 32);
+      even += block_products(q + b * 16, x + b * kBlock) * static_cast<float>(scale[b]);
+      odd += block_products(q + b * 16 + 16, x + b * kBlock + kBlock) * static_cast<float>(scale[b + 1]);
     }
-    for (int j = 0; j < N; ++j) {
-      float sum = 0.f;
-      for (int lane = 0; lane < 8; ++lane) sum += sums[j][lane];
-      for (int64_t k = full; k < in; ++k) sum += xf[j * in + k] * row[k];
-      out[j * rows + r] = sum;
+    if (b < blocks) even += block_products(q + b * 16, x + b * kBlock) * static_cast<float>(scale[b]);
+    const floats16 total = even + odd;
+    float sum = 0.f;
+    for (int lane = 0; lane < 16; ++lane) sum += total[lane];
+    out[r] = sum;
+  }
+}
+
+#if defined(LLMCHAT_INT_ROWS)
+// With AVX2 or AVX-512, x rounded to 16 bits as w8's rows take it (XQuantized: an error a
+// hundredth of the weights' own) and each block summed in integers: its 32 values minus 8 widened
+// to int16 and multiplied in pairs by `vpmaddwd`, then to float32 once, times the block's scale.
+// About 9 instructions a block where widening to float32 took 15 (rows_q4, which a block of x
+// that integers cannot carry still takes).
+#if defined(__AVX512BW__)
+using q4_lanes = __m512;
+inline q4_lanes q4_zero() { return _mm512_setzero_ps(); }
+inline q4_lanes q4_scaled(q4_lanes sums, float scale, q4_lanes acc) {
+  return _mm512_fmadd_ps(sums, _mm512_set1_ps(scale), acc);
+}
+inline float q4_total(q4_lanes a) { return _mm512_reduce_add_ps(a); }
+inline q4_lanes q4_block(const uint8_t* p, const int16_t* x) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m256i values = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);  // low halves, high halves
+  values = _mm256_sub_epi8(_mm256_and_si256(values, _mm256_set1_epi8(15)), _mm256_set1_epi8(8));
+  const __m512i xs = _mm512_loadu_si512(x);
+  return _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_cvtepi8_epi16(values), xs));
+}
+#else
+using q4_lanes = __m256;
+inline q4_lanes q4_zero() { return _mm256_setzero_ps(); }
+inline q4_lanes q4_scaled(q4_lanes sums, float scale, q4_lanes acc) {
+  return _mm256_fmadd_ps(sums, _mm256_set1_ps(scale), acc);
+}
+inline float q4_total(q4_lanes f) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+inline q4_lanes q4_block(const uint8_t* p, const int16_t* x) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+  const __m128i low = _mm_sub_epi8(_mm_and_si128(packed, mask), eight);
+  const __m128i high = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(packed, 4), mask), eight);
+  const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
+  const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(low), x0),
+                                        _mm256_madd_epi16(_mm256_cvtepi8_epi16(high), x1));
+  return _mm256_cvtepi32_ps(sums);
+}
+#endif
+
+// A row's float16 scales in float32, into `out` [n].
+inline void widen_scales(const at::Half* scale, int64_t n, float* out) {
+  int64_t b = 0;
+#if defined(__F16C__)
+  for (; b + 8 <= n; b += 8) {
+    _mm256_storeu_ps(out + b, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scale + b))));
+  }
+#endif
+  for (; b < n; ++b) out[b] = static_cast<float>(scale[b]);
+}
+
+void rows_q4_int(const XQuantized& x, Q4 w, float* out, int64_t in, int64_t begin, int64_t end) {
+  const int64_t blocks = in / kBlock;
+  const int16_t* xq = x.q.data();
+  std::vector<float> scales(blocks);
+  for (int64_t r = begin; r < end; ++r) {
+    const uint8_t* q = w.q + r * (in / 2);
+    widen_scales(w.scale + r * blocks, blocks, scales.data());
+    q4_lanes even = q4_zero(), odd = q4_zero();
+    int64_t b = 0;
+    for (; b + 2 <= blocks; b += 2) {
+      llmchat::read_ahead(q + b * 16, 32);
+      even = q4_scaled(q4_block(q + b * 16, xq + b * kBlock), scales[b], even);
+      odd = q4_scaled(q4_block(q + b * 16 + 16, xq + b * kBlock + kBlock), scales[b + 1], odd);
     }
+    if (b < blocks) even = q4_scaled(q4_block(q + b * 16, xq + b * kBlock), scales[b], even);
+    out[r] = (q4_total(even) + q4_total(odd)) * x.step;
+  }
+}
+
+// One row of x against Q4_0 blocks in integers, where x can be rounded (finite); false otherwise.
+bool q4_rows_int(const float* x, Q4 w, float* out, int64_t rows, int64_t in) {
+  XQuantized xq;
+  if (!quantize_x(x, in, xq)) return false;
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    rows_q4_int(xq, w, out, in, begin, end);
+  });
+  return true;
+}
+#else
+bool q4_rows_int(const float*, Q4, float*, int64_t, int64_t) { return false; }
+#endif
+
+// Row r of a Q4_0 matrix in float32, into `row` [in].
+inline void widen_row(Q4 w, int64_t r, int64_t in, float* row) {
+  const int64_t blocks = in / kBlock;
+  const uint8_t* q = w.q + r * (in / 2);
+  for (int64_t b = 0; b < blocks; ++b) {
+    floats16 low, high;
+    widen_block(q + b * 16, low, high);
+    const float d = static_cast<float>(w.scale[r * blocks + b]);
+    low *= d;
+    high *= d;
+    std::memcpy(row + b * kBlock, &low, sizeof low);
+    std::memcpy(row + b * kBlock + 16, &high, sizeof high);
+  }
+}
+
+// rows_many for a Q4_0 matrix: each row widened once for all of x's N rows.
+template <int N>
+void rows_many(const float* xf, const Q4* w, float* out, int64_t rows, int64_t in, int64_t begin,
+               int64_t end) {
+  std::vector<float> widened(in);
+  for (int64_t r = begin; r < end; ++r) {
+    widen_row(*w, r, in, widened.data());
+    sums_of_row<N>(xf, widened.data(), out, rows, in, r);
   }
 }
 
@@ -375,7 +559,7 @@ template <typename W, int N = 2>
 void rows_many_of(int64_t n, const float* xf, const W* w, float* out, int64_t rows, int64_t in,
                   int64_t begin, int64_t end) {
   if constexpr (N <= kMaxRows) {
-    if (n == N) return rows_many<N, W>(xf, w, out, rows, in, begin, end);
+    if (n == N) return rows_many<N>(xf, w, out, rows, in, begin, end);
     rows_many_of<W, N + 1>(n, xf, w, out, rows, in, begin, end);
   }
 }
@@ -425,6 +609,52 @@ at::Tensor matvec(const at::Tensor& x, const at::Tensor& w) {
   return out;
 }
 
+// The width of a Q4_0 matrix (q uint8 [out, in / 2], scale float16 [out, in / 32]), checked.
+int64_t q4_width(const at::Tensor& q, const at::Tensor& scale) {
+  TORCH_CHECK(q.dim() == 2 && q.is_contiguous() && q.scalar_type() == at::kByte,
+              "matvec_q4: q must be a contiguous uint8 [out, in / 2] matrix");
+  const int64_t in = q.size(1) * 2;
+  TORCH_CHECK(in % kBlock == 0 && scale.dim() == 2 && scale.is_contiguous() &&
+                  scale.scalar_type() == at::kHalf && scale.size(0) == q.size(0) && scale.size(1) == in / kBlock,
+              "matvec_q4: a width that is a multiple of 32, and one float16 scale per block of 32");
+  return in;
+}
+
+// x [n, in] float32 (n up to 16) @ W.T for W in Q4_0 blocks: out [n, out] in float32.
+at::Tensor matvec_q4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale) {
+  const int64_t rows = q.size(0), in = q4_width(q, scale), n = x.size(0);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == in && x.is_contiguous() && x.scalar_type() == at::kFloat &&
+                  n >= 1 && n <= kMaxRows,
+              "matvec_q4: x must be [rows, in], contiguous float32, at most 16 rows");
+  at::Tensor out = at::empty({n, rows}, x.options());
+  const Q4 w{q.data_ptr<uint8_t>(), scale.data_ptr<at::Half>()};
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  if (n == 1 && q4_rows_int(xp, w, op, rows, in)) return out;
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    if (n == 1) return rows_q4(xp, w, op, in, begin, end);
+    rows_many_of<Q4>(n, xp, &w, op, rows, in, begin, end);
+  });
+  return out;
+}
+
+// The float32 matrix [out, in] Q4_0 blocks stand for (a prefill's matmul reads it): one pass,
+// where torch's ops for the same widening take several.
+at::Tensor dequantize_q4(const at::Tensor& q, const at::Tensor& scale) {
+  const int64_t rows = q.size(0), in = q4_width(q, scale);
+  at::Tensor out = at::empty({rows, in}, q.options().dtype(at::kFloat));
+  const Q4 w{q.data_ptr<uint8_t>(), scale.data_ptr<at::Half>()};
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) widen_row(w, r, in, op + r * in);
+  });
+  return out;
+}
+
 }  // namespace matvec_kernel
 
-TORCH_LIBRARY_IMPL(llmchat, CPU, m) { m.impl("matvec", matvec_kernel::matvec); }
+TORCH_LIBRARY_IMPL(llmchat, CPU, m) {
+  m.impl("matvec", matvec_kernel::matvec);
+  m.impl("matvec_q4", matvec_kernel::matvec_q4);
+  m.impl("dequantize_q4", matvec_kernel::dequantize_q4);
+}

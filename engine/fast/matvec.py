@@ -9,6 +9,8 @@ at ~23-25 and ~26-28 (a plain read: ~24-30; BENCHMARKS.md). On a CPU with AVX2 b
 instructions, beat Inductor's by far where the rows are narrow: int8 rows ~10x, bfloat16 ~2x,
 float32 ~1.4x (scripts/matvec_cost.py; BENCHMARKS.md); int8 rows summed in integers by
 `vpmaddwd` then read at float32's rate (~97% of its GB/s, where the portable loop made ~64%).
+w4's Q4_0 blocks (engine/quant/w4.py) go through an op of their own, `multiply_q4`: each block
+widened in registers and summed in integers against x rounded to 16 bits, as w8's rows are.
 The kernel is built with the step's other kernel, the decode attention (engine/fast/kernels.py),
 and the step is traced calling it.
 On older CPUs the step keeps Inductor's loop, which vectorizes for whatever the CPU has.
@@ -38,9 +40,20 @@ def _shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+@kernels.shaped("matvec_q4")
+def _shape_q4(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], q.shape[0]))
+
+
+@kernels.shaped("dequantize_q4")
+def _shape_dequantized(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.new_empty((q.shape[0], q.shape[1] * 2), dtype=torch.float32)
+
+
 def _streams(weight: torch.Tensor) -> bool:
-    """A weight the kernel multiplies: [out, in] rows, contiguous, on the CPU, of a type it reads."""
-    usable = weight.device.type == "cpu" and weight.dtype in DTYPES and weight.dim() == 2
+    """A weight the kernel multiplies: [out, in] rows, contiguous, on the CPU, of a type it reads
+    (uint8: w4's packed 4-bit values, `multiply_q4`)."""
+    usable = weight.device.type == "cpu" and weight.dtype in DTYPES + (torch.uint8,) and weight.dim() == 2
     return enabled and usable and weight.is_contiguous()
 
 
@@ -66,3 +79,14 @@ def multiply(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     MAX_ROWS rows in float32, whatever weight's dtype (a verify's tokens, the lab's batch: each
     weight row is read once for all of them)."""
     return torch.ops.llmchat.matvec(x.contiguous(), weight)
+
+
+def multiply_q4(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [n, in] (float32, n up to MAX_ROWS) @ W.T, [n, out] in float32, for W held as w4's Q4_0
+    blocks (engine/quant/w4.py): packed values q [out, in / 2], float16 scales [out, in / 32]."""
+    return torch.ops.llmchat.matvec_q4(x.contiguous(), q, scale)
+
+
+def dequantize_q4(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The float32 matrix [out, in] w4's Q4_0 blocks stand for, widened in one pass (a prefill's)."""
+    return torch.ops.llmchat.dequantize_q4(q, scale)

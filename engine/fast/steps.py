@@ -179,6 +179,7 @@ _CODE = (
     "matvec.cpp",
     "simd.h",
     "../quant/w8.py",
+    "../quant/w4.py",
     "../kvcache_layers.py",  # an int8 cache's new rows are quantized inside the step
 )
 """The sources a compiled step is made of: a change to any makes a saved step stale (a test

@@ -3,7 +3,8 @@
 fp32/bf16/fp16 are plain weight dtypes; int8 and nf4 quantize through bitsandbytes (GPU-first
 kernels); w8a8 quantizes weights and activations to int8 through torch's own fbgemm CPU
 kernels (engine/quant/int8.py), the fastest prefill; w8 quantizes only the weights (engine/quant/w8.py)
-and, with the compiled decode step, is the fastest decode on a CPU.
+and, with the compiled decode step, is the fastest decode on a CPU; w4 holds them in llama.cpp's
+Q4_0 blocks of 4-bit values (engine/quant/w4.py), an eighth of fp32's bytes.
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ def _w8(model: Any, tokenizer: Any) -> None:
     from engine.quant import w8
 
     w8.quantize_linears(model)
+
+
+def _w4(model: Any, tokenizer: Any) -> None:
+    from engine.quant import w4
+
+    w4.quantize_linears(model)
 
 
 def _sixteen_bit_note(name: str) -> str:
@@ -228,6 +235,19 @@ KINDS: dict[str, PrecisionKind] = {
                 "fastest decode once the compiled step (or, with AVX-512, its matvec kernel) is ready; "
                 "before that each token widens every matrix, slower than fp32; only the weights are "
                 "rounded, so the top-k stays near fp32's"
+            ),
+        ),
+        PrecisionKind(
+            "w4", 4, "4-bit weights (Q4_0), float activations (CPU)", (FP32, FP32),
+            quantize=_w4, reads_checkpoint=True,
+            cpu_only="w4 is a CPU precision (its speed is llmchat's CPU matvec kernel); "
+            "on a GPU use nf4, int8, bf16 or fp16",
+            note=lambda: (
+                "w4 on CPU: llama.cpp's Q4_0, 4-bit weights with one scale per 32, fp32 activations: "
+                "an eighth of fp32's matrix bytes; the LM head is 4-bit too and the embedding table "
+                "stays fp32, as w8 keeps it; fast once the matvec kernel is built, before that each "
+                "token widens every matrix; rounding to 16 levels moves the top-k more than w8 "
+                "(F8 compares it with fp32)"
             ),
         ),
     )

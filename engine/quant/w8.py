@@ -27,23 +27,32 @@ from engine.fast import gemm, pages
 from engine.quant.int8 import quantize_rows
 
 
-class W8Linear(nn.Module):
-    """y = x @ W.T with W held as int8 rows `q` [out, in] and their float32 `scale` [out]."""
+class QuantizedLinear(nn.Module):
+    """y = x @ W.T with W held quantized row by row: the buffers `q` [out, ...] and `scale`
+    [out, ...], as w8 and w4 each lay them out."""
+
+    NAME = ""
+    VALUES_PER_BYTE = 1
+    """Weights packed in one byte of `q`."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor):
         super().__init__()
-        self.out_features, self.in_features = q.shape
+        self.out_features, self.in_features = q.shape[0], q.shape[1] * self.VALUES_PER_BYTE
         self.register_buffer("q", q)
         self.register_buffer("scale", scale)
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "W8Linear":
-        if linear.bias is not None:
-            raise ValueError("w8 covers linear layers without bias")
-        return cls(*quantize_rows(linear.weight))
+    @staticmethod
+    def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
 
     @classmethod
-    def fuse(cls, modules: list["W8Linear"]) -> "W8Linear":
+    def from_linear(cls, linear: nn.Linear) -> "QuantizedLinear":
+        if linear.bias is not None:
+            raise ValueError(f"{cls.NAME} covers linear layers without bias")
+        return cls(*cls.quantize(linear.weight))
+
+    @classmethod
+    def fuse(cls, modules: list["QuantizedLinear"]) -> "QuantizedLinear":
         """One matrix with the modules' rows stacked; each module's buffers become views of it."""
         fused = cls(torch.cat([m.q for m in modules]), torch.cat([m.scale for m in modules]))
         start = 0
@@ -52,6 +61,13 @@ class W8Linear(nn.Module):
             module.q, module.scale = fused.q[rows], fused.scale[rows]
             start = rows.stop
         return fused
+
+
+class W8Linear(QuantizedLinear):
+    """y = x @ W.T with W held as int8 rows `q` [out, in] and their float32 `scale` [out]."""
+
+    NAME = "w8"
+    quantize = staticmethod(quantize_rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gemm.widened(x, self.q) * self.scale
