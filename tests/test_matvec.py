@@ -42,8 +42,54 @@ def test_several_rows_of_x_take_one_read_of_the_weights(kernel, n, dtype, rows, 
     got = kernel.multiply(x, weight)
     exact = x.double() @ weight.double().T
     assert got.shape == (n, rows) and got.dtype == torch.float32
+    if dtype == torch.int8:  # each row of x rounded to 16 bits over its largest |x|, as one row is
+        rounding = x.abs().amax(1, keepdim=True).double() / 32767 / 2 * weight.double().abs().sum(1)
+        assert ((got.double() - exact).abs() <= rounding + 1e-3).all()
+        return
     scale = weight.double().abs().max().item()
     torch.testing.assert_close(got.double(), exact, atol=1e-5 * scale * width**0.5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", [2, 5, 16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, width", [(200, 576), (7, 33)])
+def test_several_16_bit_rows_of_x_give_each_rows_own_product_in_their_dtype(kernel, n, dtype, rows, width):
+    """A bf16 model's verify: its activations as they are, each row's product as one row gives it."""
+    torch.manual_seed(n + width)
+    weight, x = torch.randn(rows, width).to(dtype), torch.randn(n, width).to(dtype)
+    got = kernel.multiply(x, weight)
+    assert got.shape == (n, rows) and got.dtype == dtype
+    one_at_a_time = torch.cat([kernel.multiply(x[j : j + 1], weight) for j in range(n)])
+    exact = x.double() @ weight.double().T
+    tolerance = 2**-7 if dtype == torch.bfloat16 else 2**-10  # the result's own rounding
+    torch.testing.assert_close(got.double(), exact, atol=tolerance * width**0.5, rtol=tolerance)
+    torch.testing.assert_close(
+        got.double(), one_at_a_time.double(), atol=tolerance * width**0.5, rtol=tolerance
+    )
+
+
+def test_several_int8_rows_of_x_each_give_what_one_row_gives(kernel):
+    """A w8 verify's logits row by row as the plain step's: each row rounded over its own largest |x|."""
+    torch.manual_seed(3)
+    q, x = torch.randint(-127, 128, (300, 1536), dtype=torch.int8), torch.randn(9, 1536)
+    x[4] *= 1000  # one row far larger than the others: its rounding must not coarsen theirs
+    got = kernel.multiply(x, q)
+    for j in range(9):  # the same integer sums, added up as floats in another order
+        alone = kernel.multiply(x[j : j + 1], q)[0]
+        torch.testing.assert_close(got[j], alone, atol=1e-6 * alone.abs().max().item(), rtol=1e-6)
+
+
+def test_several_int8_rows_keep_a_non_finite_row_and_the_widest_integer_sums(kernel):
+    q = torch.ones(4, 576, dtype=torch.int8)
+    x = torch.randn(3, 576)
+    x[1, 3] = float("nan")
+    got = kernel.multiply(x, q)
+    assert got[1].isnan().all() and got[[0, 2]].isfinite().all()  # the float path carries the NaN
+    for width in (8192, 8193):  # every product at its largest: the int32 sums hold, or floats take it
+        q = torch.tensor([[127], [-128]], dtype=torch.int8).repeat(1, width)
+        x = torch.full((3, width), 3.0)
+        expected = torch.tensor([[381.0 * width, -384.0 * width]]).repeat(3, 1)
+        torch.testing.assert_close(kernel.multiply(x, q), expected)
 
 
 def test_more_rows_than_the_kernel_takes_are_refused_in_one_line(kernel):

@@ -295,7 +295,7 @@ class FastLlama:
         matvec kernel once it is loaded (engine/fast/matvec.py): torch's matmul reads W well below
         the memory's speed for so few rows."""
         rows = x.shape[:-1].numel()
-        if 1 < rows <= matvec.MAX_ROWS and x.dtype == torch.float32 and not self.transposed:
+        if 1 < rows <= matvec.MAX_ROWS and _rows_dtype(x, weight) and not self.transposed:
             product = self._rows_product(x, weight)
             if product is not None:
                 return product
@@ -316,8 +316,9 @@ class FastLlama:
 
     @staticmethod
     def _rows_product(x: torch.Tensor, weight) -> torch.Tensor | None:
-        """x [.., in] (2 to 16 rows, float32) @ W.T by the matvec kernel, each weight row read once
-        for every row of x; None where the kernel is not loaded or does not stream W (w8a8's)."""
+        """x [.., in] (2 to 16 rows, float32 or W's dtype) @ W.T by the matvec kernel, each weight
+        row read once for every row of x; None where the kernel is not loaded or does not stream W
+        (w8a8's)."""
         rows = x.reshape(-1, x.shape[-1])
         if isinstance(weight, (W8Linear, W4Linear)):
             product = _quantized_product(rows, weight, matvec.can_multiply_now)
@@ -535,6 +536,13 @@ def _quantized_product(x: torch.Tensor, weight: W8Linear | W4Linear, can) -> tor
     if isinstance(weight, W4Linear):
         return matvec.multiply_q4(x, weight.q, weight.scale)
     return matvec.multiply(x, weight.q) * weight.scale
+
+
+def _rows_dtype(x: torch.Tensor, weight) -> bool:
+    """Whether the kernel takes these rows of x as they are: float32 against any weight, or a
+    16-bit x against a weight of its own dtype (a bf16 model's activations: one read of W where
+    torch's matmul took ~2 steps' time for 5 rows)."""
+    return x.dtype == torch.float32 or (isinstance(weight, torch.Tensor) and weight.dtype == x.dtype)
 
 
 def _plus(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

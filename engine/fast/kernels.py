@@ -50,8 +50,16 @@ try:
 except ImportError:  # not on Windows: no lock of ours there
     fcntl = None
 
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
-"""-ffast-math lets the compiler vectorize exp and the reductions (docs/benchmarks-history.md)."""
+FLAGS = [
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-ffast-math",
+    *os.environ.get("LLMCHAT_KERNEL_CFLAGS", "").split(),
+]
+"""-ffast-math lets the compiler vectorize exp and the reductions (docs/benchmarks-history.md).
+LLMCHAT_KERNEL_CFLAGS adds flags: `-mno-avx512f` builds (beside the usual build) and tests the
+AVX2 kernels on an AVX-512 CPU (scripts/test_avx2_kernels.sh)."""
 
 _HERE = Path(__file__).parent
 KERNELS = {"step": _HERE / "decode_step.cpp", "sampling": _HERE / "sample_summary.cpp"}

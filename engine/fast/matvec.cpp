@@ -9,7 +9,7 @@
 // result rounded to W's dtype, as the loop's is. w8's int8 rows take a float32 x and give a
 // float32 result, the rows' scales applied after; where the CPU has AVX512-VNNI or AVX2, x is
 // rounded to 16 bits and the rows summed in integers (rows_dpwssd, rows_madd). Up to 16 rows of x at once
-// (rows_many: a speculative verify, the lab's batch) read each weight row once for all of them.
+// (matvec_rows.h: a speculative verify, the lab's batch) read each weight row once for all of them.
 // w4's Q4_0 blocks (4-bit values, a float16 scale per 32) have an op of their own, matvec_q4
 // (rows_q4_int, rows_q4), and a one-pass widening for a prefill's matmul, dequantize_q4.
 // Built as part of decode_step.cpp.
@@ -331,53 +331,6 @@ void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
   });
 }
 
-// Several rows of x at once (a speculative verify's K+1 tokens, the lab's batch of decodes, a
-// short prefill): each weight row is read from memory once and multiplied by every x row while
-// it is in L1, so up to kMaxRows rows cost about the bytes of one; the products are not free, but
-// with N independent sums per row they run at the cores' multiply rate, well under a row's read
-// time for N <= 16 (a step's cost is reading W). W's row is widened to float32 once, x's rows
-// once per call; GCC's vector type is the CPU's widest 8-float register (AVX2; AVX-512 halves).
-constexpr int64_t kMaxRows = 16;
-using float8 = float __attribute__((vector_size(32)));
-
-inline float8 load8(const float* p) {
-  float8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// Row r of W (`row`, widened to float32) times each of x's N rows, into out's column r.
-template <int N>
-void sums_of_row(const float* xf, const float* row, float* out, int64_t rows, int64_t in, int64_t r) {
-  const int64_t full = in - in % 8;
-  float8 sums[N] = {};
-  for (int64_t k = 0; k < full; k += 8) {
-    const float8 weights = load8(row + k);
-    for (int j = 0; j < N; ++j) sums[j] += load8(xf + j * in + k) * weights;
-  }
-  for (int j = 0; j < N; ++j) {
-    float sum = 0.f;
-    for (int lane = 0; lane < 8; ++lane) sum += sums[j][lane];
-    for (int64_t k = full; k < in; ++k) sum += xf[j * in + k] * row[k];
-    out[j * rows + r] = sum;
-  }
-}
-
-template <int N, typename W>
-void rows_many(const float* xf, const W* w, float* out, int64_t rows, int64_t in, int64_t begin,
-               int64_t end) {
-  std::vector<float> widened(std::is_same_v<W, float> ? 0 : in);
-  for (int64_t r = begin; r < end; ++r) {
-    const W* source = w + r * in;
-    const float* row = reinterpret_cast<const float*>(source);
-    if constexpr (!std::is_same_v<W, float>) {
-      for (int64_t k = 0; k < in; ++k) widened[k] = static_cast<float>(source[k]);
-      row = widened.data();
-    }
-    sums_of_row<N>(xf, row, out, rows, in, r);
-  }
-}
-
 // w4's Q4_0 blocks (engine/quant/w4.py): per row, in / 2 bytes of 4-bit values (value j of a
 // block of 32 in byte j's low half, value j + 16 in its high half) and in / 32 float16 scales,
 // read as stored. Each block is widened to float32 in registers (GCC's 16-float vector: one
@@ -543,53 +496,7 @@ inline void widen_row(Q4 w, int64_t r, int64_t in, float* row) {
   }
 }
 
-// rows_many for a Q4_0 matrix: each row widened once for all of x's N rows.
-template <int N>
-void rows_many(const float* xf, const Q4* w, float* out, int64_t rows, int64_t in, int64_t begin,
-               int64_t end) {
-  std::vector<float> widened(in);
-  for (int64_t r = begin; r < end; ++r) {
-    widen_row(*w, r, in, widened.data());
-    sums_of_row<N>(xf, widened.data(), out, rows, in, r);
-  }
-}
-
-// rows_many for n rows, n a compile-time constant (its sums stay in registers).
-template <typename W, int N = 2>
-void rows_many_of(int64_t n, const float* xf, const W* w, float* out, int64_t rows, int64_t in,
-                  int64_t begin, int64_t end) {
-  if constexpr (N <= kMaxRows) {
-    if (n == N) return rows_many<N>(xf, w, out, rows, in, begin, end);
-    rows_many_of<W, N + 1>(n, xf, w, out, rows, in, begin, end);
-  }
-}
-
-// W's rows times each of x's n rows, x in float32: out [n, rows] in float32 (int8 rows' scales
-// are applied after).
-template <typename W>
-void run_many(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
-  const int64_t n = x.size(0), rows = w.size(0), in = w.size(1);
-  const float* xp = x.data_ptr<float>();
-  const W* wp = w.data_ptr<W>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
-    rows_many_of<W>(n, xp, wp, op, rows, in, begin, end);
-  });
-}
-
-at::Tensor matvec_rows_of(const at::Tensor& x, const at::Tensor& w) {
-  TORCH_CHECK(x.size(0) <= kMaxRows && x.scalar_type() == at::kFloat,
-              "matvec: several rows of x come as float32, at most 16 of them");
-  at::Tensor out = at::empty({x.size(0), w.size(0)}, x.options());
-  switch (w.scalar_type()) {
-    case at::kFloat: run_many<float>(x, w, out); break;
-    case at::kBFloat16: run_many<at::BFloat16>(x, w, out); break;
-    case at::kHalf: run_many<at::Half>(x, w, out); break;
-    case at::kChar: run_many<int8_t>(x, w, out); break;
-    default: TORCH_CHECK(false, "matvec: float32, bfloat16, float16 or int8 W only");
-  }
-  return out;
-}
+#include "matvec_rows.h"
 
 at::Tensor matvec(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "matvec: W must be a contiguous [out, in] matrix");
@@ -633,7 +540,7 @@ at::Tensor matvec_q4(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
   if (n == 1 && q4_rows_int(xp, w, op, rows, in)) return out;
   at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
     if (n == 1) return rows_q4(xp, w, op, in, begin, end);
-    rows_many_of<Q4>(n, xp, &w, op, rows, in, begin, end);
+    q4_rows_many(xp, n, w, op, rows, in, begin, end);
   });
   return out;
 }

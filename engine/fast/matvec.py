@@ -76,8 +76,8 @@ def steps_use_kernel(fast) -> bool:
 
 def multiply(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [n, in] @ weight.T, [n, out]: one row in weight's dtype (float32 for int8 rows); 2 to
-    MAX_ROWS rows in float32, whatever weight's dtype (a verify's tokens, the lab's batch: each
-    weight row is read once for all of them)."""
+    MAX_ROWS rows in float32 whatever weight's dtype, or in weight's own 16-bit dtype (a verify's
+    tokens, the lab's batch: each weight row is read once for all of them)."""
     return torch.ops.llmchat.matvec(x.contiguous(), weight)
 
 

@@ -177,6 +177,7 @@ _CODE = (
     "decode_step.cpp",
     "decode_attention.cpp",
     "matvec.cpp",
+    "matvec_rows.h",
     "simd.h",
     "../quant/w8.py",
     "../quant/w4.py",
