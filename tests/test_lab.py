@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from engine.lab import sweep
+from engine.lab import sweep, verdict
 from engine.lab.pool import KVShape, PagedKVPool, PoolError
 from engine.lab.run import Lab, LabConfig, LabError, bend, run
 from engine.lab.scheduler import LabStopped, Policy, Scheduler
@@ -234,7 +234,7 @@ def test_cli_json_has_the_sweep_and_the_three_policies(tiny_model_dir):
     assert data["pool"]["tensor_bytes"] == data["pool"]["formula_bytes"]
 
 
-def assert_the_tables_fit_80_columns(data: dict) -> None:
+def assert_the_tables_fit_80_columns(data: dict, goodput: bool = True, folds: bool = False) -> None:
     from rich.console import Console
 
     from tui.cli import lab_table
@@ -248,13 +248,15 @@ def assert_the_tables_fit_80_columns(data: dict) -> None:
         lab_table.report_console = original
     text = out.getvalue()
     assert "…" not in text and all(len(line) <= 80 for line in text.splitlines())
-    assert "(continued)" not in text  # the latency table is one row per metric and policy
-    for header in ("req/s", "output", "total", "goodput", "mean ms", "median ms", "p99.9 ms"):
+    assert folds or "(continued)" not in text  # the latency table is one row per metric and policy
+    for header in ("req/s", "output", "total", "mean ms", "median ms"):
         assert header.split()[0] in text
     for p in data["policies"]:
         for _, name in METRICS:
             assert f"{name} {p['policy']}" in text
-    assert "goodput: the requests per second that met TTFT ≤ 100000 ms, TPOT ≤ 100000 ms" in text
+    assert data["pace"] in text  # the pace line, under the policies' table
+    if goodput:
+        assert "goodput: the requests per second that met TTFT ≤ 100000 ms, TPOT ≤ 100000 ms" in text
 
 
 @pytest.mark.parametrize(
@@ -328,3 +330,104 @@ def test_a_point_timed_while_the_machine_was_busy_says_so(tiny_loaded, monkeypat
 
     lines = [str(line) for line in sweep_lines(points)]
     assert "busy" not in lines[1] and lines[2].endswith("busy")
+
+
+# -- arrival-bound or engine-bound (engine/lab/verdict.py) -------------------------------------
+
+
+def run_policies(loaded, config: LabConfig):
+    lab = Lab(loaded, config)
+    try:
+        lab.warm_up()
+        policies = [lab.run_policy(name, None, None) for name in ("sequential", "static", "continuous")]
+    finally:
+        lab.release()
+    return lab.specs, policies
+
+
+def test_users_arriving_slower_than_any_policy_serves_them_are_arrival_bound(tiny_loaded):
+    # One user every 5 s on average (the lab's clock skips the idle time); answers take well under 1 s.
+    config = LabConfig(requests=4, max_batch=2, max_new=16, budget_mib=1, arrivals="poisson", rate=0.2)
+    specs, policies = run_policies(tiny_loaded, config)
+    found = verdict.judge(specs, policies, config.max_batch)
+    assert found.arrival_bound and found.behind == ()
+    span = specs[-1].arrival_s - specs[0].arrival_s
+    assert found.offered_req_s == pytest.approx(3 / span)
+    for p in policies:
+        assert specs[-1].arrival_s < found.floors_s[p.policy] <= p.makespan_s + 1e-9
+
+
+def test_a_saturating_workload_is_engine_bound(tiny_loaded):
+    config = LabConfig(max_batch=2, budget_mib=1).saturating()
+    assert (config.requests, config.arrivals, config.min_new, config.max_new) == (8, "once", 1, 64)
+    at_once = LabConfig(requests=4, max_batch=2, max_new=4, budget_mib=1, arrivals="once", min_new=1)
+    specs, policies = run_policies(tiny_loaded, at_once)  # the CLI test below runs --saturate itself
+    found = verdict.judge(specs, policies, at_once.max_batch)
+    assert not found.arrival_bound and found.offered_req_s is None
+    assert found.summary() == "engine-bound: every request arrived at once"
+    # arrivals far faster than one answer: sequential falls behind them
+    flood = LabConfig(requests=4, max_batch=2, max_new=8, budget_mib=1, rate=1e6, min_new=8)
+    found = verdict.judge(*run_policies(tiny_loaded, flood), flood.max_batch)
+    assert not found.arrival_bound and "sequential" in found.behind
+    assert found.summary().startswith("engine-bound: sequential")
+
+
+def test_min_new_spreads_the_answers_and_its_default_draws_as_before(tiny_loaded):
+    tok = tiny_loaded.tokenizer
+    default = build(WorkloadConfig(requests=10, max_new=16), tok)
+    assert default == build(WorkloadConfig(requests=10, max_new=16, min_new=4), tok)  # 16 // 4
+    assert min(s.max_new for s in default) >= 4
+    wide = build(WorkloadConfig(requests=40, max_new=16, min_new=1), tok)
+    assert min(s.max_new for s in wide) < 4 and max(s.max_new for s in wide) <= 16
+    with pytest.raises(ValueError, match="min-new must be 1 .. max-new"):
+        WorkloadConfig(max_new=8, min_new=9)
+
+
+def pace_json(arrival_bound: bool, offered: float | None, behind: tuple[str, ...] = ()) -> dict:
+    found = verdict.Verdict(arrival_bound, offered, {}, 0.1, behind)
+    return {"pace": found.summary(), "arrival_bound": arrival_bound}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pace_json(True, 123.4),
+        pace_json(False, 123.4, ("sequential", "static", "continuous")),
+        pace_json(False, None),
+    ],
+)
+def test_the_pace_line_fits_80_columns(data):
+    from tui.cli.lab_table import pace_line
+
+    line = pace_line(data)
+    assert len(line) <= 80 and line.startswith(("arrival-bound", "engine-bound"))
+    assert line.endswith("; try --saturate") == data["arrival_bound"]
+
+
+def test_cli_says_arrival_bound_and_suggests_a_saturate_flag_that_works(tiny_model_dir, monkeypatch):
+    from tui.cli import lab as lab_cli
+    from tui.cli.main import app
+
+    args = ["lab", "batching", "--model", str(tiny_model_dir), "--max-batch", "2", "--budget-mib", "1"]
+    slow = ["--requests", "3", "--max-new", "16", "--rate", "0.2"]
+    result = CliRunner().invoke(app, [*args, *slow, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout[result.stdout.index("{") :])
+    verdict_keys = ("pace", "arrival_floor_s", "longest_answer_s")
+    assert data["arrival_bound"] is True, {key: data[key] for key in verdict_keys}
+    assert data["offered_load_req_s"] > 0 and all("busy" in p for p in data["policies"])
+    assert_the_tables_fit_80_columns(data, goodput=False)
+    # --saturate hands the lab the saturating workload (test_a_saturating_workload_is_engine_bound
+    # judges one; the real model's run is in BENCHMARKS.md)
+    served = []
+    monkeypatch.setattr(lab_cli, "measure", lambda loaded, config: served.append(config) or FakeResult())
+    result = CliRunner().invoke(app, [*args, "--saturate", "--json"])
+    assert result.exit_code == 0, result.output
+    assert served == [LabConfig(max_batch=2, budget_mib=1).saturating()]
+    bad = CliRunner().invoke(app, [*args, "--min-new", "0"])
+    assert bad.exit_code == 2 and "--min-new must be 1 .. max-new (16) tokens, got 0" in bad.output
+
+
+class FakeResult:
+    def to_json(self) -> dict:
+        return {}

@@ -7,11 +7,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-from textual.widgets import Input
+from textual.widgets import Input, Select
 
 from engine.events import TurnFinished
 from engine.instruments import phases
 from engine.instruments.explain import explain
+from engine.lab import run as lab_run
 from engine.lab import scheduler, sweep
 from tests.test_tui_instruments import (
     FIXED_PEAKS,
@@ -27,7 +28,7 @@ from tests.test_tui_instruments import (
     tiny_app,
 )
 from tests.tui_screen import screen_text, wait_for
-from tui.screens.lab import VIEWS, LabScreen
+from tui.screens.lab import SATURATE, VIEWS, LabScreen
 from tui.widgets.explanation import ExplanationPanel
 
 
@@ -69,6 +70,27 @@ def test_lab_shows_the_engine_numbers_and_frees_its_pool(tiny_model_dir, tmp_pat
             assert screen.lab.pool.num_blocks == 0 and screen.lab.pool.keys == []  # freed
             after_ids, after_keys = cache_state(app)
             assert after_ids == ids and all(torch.equal(a, b) for a, b in zip(keys, after_keys))
+
+    run(scenario)
+
+
+def test_saturate_runs_a_workload_the_engine_limits_and_says_so(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+
+    async def scenario():
+        app = tiny_app(recorder, tiny_model_dir, tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await wait_for(pilot, lambda: app.turns.ready, timeout=60)
+            screen = await opened(pilot, "f9", LabScreen) and app.screen
+            fill(screen, max_batch="2", budget_mib="1")
+            screen.query_one("#arrivals", Select).value = SATURATE
+            await pilot.press("r")
+            await wait_for(pilot, lambda: screen.result is not None, timeout=120, what="the lab")
+            await pilot.pause(0.4)
+            config = screen.result.config
+            assert (config.requests, config.arrivals, config.min_new) == (8, "once", 1)
+            assert screen.query_one("#requests", Input).value == "8"  # the form shows what ran
+            assert "engine-bound: every request arrived at once" in screen_text(app)
 
     run(scenario)
 
@@ -162,6 +184,7 @@ def test_snapshot_lab(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(scheduler, "time", FakeClock())
     monkeypatch.setattr(sweep, "time", FakeClock())
     monkeypatch.setattr(sweep, "ContentionMeter", QuietMeter)  # the suite's own load is no busy spell
+    monkeypatch.setattr(lab_run, "ContentionMeter", QuietMeter)
     monkeypatch.setattr(phases, "cached_calibration", lambda device, dtype, path=None: FIXED_PEAKS)
 
     async def before(pilot):

@@ -221,7 +221,10 @@ EXPLANATIONS: dict[str, Explanation] = {
         "never shares a step, so its throughput is the batch-1 rate. Static batching shares steps "
         "but makes early finishers' seats idle and late arrivals wait for the next batch. "
         "Continuous batching fills seats as they free up, so throughput rises and the p90 TTFT "
-        "falls. Peak blocks is the most of the pool any moment held.",
+        "falls. Peak blocks is the most of the pool any moment held. When users arrive slower than "
+        "even sequential serves them, every policy keeps up and serves the offered load: the line "
+        "under the table says so, and arrivals 'saturate' sends 4 x max B users at once, with "
+        "answers of 1 to 64 tokens, so the engine sets the pace.",
         "p90 = the value 90% of requests stay under",
     ),
     "lab.sweep": Explanation(

@@ -7,6 +7,7 @@ threading.Event) ends the run at the next step, and the pool is dropped either w
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -14,9 +15,10 @@ from typing import Callable
 import numpy as np
 import torch
 
+from engine.contention import ContentionMeter
 from engine.fast import fused, kernels
 from engine.instruments.phases import Calibration, ModelShape
-from engine.lab import costs, sweep
+from engine.lab import costs, sweep, verdict
 from engine.lab.batched import BatchedForward, Feed
 from engine.lab.pool import BLOCK_SIZE, KVShape, PagedKVPool, PoolError
 from engine.lab.scheduler import POLICY_NAMES, OnStep, Policy, Request, Scheduler, StepRecord, greedy_eos
@@ -35,6 +37,8 @@ class LabConfig:
     max_batch: int = 4
     budget_mib: float = 48.0
     max_new: int = 16
+    min_new: int | None = None
+    """The shortest answer a user wants (`--min-new`); None: a quarter of max_new."""
     arrivals: Arrivals = "poisson"
     rate: float = 4.0
     seed: int = 0
@@ -71,9 +75,19 @@ class LabConfig:
         if not self.percentiles or not all(0 < p <= 100 for p in self.percentiles):
             raise LabError(f"--percentiles must be above 0 and at most 100, got {self.percentiles}")
 
+    def saturating(self) -> "LabConfig":
+        """The same lab on a workload the engine, not the arrivals, limits (`--saturate`)."""
+        return dataclasses.replace(
+            self,
+            arrivals="once",
+            requests=verdict.SATURATING_BATCHES * self.max_batch,
+            max_new=max(verdict.SATURATING_MAX_NEW, self.max_new),
+            min_new=1,
+        )
+
     @property
     def workload(self) -> WorkloadConfig:
-        return WorkloadConfig(self.requests, self.max_new, self.arrivals, self.rate, self.seed)
+        return WorkloadConfig(self.requests, self.max_new, self.arrivals, self.rate, self.seed, self.min_new)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -97,6 +111,8 @@ class PolicyResult:
     token_bytes: int
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     slo: Slo | None = None
+    busy: bool = False
+    """Other work slowed this process while the policy ran (engine/contention.py)."""
 
     @property
     def makespan_s(self) -> float:
@@ -157,6 +173,7 @@ class PolicyResult:
             "generated_tokens": self.generated,
             "steps": len(self.steps),
             "makespan_s": round(self.makespan_s, 3),
+            "busy": self.busy,
             "serving": self.serving(),
         }
 
@@ -180,6 +197,22 @@ class LabResult:
         outs = [[tuple(r.out) for r in sorted(p.requests, key=lambda r: r.spec.id)] for p in self.policies]
         return all(o == outs[0] for o in outs)
 
+    @property
+    def verdict(self) -> verdict.Verdict:
+        """Whether the arrivals, not the engine, set every policy's pace (engine/lab/verdict.py)."""
+        return verdict.judge(self.specs, self.policies, self.config.max_batch)
+
+    def verdict_json(self) -> dict:
+        v = self.verdict
+        return {
+            "arrival_bound": v.arrival_bound,
+            "offered_load_req_s": None if v.offered_req_s is None else round(v.offered_req_s, 2),
+            "arrival_floor_s": {policy: round(at, 3) for policy, at in v.floors_s.items()},
+            "longest_answer_s": None if v.slack_s is None else round(v.slack_s, 3),
+            "behind": list(v.behind),
+            "pace": v.summary(),
+        }
+
     def to_json(self) -> dict:
         c = self.config
         return {
@@ -192,6 +225,7 @@ class LabResult:
                 "arrivals": c.arrivals,
                 "rate_per_s": c.rate if c.arrivals == "poisson" else None,
                 "max_new_tokens": c.max_new,
+                "min_new_tokens": c.workload.shortest,
                 "seed": c.seed,
                 "prompt_tokens": [len(s.prompt) for s in self.specs],
             },
@@ -215,6 +249,7 @@ class LabResult:
             "goodput_slo_ms": None if c.slo is None else dict(c.slo.limits_ms),
             "policies": [p.to_json() for p in self.policies],
             "outputs_agree": self.outputs_agree,
+            **self.verdict_json(),
         }
 
 
@@ -271,7 +306,9 @@ class Lab:
             scheduler = Scheduler(policy, self.specs, self.forward, self.eos, on_step, stop)
         except PoolError as e:
             raise LabError(str(e)) from None
+        meter = ContentionMeter()
         requests = scheduler.run()
+        busy = meter.stop().busy
         longest = max(len(s.prompt) for s in self.specs) + self.config.max_new
         return PolicyResult(
             name,
@@ -283,6 +320,7 @@ class Lab:
             self.kv.token_bytes(),
             self.config.percentiles,
             self.config.slo,
+            busy,
         )
 
     def warm_up(self) -> None:

@@ -1,6 +1,7 @@
 """Simulated users: real questions of different lengths, arriving all at once or as a Poisson
-stream, each wanting its own number of new tokens, from a quarter of `max_new` up to `max_new`
-(answers differ in length, which is what lets continuous batching refill a finished seat).
+stream, each wanting its own number of new tokens, from `min_new` (a quarter of `max_new`
+unless set) up to `max_new` (answers differ in length, which is what lets continuous batching
+refill a finished seat; a wider spread, as real answers have, gives it more seats to refill).
 Seeded, so a run can be repeated exactly."""
 
 from __future__ import annotations
@@ -52,16 +53,25 @@ class WorkloadConfig:
     rate: float = 4.0
     """Poisson arrivals: mean requests per second."""
     seed: int = 0
+    min_new: int | None = None
+    """The shortest answer a user wants; None: a quarter of max_new."""
 
     def __post_init__(self) -> None:
         if self.requests < 1:
             raise ValueError(f"requests must be at least 1, got {self.requests}")
         if self.max_new < 1:
             raise ValueError(f"max_new must be at least 1 token, got {self.max_new}")
+        if self.min_new is not None and not 1 <= self.min_new <= self.max_new:
+            raise ValueError(f"min-new must be 1 .. max-new ({self.max_new}) tokens, got {self.min_new}")
         if self.arrivals not in ("once", "poisson"):
             raise ValueError(f"arrivals must be 'once' or 'poisson', got {self.arrivals!r}")
         if self.arrivals == "poisson" and not self.rate > 0:
             raise ValueError(f"rate must be above 0 requests per second, got {self.rate}")
+
+    @property
+    def shortest(self) -> int:
+        """The shortest answer drawn."""
+        return max(1, self.max_new // 4) if self.min_new is None else self.min_new
 
 
 def prompt_ids(tokenizer, question: str) -> tuple[int, ...]:
@@ -75,7 +85,7 @@ def prompt_ids(tokenizer, question: str) -> tuple[int, ...]:
 
 def build(config: WorkloadConfig, tokenizer) -> list[RequestSpec]:
     """The requests, in arrival order: questions drawn in a seeded shuffle (every question once
-    before any repeats), answer lengths drawn from max_new/4 .. max_new, arrivals at 0 or at
+    before any repeats), answer lengths drawn from `shortest` .. max_new, arrivals at 0 or at
     Poisson times."""
     rng = random.Random(config.seed)
     order: list[str] = []
@@ -88,6 +98,6 @@ def build(config: WorkloadConfig, tokenizer) -> list[RequestSpec]:
     for i, question in enumerate(order[: config.requests]):
         if config.arrivals == "poisson" and i > 0:
             t += rng.expovariate(config.rate)
-        wanted = rng.randint(max(1, config.max_new // 4), config.max_new)
+        wanted = rng.randint(config.shortest, config.max_new)
         specs.append(RequestSpec(i, question, prompt_ids(tokenizer, question), t, wanted))
     return specs

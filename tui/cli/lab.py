@@ -73,11 +73,20 @@ def batching(
     max_batch: int = typer.Option(4, "--max-batch", help="Most sequences in one step (static: batch size)."),
     budget_mib: float = typer.Option(48.0, "--budget-mib", help="Memory for the paged KV pool, MiB."),
     max_new: int = typer.Option(16, "--max-new", help="Longest answer (each user wants max/4..max tokens)."),
+    min_new: Optional[int] = typer.Option(
+        None, "--min-new", help="Shortest answer (default: a quarter of --max-new); lower spreads them wider."
+    ),
     arrivals: str = typer.Option(
         "poisson", "--arrivals", help="'poisson' (see --rate) or 'once' (all at 0)."
     ),
     rate: float = typer.Option(4.0, "--rate", help="Poisson arrivals: mean requests per second."),
     seed: int = typer.Option(0, "--seed", help="Seeds the questions' order and the arrival times."),
+    saturate: bool = typer.Option(
+        False,
+        "--saturate",
+        help="A workload the engine, not the arrivals, limits: 4 x --max-batch requests at once, answers "
+        "1 to max(64, --max-new) tokens (replaces --requests, --arrivals, --min-new).",
+    ),
     block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block."),
     step_tokens: int = typer.Option(
         64, "--step-tokens", help="Most tokens one step feeds (chunked prefill)."
@@ -97,6 +106,8 @@ def batching(
     """Serve one workload three ways (sequential, static, continuous) and sweep decode over B."""
     percentiles_, slo = check_serving_figures(percentiles, goodput)
     config = lab_config(dict(locals()) | {"percentiles": percentiles_, "slo": slo})
+    if saturate:
+        config = config.saturating()
     check_budget(budget_mib, machine_memory_mib(), "this machine")
     if threads is not None:
         use_threads(threads)

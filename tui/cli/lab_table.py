@@ -48,8 +48,9 @@ def _workload_line(result: dict) -> str:
     return (
         f"workload: {w['requests']} requests, arrivals {w['arrivals']}"
         + (f" at {w['rate_per_s']}/s" if w["rate_per_s"] else "")
-        + f", prompts {min(w['prompt_tokens'])}-{max(w['prompt_tokens'])} tokens, up to "
-        f"{w['max_new_tokens']} new each, seed {w['seed']}; max batch {result['max_batch']}"
+        + f", prompts {min(w['prompt_tokens'])}-{max(w['prompt_tokens'])} tokens, answers "
+        f"{w['min_new_tokens']}-{w['max_new_tokens']} tokens, seed {w['seed']}; "
+        f"max batch {result['max_batch']}"
     )
 
 
@@ -71,6 +72,9 @@ def print_policies(console: Console, result: dict) -> None:
     policies = result["policies"]
     slo = result.get("goodput_slo_ms")
     print_figures(console, _throughput(policies, with_goodput=slo is not None))
+    console.print(pace_line(result))
+    if busy := [p["policy"] for p in policies if p["busy"]]:
+        console.print(f"busy machine while {', '.join(busy)} ran: figures slowed; run again")
     if slo:
         limits = ", ".join(f"{key.upper()} ≤ {limit:g} ms" for key, limit in slo.items())
         console.print(f"goodput: the requests per second that met {limits}")
@@ -100,6 +104,12 @@ def _throughput(policies: list[dict], with_goodput: bool) -> Table:
             str(s["max_concurrent_requests"] or 0),
         )
     return table
+
+
+def pace_line(result: dict) -> str:
+    """Whether the arrivals or the engine set the pace (engine/lab/verdict.py), and where the
+    arrivals did, the flag that compares the policies; one line within 80 columns."""
+    return result["pace"] + ("; try --saturate" if result["arrival_bound"] else "")
 
 
 LATENCY_TITLE = (

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 VIEWS = ("timeline", "pool", "steps", "policies", "sweep")
 FIELDS = (("users", "requests", 8), ("max B", "max_batch", 4), ("pool MiB", "budget_mib", 48))
 """(label, LabConfig field, default): short labels, so the row fits 80 columns."""
+SATURATE = "saturate"
+"""The arrivals choice that serves LabConfig.saturating(): 4 x max B users at once, answers 1-64."""
 
 
 def done_line(outputs_agree: bool) -> str:
@@ -93,7 +95,7 @@ class LabScreen(InstrumentScreen):
                 yield Input(str(default), id=name, type="number", compact=True)
             yield Label(" arrivals")
             yield Select(
-                [("poisson", "poisson"), ("at once", "once")],
+                [("poisson", "poisson"), ("at once", "once"), ("saturate", SATURATE)],
                 value="poisson",
                 allow_blank=False,
                 id="arrivals",
@@ -152,7 +154,10 @@ class LabScreen(InstrumentScreen):
                 values[name] = float(text) if name == "budget_mib" else int(text)
             except ValueError:
                 raise LabError(f"{label} must be a number, got {text!r}") from None
-        config = LabConfig(**values, arrivals=str(self.query_one("#arrivals", Select).value))
+        arrivals = str(self.query_one("#arrivals", Select).value)
+        if arrivals == SATURATE:
+            return LabConfig(**values).saturating()
+        config = LabConfig(**values, arrivals=arrivals)
         config.workload  # checks the workload's own fields
         return config
 
@@ -167,6 +172,7 @@ class LabScreen(InstrumentScreen):
         except ValueError as e:
             self._status(f"✖ {e}")
             return
+        self.query_one("#requests", Input).value = str(config.requests)  # saturate sets the users
         self.running, self.result = True, None
         self._policies, self._sweep, self._views, self._policy = [], [], (), ""
         self._steps.clear()
@@ -251,7 +257,10 @@ class LabScreen(InstrumentScreen):
         self.query_one("#steps", Static).update(
             Content("\n").join(lab_views.step_lines(list(self._steps), self.balance))
         )
-        self.query_one("#policies", Static).update(Content("\n").join(lab_views.policy_lines(self._policies)))
+        policies = lab_views.policy_lines(self._policies)
+        if self.result is not None:
+            policies.append(lab_views.pace_line(self.result.verdict))
+        self.query_one("#policies", Static).update(Content("\n").join(policies))
         skipped = self.result.sweep_skipped if self.result is not None else ()
         self.query_one("#sweep", Static).update(
             Content("\n").join(lab_views.sweep_lines(self._sweep, skipped))

@@ -11,6 +11,7 @@ from textual.widgets import Static
 from engine.lab.run import bend
 from engine.lab.scheduler import RequestView, StepRecord
 from engine.lab.sweep import SweepPoint, dips
+from engine.lab.verdict import Verdict
 from tui.fmt import count, human_bytes, ms
 from tui.plot import batching_plot
 
@@ -158,10 +159,17 @@ def policy_lines(policies: Sequence[dict]) -> list[Content]:
                 f"{p['policy']:<11}{p['throughput_tok_s']:>8.1f}{p['ttft_ms_p50']:>10.0f}{p['ttft_ms_p90']:>10.0f}"
                 f"{p['itl_ms_p50']:>9.1f}{p['itl_ms_p90']:>9.1f}{p['peak_blocks']:>8}"
                 f"{human_bytes(p['peak_paged_bytes']):>11}{human_bytes(p['peak_contiguous_bytes']):>12}"
-                f"{p['preemptions']:>9}"
+                f"{p['preemptions']:>9}" + ("  busy" if p.get("busy") else "")
             )
         )
     return lines
+
+
+def pace_line(verdict: Verdict) -> Content:
+    """Whether the arrivals or the engine set the pace; where the arrivals did, how to compare."""
+    if verdict.arrival_bound:
+        return Content.styled(verdict.summary() + "; to compare them: arrivals saturate", "$text-warning")
+    return Content.styled(verdict.summary(), "$text-muted")
 
 
 def sweep_lines(points: Sequence[SweepPoint], skipped: Sequence[int] = ()) -> list[Content]:
