@@ -22,7 +22,7 @@ from engine.instruments.phases import (
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 from tests.tiny import build_tiny_model
-from tui.screens.phases import machine_line, measure_rows, verdict
+from tui.screens.phases import machine_line, measure_rows, model_line, verdict
 
 
 def test_the_tiny_config_as_counted(tiny_loaded):
@@ -55,6 +55,12 @@ def test_a_pass_reads_the_table_only_where_the_head_multiplies_by_it(tmp_path, p
     assert shape.tied_embeddings and shape.parameters == loaded.info.parameters
     looked_up = table.numel() * table.element_size() if precision in ("w8", "w8a8", "w4") else 0
     assert shape.streamed_weight_bytes == loaded.info.weight_bytes - looked_up
+    # The LM head's share, which F6 states: its matrix as stored (w8: int8 and a scale a row).
+    head = {"fp32": 4, "bf16": 2, "w8": 1 + 4 / 64, "w8a8": None, "w4": 0.5 + 2 / 32}[precision]
+    if head is not None:
+        assert shape.head_bytes == shape.vocab * (shape.hidden * head)
+    share = f"{shape.head_bytes / shape.streamed_weight_bytes:.0%}, {shape.vocab:,} entries)"
+    assert share in model_line(shape).plain
 
 
 def test_flops_match_a_hand_count(tiny_loaded):

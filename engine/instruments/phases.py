@@ -57,7 +57,7 @@ import torch
 
 from engine.contention import ContentionMeter
 from engine.events import Contention, ModelInfo, TurnStats
-from engine.models import LoadedModel, weights_read_per_token
+from engine.models import LoadedModel, head_bytes_per_token, weights_read_per_token
 from engine.session import PREFILL_CHUNK
 
 Bound = Literal["compute", "memory"]
@@ -88,6 +88,8 @@ class ModelShape:
     """W: weight bytes one forward pass reads (engine/models.py `weights_read_per_token`: all
     but a table the LM head does not multiply by, of which a pass reads a row a token)."""
     kv_bytes_per_token: int
+    head_bytes: int = 0
+    """Bytes of the LM head, of W (engine/models.py `head_bytes_per_token`)."""
     layer_biases: int = 0
     """Bias values of one layer's projections, read from its modules (Qwen2: q, k, v)."""
     windows: tuple[int | None, ...] = ()
@@ -115,6 +117,7 @@ class ModelShape:
             weight_bytes=info.weight_bytes,
             streamed_weight_bytes=weights_read_per_token(loaded),
             kv_bytes_per_token=info.kv_bytes_per_token,
+            head_bytes=head_bytes_per_token(loaded),
             layer_biases=biases,
             layer_norms=norms,
             windows=info.layer_windows,

@@ -298,14 +298,23 @@ def _spread(peaks: Calibration) -> str:
 
 
 def model_line(s: ModelShape) -> Content:
-    """The work the model's shape sets per token: weights, bytes read per pass, K/V per token."""
+    """The work the model's shape sets per token: weights, bytes read per pass (and the LM head's
+    share of them: with a large vocabulary, most), K/V per token."""
     return Content.assemble(
         ("model ", "bold"),
         f"P = {s.matmul_params:,} weights per token in {s.layers} layers ",
         ("(2·P FLOPs per token)", "$text-muted"),
         f" · LM head {s.head_params:,} · W = {human_bytes(s.streamed_weight_bytes)} "
-        f"read per pass · KV {s.kv_bytes_per_token:,} B/token",
+        f"read per pass{_head_share(s)} · KV {s.kv_bytes_per_token:,} B/token",
     )
+
+
+def _head_share(s: ModelShape) -> str:
+    """', the LM head 671 MB of it (63%, 262,144 entries)': what a step's bytes go to."""
+    if not s.head_bytes or not s.streamed_weight_bytes:
+        return ""
+    share = s.head_bytes / s.streamed_weight_bytes
+    return f", the LM head {human_bytes(s.head_bytes)} of it ({share:.0%}, {s.vocab:,} entries)"
 
 
 class PhasesScreen(InstrumentScreen):
