@@ -348,7 +348,8 @@ class InferenceWorker:
             yield Notice("speculative decoding off")
             return
         try:
-            speculation = make_speculation(command.choice, command.k, self.session.loaded)
+            compile = self.session.compile_wanted  # a draft model's steps compiled as the model's are
+            speculation = make_speculation(command.choice, command.k, self.session.loaded, compile=compile)
         except (models.ModelError, PrecisionError, ValueError) as e:
             yield Failed(f"speculative decoding ({command.choice}): {e}")
             return

@@ -306,3 +306,29 @@ def test_every_llmchat_source_a_saved_step_runs_is_in_its_key(tiny_model_dir, pr
     keyed = {(here / name).resolve() for name in steps._CODE}
     ours = {path for path in ran if ROOT / "engine" in path.parents}
     assert ours and ours <= keyed, sorted(str(p.relative_to(ROOT)) for p in ours - keyed)
+
+
+def test_a_draft_model_drafts_with_its_own_compiled_step(tiny_model_dir, monkeypatch):
+    """A draft at w8 (the CPU's cheap copy, `--speculative MODEL`) takes its one-token steps with a
+    compiled step of its own once built: the drafts of its eager steps, the plain answer."""
+    from engine.sampling import Sampler
+    from engine.speculative.drafters import DraftModel
+    from engine.speculative.loop import Speculation
+
+    target = models.load(str(tiny_model_dir), "fp32", "cpu")
+    vocab, tokenizer = target.info.vocab_size, target.tokenizer
+    drafter = DraftModel(models.load(str(tiny_model_dir), "w8", "cpu"), vocab, tokenizer, compile=True)
+    drafter.wait_compiled(600)
+    assert drafter.compiled.ready.is_set(), drafter.compiled.describe()
+    stepped = []
+    step = drafter.compiled.step
+    monkeypatch.setattr(drafter.compiled, "step", lambda *args: stepped.append(1) or step(*args))
+    eager = DraftModel(models.load(str(tiny_model_dir), "w8", "cpu"), vocab, tokenizer)
+    sampler = Sampler(SamplingSettings(temperature=0.0), 5)
+    context = list(range(10, 40))
+    assert drafter.propose(context, 4, sampler).ids == eager.propose(context, 4, sampler).ids
+    assert len(stepped) == 3  # the first draft comes from the prompt's forward, the others a step each
+    settings = SamplingSettings(temperature=0.0, max_new_tokens=24)
+    plain, spec = ChatSession(target, settings, compile=False), ChatSession(target, settings, compile=False)
+    spec.speculation = Speculation(drafter, k=4)
+    assert _greedy(spec) == _greedy(plain) and spec.speculation.stats.rounds > 0

@@ -13,6 +13,7 @@ from engine.models import LoadedModel
 from engine.prompts import FILLER
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
+from engine.speculative.drafters import DraftModel
 from engine.speculative.loop import SpecStats, Speculation, make_speculation
 
 PROMPTS = (
@@ -59,7 +60,9 @@ def bench_speculative(
     loaded: LoadedModel, choice: str, k: int, tokens: int, repeats: int, compile: bool
 ) -> dict:
     """Plain against speculative decoding, interleaved, on PROMPTS; both sides greedy."""
-    speculation = make_speculation(choice, k, loaded)
+    speculation = make_speculation(choice, k, loaded, compile=compile)
+    if isinstance(speculation.drafter, DraftModel):
+        speculation.drafter.wait_compiled()  # its steady state, as the plain side's compiled step
     plain_runs: list[list] = [[] for _ in range(repeats)]
     spec_runs: list[list] = [[] for _ in range(repeats)]
     per_prompt, identical = {}, True

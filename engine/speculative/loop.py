@@ -210,9 +210,10 @@ def parse_choice(choice: str) -> tuple[str, str | None]:
     return (spec, precision) if at and spec else (choice, None)
 
 
-def make_speculation(choice: str, k: int, target, progress=None) -> Speculation:
+def make_speculation(choice: str, k: int, target, progress=None, compile: bool = False) -> Speculation:
     """The setting for `--speculative lookup|MODEL[@PRECISION]`; a draft model loads on the
-    target's device, at w8 on a CPU (the cheap copy) or the target's precision on a GPU.
+    target's device, at w8 on a CPU (the cheap copy) or the target's precision on a GPU, and
+    with `compile` (as the target's session) builds its own compiled step.
     Raises ValueError (bad K, another tokenizer) or the loader's one-line errors."""
     from engine import models
     from engine.speculative.drafters import DraftModel, PromptLookup
@@ -224,4 +225,4 @@ def make_speculation(choice: str, k: int, target, progress=None) -> Speculation:
     device = target.info.device
     precision = precision or ("w8" if device == "cpu" else target.info.precision)
     draft = models.load(spec, precision, device, progress=progress)
-    return Speculation(DraftModel(draft, target.info.vocab_size, target.tokenizer), k)
+    return Speculation(DraftModel(draft, target.info.vocab_size, target.tokenizer, compile), k)
