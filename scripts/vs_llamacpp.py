@@ -1,10 +1,11 @@
 """llmchat against llama.cpp on this CPU, same weights, measured interleaved in one run.
 
     .venv/bin/python scripts/vs_llamacpp.py [--model GGUF] [--rounds 2] [--threads 2] [--json]
+                                            [--widths Q4_0,Q8_0]
 
 Builds llama.cpp's `llama-bench` and `llama-quantize` once from the source vendored in PyPI's
 llama-cpp-python sdist (cmake, GGML_NATIVE=ON, into llmchat's cache dir; minutes on 2 cores),
-requantizes the built-in GGUF (or --model's, any family llama.cpp reads) to F32 / BF16 / Q8_0 so
+requantizes the built-in GGUF (or --model's, any family llama.cpp reads) to F32 / BF16 / Q8_0 / Q4_0 so
 both sides run the same weights, then
 alternates `llama-bench -p 512 -n 64 -r 3` with `llmchat bench --prompt-lengths 512` for each
 width and prints decode and prefill tok/s side by side with their ratio. llama-bench's decode
@@ -29,7 +30,9 @@ import platformdirs
 SDIST = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
 # llama.cpp's type name, llmchat's precision with the same weight width.
-WIDTHS = (("F32", "fp32"), ("BF16", "bf16"), ("Q8_0", "w8"))
+WIDTHS = (("F32", "fp32"), ("BF16", "bf16"), ("Q8_0", "w8"), ("Q4_0", "w4"))
+# w4 quantizes at load the way llama-quantize makes Q4_0 (tests/test_w4.py: byte for byte against
+# gguf's quantizer), from the same dequantized file; its embedding table stays float (only looked up).
 PROMPT, DECODE, REPEATS = 512, 64, 3
 # Each of our figures and llama.cpp's for the same work: llama-bench's decode samples nothing,
 # so it is set against our step alone, and our chat's loop (sampling, the panels' events) beside it.
@@ -178,20 +181,26 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     parser.add_argument("--model", type=Path, help="a GGUF file (default: the built-in SmolLM2)")
+    names = ",".join(kind for kind, _ in WIDTHS)
+    parser.add_argument("--widths", default=names, help=f"llama.cpp's types to compare, of {names}")
     args = parser.parse_args()
+    wanted = args.widths.split(",")
+    if unknown := set(wanted) - {kind for kind, _ in WIDTHS}:
+        parser.error(f"--widths: not one of {names}: {','.join(sorted(unknown))}")
+    widths = [(kind, precision) for kind, precision in WIDTHS if kind in wanted]
     model = args.model.resolve() if args.model else builtin_gguf()
     cache = cache_dir()
     binaries = build(cache)
-    ggufs = {kind: requantized(binaries, cache, kind, model) for kind, _ in WIDTHS}
-    theirs: dict[str, list[dict]] = {kind: [] for kind, _ in WIDTHS}
-    ours: dict[str, list[dict]] = {precision: [] for _, precision in WIDTHS}
+    ggufs = {kind: requantized(binaries, cache, kind, model) for kind, _ in widths}
+    theirs: dict[str, list[dict]] = {kind: [] for kind, _ in widths}
+    ours: dict[str, list[dict]] = {precision: [] for _, precision in widths}
     for round_number in range(1, args.rounds + 1):
-        for kind, precision in WIDTHS:
+        for kind, precision in widths:
             say(f"round {round_number}: llama-bench {kind}, then llmchat bench {precision}")
             theirs[kind].append(llama_bench(binaries, ggufs[kind], args.threads))
             ours[precision].append(llmchat_bench(precision, model))
     rows = []
-    for kind, precision in WIDTHS:
+    for kind, precision in widths:
         row = {"llamacpp": kind, "llmchat": precision}
         for what, same_work in FIGURES:
             a, b = median_of(theirs[kind], same_work), median_of(ours[precision], what)
