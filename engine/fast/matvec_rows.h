@@ -4,14 +4,15 @@
 // rows cost about the bytes of one. What is left is the products, n per weight, and they are
 // arranged so the cores' multipliers, not their loads, set the pace: a tile of kTileW weight
 // rows times kTileX rows of x keeps its kTileW x kTileX sums in registers, each weight widened
-// once per tile and each x vector loaded once for kTileW rows (one row at a time, the loads of x
-// came one per product, and 9 rows cost twice a step). With AVX-512, each product is the widest
-// the CPU has: 16 float32 FMAs against float32 x; where x is bfloat16 as W is (a bf16 model's
+// once per tile and each x vector loaded once for kTileW rows. With AVX-512, each product is the
+// widest the CPU has: 16 float32 FMAs against float32 x; where x is bfloat16 as W is (a bf16 model's
 // activations), 32 pairs by `vdpbf16ps`, as the one-row path multiplies; for w8's int8 rows, x
 // rounded to 16 bits per row as the one-row path rounds it (XQuantized) and 32 pairs summed in
 // integers by `vpdpwssd` (16 by `vpmaddwd` with AVX2 only). Without AVX-512, float rows take the
-// portable loop below. matvec.cpp defines what it reads (Q4, widen_row, quantize_x, the
-// int8 helpers).
+// portable loop below. Before the tiles, sums went 8 floats wide against each weight row widened
+// into memory, and a bf16 model's rows went to torch's matmul: 9 rows cost 2.0-3.1 one-row steps,
+// now 1.7-1.8 (AVX-512 EPYC; BENCHMARKS.md). matvec.cpp defines what it reads (Q4, widen_row,
+// quantize_x, the int8 helpers).
 
 constexpr int64_t kMaxRows = 16;
 
