@@ -65,8 +65,8 @@ def lookup(context: list[int], n: int, k: int) -> list[int]:
 class DraftModel:
     """Draft with a second, cheaper model that shares the tokenizer; it keeps its own KV cache.
     With `compile`, its one-token steps run its own compiled step once built (as the target's
-    do): the K-1 steps of a round after the first were eager, and a same-model w8 draft ran
-    slower per token than the fp32 model it drafted for (0.30x)."""
+    do): with the K-1 steps of a round after the first eager, a same-model w8 draft lost to the
+    fp32 model it drafted for (0.95x; compiled, 1.48x: BENCHMARKS.md)."""
 
     def __init__(self, loaded: LoadedModel, target_vocab: int, target_tokenizer, compile: bool = False):
         problem = tokenizer_mismatch(loaded.tokenizer, target_tokenizer)
