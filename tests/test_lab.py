@@ -413,9 +413,14 @@ def test_cli_says_arrival_bound_and_suggests_a_saturate_flag_that_works(tiny_mod
 
     args = ["lab", "batching", "--model", str(tiny_model_dir), "--max-batch", "2", "--budget-mib", "1"]
     slow = ["--requests", "3", "--max-new", "16", "--rate", "0.2"]
-    result = CliRunner().invoke(app, [*args, *slow, "--json"])
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout[result.stdout.index("{") :])
+    # The tiny model's answers take ~20 ms, its margin: a hiccup of the machine that long reads as
+    # a backlog (once in a clean-clone run). Up to three runs, the verdict asserted on the last.
+    for _ in range(3):
+        result = CliRunner().invoke(app, [*args, *slow, "--json"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout[result.stdout.index("{") :])
+        if data["arrival_bound"]:
+            break
     verdict_keys = ("pace", "arrival_floor_s", "longest_answer_s")
     assert data["arrival_bound"] is True, {key: data[key] for key in verdict_keys}
     assert data["offered_load_req_s"] > 0 and all("busy" in p for p in data["policies"])
