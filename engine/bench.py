@@ -29,6 +29,7 @@ from engine.models import LoadedModel, weights_read_per_token
 from engine.prompts import FILLER, QUESTIONS
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession, Message
+from engine.threads import configured as configured_threads
 
 Report = Callable[[str], None]
 
@@ -665,7 +666,7 @@ def run(config: BenchConfig, report: Report = lambda line: None) -> dict:
         "random_weights": config.random_weights,
         "bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "bandwidth_read": BANDWIDTH_READ,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": configured_threads(),
         "results": [r.as_dict() for r in results],
     }
 

@@ -15,11 +15,14 @@ it says how many threads wanted a core on average; it lags, so it only backs the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
 
+from engine import threads
 from engine.events import Contention
+from engine.threads import cores
 
 BUSY_SHARE = 0.70
 """Below this CPU share the figures are flagged: an idle run measures 0.9-1.0 here, a run beside
@@ -31,14 +34,6 @@ MIN_SCHEDSTAT_S = 0.05
 """The kernel adds a running thread's time at scheduler ticks and switches: over an interval
 shorter than this, schedstat may not have moved, and the thread's CPU clock stands in."""
 _TASKS = Path("/proc/self/task")
-
-
-def cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def load_1m() -> float | None:
@@ -83,17 +78,28 @@ def grown(start: Reading, now: Reading) -> tuple[float, float]:
     return run / 1e9, wait / 1e9
 
 
-def judge(cpu_share: float | None, load: float | None, cores: int) -> bool:
-    """The rule: busy if the share fell below BUSY_SHARE or the load exceeds OVERLOAD x cores."""
-    if cpu_share is not None and cpu_share < BUSY_SHARE:
+def judge(cpu_share: float | None, load: float | None, cores: int, fewer_threads: bool = False) -> bool:
+    """The rule: busy if the share fell below BUSY_SHARE or the load exceeds OVERLOAD x cores, or
+    the forward ran on fewer threads than it was set up with (engine/threads.py)."""
+    if fewer_threads or (cpu_share is not None and cpu_share < BUSY_SHARE):
         return True
     return load is not None and load > OVERLOAD * cores
 
 
 def contention(
-    cpu_share: float | None, load: float | None, n_cores: int, source: str = "schedstat"
+    cpu_share: float | None,
+    load: float | None,
+    n_cores: int,
+    source: str = "schedstat",
+    used: threads.ThreadsUsed | None = None,
 ) -> Contention:
-    return Contention(cpu_share, source, load, n_cores, judge(cpu_share, load, n_cores))
+    """`used`: the threads forwards ran on meanwhile (engine/threads.py)."""
+    fewest, configured, share = (
+        (used.fewest, used.configured, used.fewer_share) if used else (None, None, 0.0)
+    )
+    measured = Contention(cpu_share, source, load, n_cores, False, fewest, configured, share)
+    busy = judge(cpu_share, load, n_cores, measured.fewer_threads)
+    return dataclasses.replace(measured, busy=busy)
 
 
 class ContentionMeter:
@@ -101,6 +107,7 @@ class ContentionMeter:
 
     def __init__(self) -> None:
         self._wall = time.perf_counter()
+        self._monotonic = time.monotonic()
         self._thread_cpu = time.thread_time()
         self._scheduled = scheduled()
 
@@ -117,4 +124,5 @@ class ContentionMeter:
             cpu = time.thread_time() - self._thread_cpu
             share = min(1.0, cpu / wall) if wall > 0 else None
             source = "thread_time"
-        return contention(share, load_1m(), cores(), source)
+        used = threads.used_since(self._monotonic, paused_s)
+        return contention(share, load_1m(), cores(), source, used)

@@ -302,6 +302,11 @@ class ServerTimings:
     """The stream's `system_fingerprint` (vLLM, llama.cpp: the build)."""
 
 
+FEWER_SHARE = 0.1
+"""A turn that ran on fewer threads this share of its time or more is flagged: a governor that
+raised them again after its first window (0.5 s of a 10 s answer) did not slow the answer."""
+
+
 @dataclass(frozen=True)
 class Contention:
     """How much of the CPU this process got while it measured (engine/contention.py)."""
@@ -315,10 +320,24 @@ class Contention:
     cores: int
     busy: bool
     """The figures were measured on a busy machine and are slower than the model's own speed."""
+    threads: int | None = None
+    """The fewest threads a forward ran on (engine/threads.py: fewer while others take cores)."""
+    configured_threads: int | None = None
+    """The threads it runs on when the cores are free."""
+    fewer_share: float = 0.0
+    """The share of the interval it ran on fewer than those, 0..1."""
+
+    @property
+    def fewer_threads(self) -> bool:
+        """It ran on fewer threads long enough to slow the figures (FEWER_SHARE of the time)."""
+        return self.fewer_share >= FEWER_SHARE
 
     def figures(self) -> str:
         """'CPU share 45%, load 3.1 on 2 cores'."""
         parts = [f"CPU share {self.cpu_share:.0%}"] if self.cpu_share is not None else []
+        if self.fewer_threads:
+            spell = "" if self.fewer_share > 0.95 else f" {self.fewer_share:.0%} of the time"
+            parts.insert(0, f"ran on {self.threads} of {self.configured_threads} threads{spell}")
         if self.load_1m is not None:
             parts.append(f"load {self.load_1m:.1f} on {self.cores} cores")
         return ", ".join(parts)
@@ -475,7 +494,16 @@ def contention_json(c: Contention) -> dict[str, Any]:
     """The JSON form of a `Contention` (turn events, bench results)."""
     share = None if c.cpu_share is None else round(c.cpu_share, 3)
     load = None if c.load_1m is None else round(c.load_1m, 2)
-    return {"cpu_share": share, "source": c.source, "load_1m": load, "cores": c.cores, "busy": c.busy}
+    return {
+        "cpu_share": share,
+        "source": c.source,
+        "load_1m": load,
+        "cores": c.cores,
+        "busy": c.busy,
+        "threads": c.threads,
+        "configured_threads": c.configured_threads,
+        "fewer_threads_share": round(c.fewer_share, 3),
+    }
 
 
 def _top_k_json(top_k: tuple[Candidate, ...]) -> list[dict[str, Any]]:

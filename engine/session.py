@@ -53,6 +53,7 @@ from engine.models import LoadedModel, ModelError, not_enough_memory, out_of_mem
 from engine.prompt_format import CHAT_TEMPLATE, RAW, Joined, answer_ids_in
 from engine.sampling import Draw, Sampler, SamplingSettings
 from engine.thinking import ThoughtSplitter, markers_of, opens_block, switch_problem, thinking_figures
+from engine.threads import ThreadGovernor
 
 
 class DecodeStrategy(Protocol):
@@ -118,6 +119,8 @@ class ChatSession(Turns):
         """Why this turn's prompt could not hold every earlier answer as sampled (set by `_fit`)."""
         self.speculation: DecodeStrategy | None = None
         """Speculative decoding (engine/speculative/): off (None) keeps the plain loop below."""
+        self.threads = ThreadGovernor()
+        """Runs each forward on the cores other programs leave free (engine/threads.py)."""
         if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
             raise ValueError(f"context must be a positive number of tokens, got {context!r}")
         self._context_limit = context
@@ -371,6 +374,7 @@ class ChatSession(Turns):
         """One forward pass over `ids` with the cache (the chat's, or another an instrument
         fills with the very same forward: engine/instruments/context_sweep.py); the last position's logits."""
         cache = self.cache if cache is None else cache
+        self.threads.follow()
         if len(ids) == 1 and len(cache) and self.compiled_step_ready():
             logits = self.compiled.step(self.fast, ids[0], cache)
             cache.appended(ids)

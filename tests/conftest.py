@@ -9,6 +9,12 @@ def _private_data_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("LLMCHAT_DATA_DIR", str(tmp_path_factory.mktemp("llmchat-data")))
     # The app compiles its decode step in the background; tests that want that ask for it.
     monkeypatch.setenv("LLMCHAT_COMPILE", "0")
+    yield
+    # A test beside busy processes leaves torch on the threads a governor lowered it to
+    # (engine/threads.py): the next test starts on the cores as configured.
+    from engine import threads
+
+    threads.restore()
 
 
 @pytest.fixture(scope="session")

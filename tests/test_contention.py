@@ -130,4 +130,7 @@ def test_a_turn_beside_busy_processes_is_flagged(tiny_loaded):
             hog.kill()
             hog.wait()
     assert measured is not None and measured.cpu_share < BUSY_SHARE, measured
-    assert measured.busy and measured.describe().startswith("busy machine: figures slowed (CPU share")
+    described = measured.describe()  # the governor may have taken a thread too (engine/threads.py)
+    assert (
+        measured.busy and described.startswith("busy machine: figures slowed (") and "CPU share" in described
+    )

@@ -33,6 +33,7 @@ import torch
 from engine.fast import matvec
 from engine.fast.fused import FastLlama
 from engine.kvcache_layers import SCALE_DTYPE, PreallocatedLayer
+from engine.threads import configured as configured_threads
 
 KINDS = ("regional", "whole")
 """In the order the background build makes them: quick to compile first, fastest second."""
@@ -225,7 +226,7 @@ def saved_path(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | N
     )
     model += tuple((layer.rope, layer.window) for layer in fast.layers)
     ropes = [(inv_freq.tolist(), scale) for inv_freq, scale in fast.ropes]
-    isa, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
+    isa, threads = torch.backends.cpu.get_cpu_capability(), configured_threads()
     key = hashlib.sha256(
         repr((torch.__version__, sys.version, isa, threads, model, fast.transposed, matvec.enabled)).encode()
         + repr((shapes, str(fast.act_dtype), str(cache_dtype), ropes)).encode()

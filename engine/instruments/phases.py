@@ -59,6 +59,7 @@ from engine.contention import ContentionMeter
 from engine.events import Contention, ModelInfo, TurnStats
 from engine.models import LoadedModel, head_bytes_per_token, weights_read_per_token
 from engine.session import PREFILL_CHUNK
+from engine.threads import configured as configured_threads
 
 Bound = Literal["compute", "memory"]
 CALIBRATION_RUNS = 5
@@ -280,7 +281,7 @@ def _machine_key(device: str, dtype: torch.dtype) -> str:
         name = torch.cuda.get_device_name()
     else:
         name = _cpu_name()
-    return f"{device}|{name}|{str(dtype).removeprefix('torch.')}|{torch.get_num_threads()} threads"
+    return f"{device}|{name}|{str(dtype).removeprefix('torch.')}|{configured_threads()} threads"
 
 
 def _cpu_name() -> str:
@@ -348,7 +349,7 @@ def calibrate(
     result = Calibration(
         device=device,
         dtype=str(dtype).removeprefix("torch."),
-        threads=torch.get_num_threads(),
+        threads=configured_threads(),
         matmul_flop_s=statistics.median(matmul),
         bandwidth_bytes_s=statistics.median(bandwidth),
         measured_at=time.time(),

@@ -25,6 +25,7 @@ from engine.lab.scheduler import POLICY_NAMES, OnStep, Policy, Request, Schedule
 from engine.lab.workload import Arrivals, RequestSpec, WorkloadConfig, build
 from engine.models import LoadedModel
 from engine.serving_metrics import DEFAULT_PERCENTILES, Slo, summarize
+from engine.threads import configure, configured
 
 
 class LabError(ValueError):
@@ -218,7 +219,7 @@ class LabResult:
         return {
             "model": self.model,
             "precision": self.precision,
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": configured(),
             "pool": self.pool,
             "workload": {
                 "requests": c.requests,
@@ -399,7 +400,7 @@ def device_memory_mib(device: str) -> float | None:
 
 def set_threads(threads: int) -> None:
     """torch's CPU threads for this process (`llmchat lab batching --threads`)."""
-    torch.set_num_threads(threads)
+    configure(threads)
 
 
 def bend(points: list[sweep.SweepPoint], threshold: float = 0.7) -> int | None:

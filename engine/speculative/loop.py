@@ -163,6 +163,7 @@ def _round(
 ) -> Generator[Event, None, list[Draw]]:
     """Draft, verify in one forward, crop the cache to what was kept; the Draws to emit."""
     sampler.settings = settings = session.sampling
+    session.threads.follow()  # the verify pass below does not go through session.forward
     k = min(spec.length.next(), settings.max_new_tokens - generated - 1, session.context - len(context) - 2)
     t0 = time.perf_counter()
     drafts = spec.drafter.propose(context, k, sampler) if k > 0 else Drafts([], None)
