@@ -1,5 +1,6 @@
 """The compiled decode step: built in the background, same tokens as eager, never in the way."""
 
+import json
 import subprocess
 import sys
 import threading
@@ -11,7 +12,7 @@ import torch
 
 from engine import models
 from engine.events import TokenSampled
-from engine.fast import compiled, gemm, matvec, steps
+from engine.fast import compiled, fused, gemm, matvec, steps
 from engine.kvcache_layers import PreallocatedLayer
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
@@ -165,6 +166,26 @@ def test_the_child_compiles_while_the_kernel_builds_and_the_app_loads_what_it_sa
             args = (fast, torch.tensor([token]), torch.tensor([position]))
             logits, expected = step(*args, *buffers), steps.whole_step(*args, *again)
     assert torch.allclose(logits, expected, atol=1e-4) and logits.abs().sum() > 0
+
+
+def test_the_child_compiles_a_base_model_too(tiny_model_dir, monkeypatch, tmp_path):
+    # A model without a chat template (Gemma 3 270M, run with --raw): the child's load refused it
+    # ("not a chat model"), and the app compiled the step itself, holding the GIL while an answer
+    # streamed (Gemma's cold start: regional step ready after 26.6 s, 7.6 tok/s meanwhile).
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    (base / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert not compiled._compile_in_a_subprocess(str(base), "fp32", "regional", torch.float32)
+    loaded = models.load(str(base), "fp32", "cpu", chat=False)
+    assert not getattr(loaded.tokenizer, "chat_template", None)
+    fast = fused.for_model(loaded.model, compiled=True)
+    assert steps.saved_path(fast, torch.float32, "regional").exists()
 
 
 def test_making_a_step_ready_here_lets_a_streaming_answer_have_the_gil_often(tiny_model_dir, monkeypatch):
