@@ -25,7 +25,7 @@ from engine.lab.scheduler import POLICY_NAMES, OnStep, Policy, Request, Schedule
 from engine.lab.workload import Arrivals, RequestSpec, WorkloadConfig, build
 from engine.models import LoadedModel
 from engine.serving_metrics import DEFAULT_PERCENTILES, Slo, summarize
-from engine.threads import configure, configured
+from engine.threads import configure, configured, restore
 
 
 class LabError(ValueError):
@@ -347,7 +347,10 @@ def run(
     stop: threading.Event | None = None,
     report: Callable[[str], None] = lambda line: None,
 ) -> LabResult:
-    """The whole lab: policies first (same workload each), then the sweep; the pool is freed at the end."""
+    """The whole lab: policies first (same workload each), then the sweep; the pool is freed at the end.
+    It runs on the configured threads, whatever a chat's governor left (engine/threads.py): a
+    sweep compares its points on one footing, and says which were measured busy."""
+    restore()
     lab = Lab(loaded, config)
     result = LabResult(
         config,
