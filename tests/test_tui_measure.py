@@ -20,6 +20,7 @@ from tui.widgets.phase import PhasePanel
 WIDE = (160, 48)
 BUSY = Contention(0.45, "schedstat", 3.1, 2, busy=True)
 CALM = Contention(0.97, "schedstat", 0.4, 2, busy=False)
+FEWER = Contention(0.97, "schedstat", 1.1, 2, busy=True, threads=1, configured_threads=2, fewer_share=0.8)
 
 
 def run(scenario) -> None:
@@ -68,7 +69,9 @@ def test_the_real_engine_with_compile_off_says_eager_and_why(tiny_model_dir, tmp
             # Beside the figures: the CPU share the turn was measured at (busy or not, said).
             measured = recorder.of(TurnFinished)[0].stats.contention
             assert measured is not None
-            if measured.busy:
+            if measured.fewer_threads:  # others took a core meanwhile (engine/threads.py)
+                assert f"⚠ busy machine: {measured.threads} of 2 threads" in shown
+            elif measured.busy:
                 assert f"⚠ busy machine: CPU {measured.cpu_share:.0%}" in shown
             else:
                 assert f"CPU share {measured.cpu_share:.0%}" in shown
@@ -132,6 +135,21 @@ def test_a_turn_on_a_busy_machine_is_flagged_beside_its_figures(tmp_path):
             assert warning in panel_text(app)
             chat = " ".join(widget_text(app.query_one(ChatLog)).split())
             assert "43.5 tok/s · ⚠ busy machine: figures slowed (CPU share 45%" in chat
+
+    run(scenario)
+
+
+def test_a_turn_on_fewer_threads_says_how_many_beside_its_figures(tmp_path):
+    async def scenario():
+        app = fake_app(FakeFactory(contention=FEWER), tmp_path)
+        async with app.run_test(size=WIDE) as pilot:
+            await wait_for(pilot, lambda: app.turns.ready)
+            await pilot.press(*"Hi", "enter")
+            await wait_for(pilot, lambda: not app.turns.busy and app.query_one(PhasePanel).final is not None)
+            await pilot.pause(0.6)
+            assert "⚠ busy machine: 1 of 2 threads" in panel_text(app)
+            chat = " ".join(widget_text(app.query_one(ChatLog)).split())
+            assert "43.5 tok/s · ⚠ busy machine: figures slowed (ran on 1 of 2 threads 80% of" in chat
 
     run(scenario)
 

@@ -276,11 +276,15 @@ class PhasePanel(Widget):
         return Content.assemble((head, "bold"), rest + (verify if fits else ""))
 
     def _share(self) -> Content:
-        """The CPU share the last turn's figures were measured at; a warning on a busy machine
-        (the load, which only backs the share up, is in the chat's line and F6)."""
+        """The CPU share the last turn's figures were measured at; a warning on a busy machine, with
+        the threads it kept where others took cores (the load, which only backs the share up, is
+        in the chat's line and F6)."""
         measured = self.final.contention if self.final is not None else None
         if measured is None or measured.cpu_share is None:
             return Content("")
+        if measured.fewer_threads:  # the CPU share of the thread it kept says little
+            threads = f"{measured.threads} of {measured.configured_threads} threads"
+            return Content.styled(f" ⚠ busy machine: {threads}", "bold $text-warning")
         if measured.busy:
             return Content.styled(f" ⚠ busy machine: CPU {measured.cpu_share:.0%}", "bold $text-warning")
         return Content.styled(f" CPU share {measured.cpu_share:.0%}", "$text-muted")
