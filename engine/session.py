@@ -46,6 +46,7 @@ from engine.events import (
 from engine.fast import fused
 from engine.fast.compiled import compiled_decode
 from engine.fast.compiled import supports as supports_compiled
+from engine.forward import forward
 from engine.instruments.stepping import PendingStep, StepGate
 from engine.instruments.trace import AnswerTrace, forced_step
 from engine.kvcache import KVCache, cache_precision_of, cache_precision_problem, with_cache_precision
@@ -373,21 +374,9 @@ class ChatSession(Turns):
     def forward(self, ids: list[int], cache: KVCache | None = None) -> torch.Tensor:
         """One forward pass over `ids` with the cache (the chat's, or another an instrument
         fills with the very same forward: engine/instruments/context_sweep.py); the last position's logits."""
-        cache = self.cache if cache is None else cache
         self.threads.follow()
-        if len(ids) == 1 and len(cache) and self.compiled_step_ready():
-            logits = self.compiled.step(self.fast, ids[0], cache)
-            cache.appended(ids)
-            return logits
-        inputs = torch.tensor([ids], device=self.device)
-        if self.fast is not None:
-            logits = self.fast.forward(inputs, cache)
-        else:
-            logits = self.model(input_ids=inputs, cache=cache.hf, use_cache=True, logits_to_keep=1).logits[
-                0, -1
-            ]
-        cache.appended(ids)
-        return logits
+        compiled = self.compiled if self.compiled_step_ready() else None
+        return forward(self.model, self.fast, compiled, ids, self.cache if cache is None else cache)
 
     def compiled_step_ready(self) -> bool:
         """A decode step (one token after a non-empty cache) runs the compiled step now."""

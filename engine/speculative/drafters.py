@@ -13,6 +13,7 @@ import torch
 
 from engine.fast import fused
 from engine.fast.compiled import compiled_decode
+from engine.forward import forward
 from engine.kvcache import KVCache
 from engine.models import LoadedModel
 from engine.sampling import Sampler
@@ -112,20 +113,9 @@ class DraftModel:
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
         started = time.perf_counter()
-        if len(ids) == 1 and len(self.cache) and self._compiled_serves():
-            logits = self.compiled.step(self.fast, ids[0], self.cache)
-            self.cache.appended(ids)
-            self.forward_s += time.perf_counter() - started
-            return logits.float()
-        logits = None
+        compiled = self.compiled if self._compiled_serves() else None
         for start in range(0, len(ids), 512):
-            chunk = torch.tensor([ids[start : start + 512]], device=self.device)
-            if self.fast is not None:
-                logits = self.fast.forward(chunk, self.cache)
-            else:
-                hf = self.loaded.model(input_ids=chunk, cache=self.cache.hf, use_cache=True, logits_to_keep=1)
-                logits = hf.logits[0, -1]
-            self.cache.appended(ids[start : start + 512])
+            logits = forward(self.loaded.model, self.fast, compiled, ids[start : start + 512], self.cache)
         self.forward_s += time.perf_counter() - started
         return logits.float()
 

@@ -1,0 +1,31 @@
+"""One forward pass over a few ids with a KV cache, by the fastest code that serves it: the
+compiled step (one token after a non-empty cache, once built), the fused fast path, or
+transformers' own forward (the reference). The chat's session and a draft model share it."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.fast.compiled import CompiledDecode
+from engine.fast.fused import FastLlama
+from engine.kvcache import KVCache
+
+
+def forward(
+    model: torch.nn.Module,
+    fast: FastLlama | None,
+    compiled: CompiledDecode | None,
+    ids: list[int],
+    cache: KVCache,
+) -> torch.Tensor:
+    """The last position's logits; `compiled` only where its step serves this cache now."""
+    if len(ids) == 1 and len(cache) and compiled is not None:
+        logits = compiled.step(fast, ids[0], cache)
+    else:
+        inputs = torch.tensor([ids], device=next(model.parameters()).device)
+        if fast is not None:
+            logits = fast.forward(inputs, cache)
+        else:
+            logits = model(input_ids=inputs, cache=cache.hf, use_cache=True, logits_to_keep=1).logits[0, -1]
+    cache.appended(ids)
+    return logits
