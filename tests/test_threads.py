@@ -3,10 +3,12 @@ on fewer: one busy program on a 2-core machine made a 2-thread decode step 2.5-3
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from typing import Iterator
 
 import pytest
 import torch
@@ -72,9 +74,10 @@ def _follow_until(governor: threads.ThreadGovernor, wanted: int, seconds: float)
     return torch.get_num_threads()
 
 
-def test_a_busy_program_takes_a_thread_and_gives_it_back(monkeypatch):
-    """A real spinning process on one of this process's two cores: the governor drops to one
-    thread within a couple of windows, and goes back to two once the process is gone."""
+@contextlib.contextmanager
+def _beside_a_busy_program(monkeypatch) -> Iterator[subprocess.Popen]:
+    """This process on two cores and 2 threads, a spinning process on the second: yields it
+    (killed on the way out, if not before), and gives this process its cores back after."""
     first, second = _two_cores()
     affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {first, second})
@@ -84,30 +87,29 @@ def test_a_busy_program_takes_a_thread_and_gives_it_back(monkeypatch):
         [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {second})
     )
     try:
+        yield hog
+    finally:
+        hog.kill()
+        hog.wait()
+        os.sched_setaffinity(0, affinity)
+
+
+def test_a_busy_program_takes_a_thread_and_gives_it_back(monkeypatch):
+    """A real spinning process on one of this process's two cores: the governor drops to one
+    thread within a couple of windows, and goes back to two once the process is gone."""
+    with _beside_a_busy_program(monkeypatch) as hog:
         started = time.monotonic()
         governor = threads.ThreadGovernor()
         assert _follow_until(governor, 1, 5 * threads.WINDOW_S) == 1
         used = threads.used_since(started)
         assert used.fewest == 1 and used.configured == 2
-    finally:
         hog.kill()
         hog.wait()
-    try:
         assert _follow_until(governor, 2, 8 * threads.WINDOW_S) == 2
-    finally:
-        os.sched_setaffinity(0, affinity)
 
 
 def test_a_turn_beside_a_busy_program_runs_on_the_free_core_and_says_so(tiny_loaded, monkeypatch):
-    first, second = _two_cores()
-    affinity = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {first, second})
-    monkeypatch.setattr(threads, "_configured", 2)
-    torch.set_num_threads(2)
-    hog = subprocess.Popen(
-        [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {second})
-    )
-    try:
+    with _beside_a_busy_program(monkeypatch):
         session = ChatSession(tiny_loaded, SamplingSettings(temperature=0.0, max_new_tokens=400))
         time.sleep(2 * threads.WINDOW_S)  # the user typed: the first forward decides on this window
         run = session.run(session.template([Message("user", "How does inference work?")]), stop_at_eos=False)
@@ -117,10 +119,6 @@ def test_a_turn_beside_a_busy_program_runs_on_the_free_core_and_says_so(tiny_loa
             except StopIteration as done:
                 measured = done.value[1].contention
                 break
-    finally:
-        hog.kill()
-        hog.wait()
-        os.sched_setaffinity(0, affinity)
     assert measured.threads == 1 and measured.configured_threads == 2, measured
     assert measured.fewer_share > 0.9 and measured.busy
     assert "ran on 1 of 2 threads" in measured.describe()
