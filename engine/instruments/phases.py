@@ -60,6 +60,7 @@ from engine.events import Contention, ModelInfo, TurnStats
 from engine.models import LoadedModel, head_bytes_per_token, weights_read_per_token
 from engine.session import PREFILL_CHUNK
 from engine.threads import configured as configured_threads
+from engine.threads import restore as restore_threads
 
 Bound = Literal["compute", "memory"]
 CALIBRATION_RUNS = 5
@@ -339,6 +340,7 @@ def calibrate(
     if not refresh and (known := cached_calibration(device, dtype, path)) is not None:
         return known
     size = size or (4096 if device == "cuda" else 1024)
+    restore_threads()  # the peaks of the configured threads, which the key names
     meter = ContentionMeter()
     matmul, bandwidth = measure_runs(
         lambda: measure_matmul(device, dtype, size, repeats=2),
