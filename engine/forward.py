@@ -17,15 +17,19 @@ def forward(
     compiled: CompiledDecode | None,
     ids: list[int],
     cache: KVCache,
+    device: torch.device,
+    every: bool = False,
 ) -> torch.Tensor:
-    """The last position's logits; `compiled` only where its step serves this cache now."""
-    if len(ids) == 1 and len(cache) and compiled is not None:
+    """The last position's logits [vocab], or with `every` each position's [len(ids), vocab] (a
+    speculative verify scores every draft); `compiled` only where its step serves this cache now."""
+    if len(ids) == 1 and len(cache) and compiled is not None and not every:
         logits = compiled.step(fast, ids[0], cache)
     else:
-        inputs = torch.tensor([ids], device=next(model.parameters()).device)
+        inputs = torch.tensor([ids], device=device)
         if fast is not None:
-            logits = fast.forward(inputs, cache)
+            logits = fast.forward(inputs, cache, every=every)
         else:
-            logits = model(input_ids=inputs, cache=cache.hf, use_cache=True, logits_to_keep=1).logits[0, -1]
+            kept = model(input_ids=inputs, cache=cache.hf, use_cache=True, logits_to_keep=0 if every else 1)
+            logits = kept.logits[0] if every else kept.logits[0, -1]
     cache.appended(ids)
     return logits

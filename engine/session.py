@@ -371,12 +371,14 @@ class ChatSession(Turns):
             yield PrefillProgress(start + len(chunk), len(new_ids))
         return logits
 
-    def forward(self, ids: list[int], cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, ids: list[int], cache: KVCache | None = None, every: bool = False) -> torch.Tensor:
         """One forward pass over `ids` with the cache (the chat's, or another an instrument
-        fills with the very same forward: engine/instruments/context_sweep.py); the last position's logits."""
+        fills with the very same forward: engine/instruments/context_sweep.py); the last position's
+        logits, or with `every` each position's (a speculative verify)."""
         self.threads.follow()
         compiled = self.compiled if self.compiled_step_ready() else None
-        return forward(self.model, self.fast, compiled, ids, self.cache if cache is None else cache)
+        cache = self.cache if cache is None else cache
+        return forward(self.model, self.fast, compiled, ids, cache, self.device, every)
 
     def compiled_step_ready(self) -> bool:
         """A decode step (one token after a non-empty cache) runs the compiled step now."""

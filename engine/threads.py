@@ -111,7 +111,6 @@ class ThreadGovernor:
     """Called before each forward on the inference thread; sets torch's threads every WINDOW_S."""
 
     def __init__(self) -> None:
-        self.most = configured()
         self._start = cpu_times()
 
     def follow(self) -> None:
@@ -123,7 +122,7 @@ class ThreadGovernor:
             return
         if now - self._start.at <= STALE_S:
             free = cores() - others_cores(self._start, reading)
-            threads = fitting(torch.get_num_threads(), self.most, free)
+            threads = fitting(torch.get_num_threads(), configured(), free)
             if threads != torch.get_num_threads():
                 _set(threads)
         self._start = reading

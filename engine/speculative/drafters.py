@@ -115,7 +115,8 @@ class DraftModel:
         started = time.perf_counter()
         compiled = self.compiled if self._compiled_serves() else None
         for start in range(0, len(ids), 512):
-            logits = forward(self.loaded.model, self.fast, compiled, ids[start : start + 512], self.cache)
+            chunk = ids[start : start + 512]
+            logits = forward(self.loaded.model, self.fast, compiled, chunk, self.cache, self.device)
         self.forward_s += time.perf_counter() - started
         return logits.float()
 

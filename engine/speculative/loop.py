@@ -163,7 +163,6 @@ def _round(
 ) -> Generator[Event, None, list[Draw]]:
     """Draft, verify in one forward, crop the cache to what was kept; the Draws to emit."""
     sampler.settings = settings = session.sampling
-    session.threads.follow()  # the verify pass below does not go through session.forward
     k = min(spec.length.next(), settings.max_new_tokens - generated - 1, session.context - len(context) - 2)
     t0 = time.perf_counter()
     drafts = spec.drafter.propose(context, k, sampler) if k > 0 else Drafts([], None)
@@ -196,13 +195,7 @@ def _round(
 
 def forward_all(session: ChatSession, ids: list[int]) -> torch.Tensor:
     """One forward pass over `ids` with the session's cache; logits [len(ids), vocab] of each."""
-    inputs = torch.tensor([ids], device=session.device)
-    if session.fast is not None:
-        logits = session.fast.forward(inputs, session.cache, every=True)
-    else:
-        logits = session.model(input_ids=inputs, cache=session.cache.hf, use_cache=True).logits[0]
-    session.cache.appended(ids)
-    return logits.float()
+    return session.forward(ids, every=True).float()
 
 
 def parse_choice(choice: str) -> tuple[str, str | None]:
