@@ -269,6 +269,7 @@ def bench_prefill(loaded: LoadedModel, lengths: tuple[int, ...], repeats: int) -
     rows = []
     for length in lengths:
         ids = prompt_ids(loaded.tokenizer, length)
+        measure_ours(loaded, ids, 1)  # warm-up: a GPU loads each new shape's kernels on first use
         runs = [measure_ours(loaded, ids, 1)[0].stats for _ in range(repeats)]
         ttft = statistics.median(s.ttft_s for s in runs)
         rows.append(
@@ -348,6 +349,9 @@ def _decode_summary(itls: list[list[float]], ttfts: list[float], tokens: int) ->
 def bench_multi_turn(loaded: LoadedModel, turns: int, answer_tokens: int = 32, raw: bool = False) -> dict:
     """Turn-N TTFT with the cache reused against the same conversation prefilled from scratch
     (`raw`: a base model's, each question appended to the text as it is)."""
+    # Warm-up: a prefill over a reused cache runs kernels of its own (a GPU's first took 680 ms).
+    warm = _greedy(loaded, 2, raw=raw)
+    _finished_stats(event for question in QUESTIONS[:2] for event in warm.send(question))
     session = _greedy(loaded, answer_tokens, raw=raw)
     last = _finished_stats(event for question in QUESTIONS[:turns] for event in session.send(question))
     history = list(session.messages[:-1])  # the last turn again, from an empty cache

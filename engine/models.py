@@ -144,7 +144,7 @@ def _read_gguf(gguf: Path, progress: Progress):
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         progress("first start: dequantizing the GGUF weights (one-time, ~30 s)", 0.25)
         model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, use_kernels=False
         )
     except Exception as e:  # gguf raises many types for a damaged file
         if out_of_memory(e):
@@ -395,7 +395,9 @@ def _load_with_transformers(
 def _weights_kwargs(directory: str, prec: Precision, device: str) -> tuple[dict, object, bool]:
     """`from_pretrained`'s keyword arguments for `prec` on `device`, the quantization config (None
     for plain weights), and whether to narrow the weights to 16 bits after loading."""
-    kwargs: dict = {"dtype": prec.dtype}
+    # transformers 5.x swaps layers for kernels it fetches from the hub (a GPU load failed offline,
+    # "could not verify publisher trust"); the instruments show transformers' own layers.
+    kwargs: dict = {"dtype": prec.dtype, "use_kernels": False}
     quant = quantization_config(prec)
     if quant is not None:
         kwargs.update(quantization_config=quant, device_map=device)

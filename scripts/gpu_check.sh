@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # One prepared run on a lent GPU machine (see ../shared and the device tool's README):
-# install the carried wheels, run the CUDA tests, then benchmark every precision.
+# install the carried wheels, run the CUDA tests, then benchmark bf16, int8 and nf4.
 # The default model's package is too large to carry, so speed is measured on its exact
-# architecture with random weights (speed does not depend on the values), and on a 1B-class
-# Llama's (TinyLlama-1.1B's shape), where the GPU's bandwidth rather than its launches bounds
-# decode. Issue 15's target: >= 1,000 tok/s bf16 decode for the built-in model's shape.
+# architecture with random weights (speed does not depend on the values). The whole run fits one
+# lease (~6 min): issue 15's target is >= 1,000 tok/s bf16 decode for the built-in model's shape.
 #   carry: [".whl"]    command: bash scripts/gpu_check.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -18,15 +17,16 @@ else
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
-timeout 180 python3 -m pytest -q tests/test_cuda.py 2>&1 | tee "$OUT/cuda_tests.txt"
-timeout 240 python3 -m tui.cli bench --random-weights --device cuda -p bf16 -p fp16 -p int8 -p nf4 \
-  --decode-tokens 256 --repeats 3 --long-context 4000 --json 2>&1 | tee "$OUT/bench.json"
-mkdir -p /tmp/llama1b
-cat > /tmp/llama1b/config.json <<'JSON'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
- "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
- "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 2048,
- "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": false}
-JSON
-timeout 150 python3 -m tui.cli bench --model /tmp/llama1b --random-weights --device cuda -p bf16 \
-  --decode-tokens 256 --repeats 3 --json 2>&1 | tee "$OUT/bench_1b.json"
+# One hung test must not eat the lease: each gets 60 s, the file 100 s.
+timeout 100 python3 -m pytest -q -rfE -p timeout --timeout 60 tests/test_cuda.py 2>&1 | tee "$OUT/cuda_tests.txt"
+# One JSON file a precision: a run cut short at the lease's end still brings back what it measured
+# (bench prints its JSON at the end). bf16 is the issue-15 target, int8/nf4 go through bitsandbytes.
+bench() {
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" python3 -m tui.cli bench --device cuda --decode-tokens 128 --repeats 2 \
+    --prompt-lengths 16,512 --turns 2 --json "$@" >"$OUT/bench_$name.json" 2>"$OUT/bench_$name.log"
+  echo "bench $name: exit $?"; tail -n 3 "$OUT/bench_$name.log"
+}
+bench bf16 100 --random-weights -p bf16 --long-context 4000
+bench int8 60 --random-weights -p int8
+bench nf4 60 --random-weights -p nf4

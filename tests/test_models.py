@@ -301,3 +301,12 @@ def test_random_weights_keep_the_architecture_and_are_written_once(tiny_model_di
     )
     embedding = random.model.get_input_embeddings().weight
     assert not torch.equal(embedding, tiny.model.get_input_embeddings().weight)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_model_keeps_transformers_own_layers_and_fetches_no_hub_kernels(tiny_model_dir, precision):
+    """transformers 5.x kernelizes a model by default with layers fetched from the hub: on a GPU an
+    int8 or nf4 load failed offline ("could not verify publisher trust"), and elsewhere the layers
+    the instruments describe would not be the ones that ran."""
+    loaded = models.load(str(tiny_model_dir), precision, "cpu")
+    assert loaded.model.use_kernels is False
