@@ -16,9 +16,16 @@ namespace llmchat {
 // Xeon, the model's matrices from memory (a plain read: ~24 GB/s), nothing / 2 KiB ahead into
 // L1 / 8 KiB into L2: int8 17.5 / 21.4-22.9 / 27.1-30.9 GB/s, bfloat16 20 / 21.1-21.7 / 22.6-23.5,
 // float32 ~24.5 / 25.2-25.6 / 25.6-26.2 (three alternating rounds for the last two); the decode
-// attention's float32 K/V in the step, 520 positions: 75 / 54 us a layer.
+// attention's float32 K/V in the step, 520 positions: 75 / 54 us a layer. On the 2-core AVX-512
+// EPYC (Zen 5), the built-in model's matrices, one row of x, nothing / 8 KiB ahead: float32
+// 22.1 / 26.9 GB/s, bfloat16 25.6 / 28.9, int8 15.5 / 28.0, w4 18.9 / 19.0 (4, 16 and 32 KiB: no
+// better, within the machine's noise): w4 is not waiting on memory.
+#ifndef LLMCHAT_AHEAD  // another distance to compare: LLMCHAT_KERNEL_CFLAGS=-DLLMCHAT_AHEAD=0 (none)
+#define LLMCHAT_AHEAD 8192
+#endif
 inline void read_ahead(const void* p, int64_t bytes) {
-  constexpr int64_t kAhead = 8192;
+  constexpr int64_t kAhead = LLMCHAT_AHEAD;
+  if (kAhead == 0) return;
   for (int64_t line = 0; line < bytes; line += 64) {
     __builtin_prefetch(static_cast<const char*>(p) + kAhead + line, 0, 2);  // read, keep in L2
   }
