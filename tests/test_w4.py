@@ -190,3 +190,24 @@ def test_a_verify_of_several_rows_gives_each_rows_own_logits(tiny_model_dir, ker
             if i >= len(ids) - 5:
                 singles.append(logits)
     torch.testing.assert_close(every, torch.stack(singles), atol=1e-3, rtol=1e-4)
+
+
+def test_a_prefill_multiplies_in_bf16_where_the_cpu_has_bf16_products(monkeypatch):
+    """More rows than the rows kernel takes (a prefill) go through a bf16 matmul where the CPU
+    multiplies bf16 natively, at twice float32's rate: near the dequantized matrix's product
+    (x rounded to bf16), far nearer than the 4-bit weights are to the float ones."""
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 96, bias=False)
+    quantized = w4.W4Linear.from_linear(linear)
+    x = torch.randn(matvec.MAX_ROWS + 1, 256)
+    exact = x @ quantized.dequantized().T
+    with torch.inference_mode():
+        monkeypatch.setattr(w4, "cpu_matmul_native", lambda dtype: True)
+        in_bf16 = quantized(x)
+        monkeypatch.setattr(w4, "cpu_matmul_native", lambda dtype: False)
+        in_fp32 = quantized(x)
+    assert in_bf16.dtype == in_fp32.dtype == torch.float32
+    torch.testing.assert_close(in_fp32, exact, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(in_bf16, in_fp32)  # the bf16 path ran
+    assert ((in_bf16 - exact).norm() / exact.norm()).item() < 0.01
+    torch.testing.assert_close(quantized(x[:4]), exact[:4], rtol=1e-5, atol=1e-5)  # a few rows: float32

@@ -34,12 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.cpu_features import cpu_matmul_native
 from engine.fast import attention, gemm, matvec, pages
 from engine.fast.families import Family, covered, family_of, layer_facts
 from engine.kvcache import KVCache
 from engine.kvcache_layers import QuantizedKV, quantize
 from engine.quant.int8 import Int8Linear
-from engine.quant.precision import cpu_matmul_native
 from engine.quant.w4 import W4Linear
 from engine.quant.w8 import W8Linear
 

@@ -9,9 +9,10 @@ Q4_0 blocks of 4-bit values (engine/quant/w4.py), an eighth of fp32's bytes.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
+
+from engine.cpu_features import cpu_matmul_native
 
 if TYPE_CHECKING:
     import torch
@@ -136,21 +137,6 @@ def cpu_note(name: str) -> str | None:
     """An honest word on what a precision costs on this CPU, or None."""
     kind = KINDS.get(name)
     return kind.note() if kind is not None else None
-
-
-@functools.cache
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(f.read().split())
-    except OSError:
-        return set()
-
-
-def cpu_matmul_native(dtype: torch.dtype | str) -> bool:
-    """Whether this CPU has matmul instructions for 16-bit `dtype` (AVX-512 or AMX)."""
-    wanted = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
-    return any(flag in _cpu_flags() for flag in wanted.get(str(dtype).removeprefix("torch."), ()))
 
 
 def _require_bf16(device: str) -> None:
