@@ -83,6 +83,21 @@ def _w4(model: Any, tokenizer: Any) -> None:
     w4.quantize_linears(model)
 
 
+def _w4_note() -> str:
+    prefill = (
+        " (a prefill's products in bf16: twice fp32's rate on this CPU)"
+        if cpu_matmul_native("bfloat16")
+        else ""
+    )
+    return (
+        f"w4 on CPU: llama.cpp's Q4_0, 4-bit weights with one scale per 32, fp32 activations{prefill}: "
+        "an eighth of fp32's matrix bytes; the LM head is 4-bit too and the embedding table "
+        "stays fp32, as w8 keeps it; fast once the matvec kernel is built, before that each "
+        "token widens every matrix; rounding to 16 levels moves the top-k more than w8 "
+        "(F8 compares it with fp32)"
+    )
+
+
 def _sixteen_bit_note(name: str) -> str:
     cache = f"the KV cache stays fp32 (a {name} one would round again what {name} weights rounded)"
     if cpu_matmul_native("bfloat16" if name == "bf16" else "float16"):
@@ -228,13 +243,7 @@ KINDS: dict[str, PrecisionKind] = {
             quantize=_w4, reads_checkpoint=True,
             cpu_only="w4 is a CPU precision (its speed is llmchat's CPU matvec kernel); "
             "on a GPU use nf4, int8, bf16 or fp16",
-            note=lambda: (
-                "w4 on CPU: llama.cpp's Q4_0, 4-bit weights with one scale per 32, fp32 activations: "
-                "an eighth of fp32's matrix bytes; the LM head is 4-bit too and the embedding table "
-                "stays fp32, as w8 keeps it; fast once the matvec kernel is built, before that each "
-                "token widens every matrix; rounding to 16 levels moves the top-k more than w8 "
-                "(F8 compares it with fp32)"
-            ),
+            note=_w4_note,
         ),
     )
 }  # fmt: skip
