@@ -242,6 +242,8 @@ def load(
     device = resolve_device(device)
     prec = precision_for(precision, device)
     source = resolve(spec)
+    if device == "cuda":
+        _attention_without_per_shape_plans()
     try:
         loaded = _load(spec, source, prec, device, progress, fast_only and chat_template is None)
     except Exception as e:
@@ -256,6 +258,16 @@ def load(
             "text as it is (a base model), or --chat-template NAME|FILE"
         )
     return loaded
+
+
+def _attention_without_per_shape_plans() -> None:
+    """Turn off cuDNN's attention, which torch prefers on a recent GPU: it builds a plan for each
+    new shape (45 ms to 1.4 s a shape on an H200, measured), and a chat's every turn is a new
+    length, so a follow-up's TTFT was 10x a fresh prompt's and an eager decode step (a new length
+    each token) 4x slower on Gemma 3. torch's flash, memory-efficient and math kernels take any
+    length at once. Process-wide, as torch's switch is; a CUDA graph's recording, one shape replayed
+    for every token, turns it back on for itself (engine/fast/graphed.py)."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _load(

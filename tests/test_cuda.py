@@ -8,6 +8,7 @@ from engine.events import TokenSampled, TurnFinished
 from engine.kvcache_layers import PreallocatedLayer
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
+from tests.tiny import build_tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -85,3 +86,32 @@ def test_a_kv_cache_switch_on_the_gpu_records_a_step_of_its_own_and_int8_says_wh
     session.set_cache_precision("int8")  # its attention is the CPU kernel's: eager, and the chat says why
     assert session.compiled is None and "eager fast path" in session.decode_path()
     assert _answer(session, "And again")[0] and session.decoded_by[1] == "fused"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma3_text", "phi3"])
+def test_each_family_on_the_cuda_graph_step_picks_the_eager_tokens(tmp_path, family, precision):
+    # Each family's step (biases, q/k norms, Gemma's scaled embeddings and sliding windows) recorded
+    # as a CUDA graph; the tiny configs' windows are shorter than the answer, so they decide tokens.
+    loaded = models.load(str(build_tiny_model(tmp_path, family=family)), precision, "cuda")
+    settings = SamplingSettings(temperature=0.0, max_new_tokens=24)
+    graphed = ChatSession(loaded, settings, compile=True)
+    assert graphed.compiled is not None and graphed.compiled.ready.is_set(), graphed.decode_path()
+    eager = ChatSession(loaded, settings, compile=False)
+    for prompt in ("How does inference work?", "And again"):
+        from_graph, finished = _answer(graphed, prompt)
+        assert finished.stats.generated_tokens == len(from_graph) > 0
+        if precision == "fp32":
+            assert from_graph == _answer(eager, prompt)[0]
+    assert graphed.decoded_by[1] == "compiled" and graphed.compiled.kind == "graph"
+
+
+def test_a_gpu_load_turns_off_attention_that_plans_each_new_length(tiny_model_dir):
+    # cuDNN's attention built a plan per shape: every follow-up turn (a new length) waited 45 ms to
+    # 1.4 s for it, 10x a fresh prompt's TTFT (bench's multi_turn, H200).
+    loaded = models.load(str(tiny_model_dir), "bf16", "cuda")
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    # A CUDA graph's recording (one shape, replayed) allows it for itself only.
+    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=8), compile=True)
+    assert _answer(session, "Hello there")[0] and session.decoded_by[1] == "compiled"
+    assert session.compiled._step.recordings >= 1 and not torch.backends.cuda.cudnn_sdp_enabled()
