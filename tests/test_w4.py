@@ -12,7 +12,7 @@ from engine import models
 from engine.fast import fused, kernels, matvec
 from engine.instruments.precision_compare import compare_precisions
 from engine.kvcache import KVCache
-from engine.quant import w4
+from engine.quant import w4, w8
 from engine.quant.precision import PrecisionError, cpu_note, precision_for
 from engine.session import ChatSession, Message
 
@@ -192,19 +192,25 @@ def test_a_verify_of_several_rows_gives_each_rows_own_logits(tiny_model_dir, ker
     torch.testing.assert_close(every, torch.stack(singles), atol=1e-3, rtol=1e-4)
 
 
-def test_a_prefill_multiplies_in_bf16_where_the_cpu_has_bf16_products(monkeypatch):
+@pytest.mark.parametrize("width", ["w4", "w8"])
+def test_a_prefill_multiplies_in_bf16_where_the_cpu_has_bf16_products(monkeypatch, width):
     """More rows than the rows kernel takes (a prefill) go through a bf16 matmul where the CPU
-    multiplies bf16 natively, at twice float32's rate: near the dequantized matrix's product
-    (x rounded to bf16), far nearer than the 4-bit weights are to the float ones."""
+    multiplies bf16 natively, at twice float32's rate: near the quantized matrix's exact product
+    (x rounded to bf16), far nearer than the quantized weights are to the float ones."""
     torch.manual_seed(0)
     linear = nn.Linear(256, 96, bias=False)
-    quantized = w4.W4Linear.from_linear(linear)
+    if width == "w4":
+        quantized = w4.W4Linear.from_linear(linear)
+        matrix = quantized.dequantized()
+    else:
+        quantized = w8.W8Linear.from_linear(linear)
+        matrix = quantized.q.float() * quantized.scale[:, None]
     x = torch.randn(matvec.MAX_ROWS + 1, 256)
-    exact = x @ quantized.dequantized().T
+    exact = x @ matrix.T
     with torch.inference_mode():
-        monkeypatch.setattr(w4, "cpu_matmul_native", lambda dtype: True)
+        monkeypatch.setattr(w8, "cpu_matmul_native", lambda dtype: True)
         in_bf16 = quantized(x)
-        monkeypatch.setattr(w4, "cpu_matmul_native", lambda dtype: False)
+        monkeypatch.setattr(w8, "cpu_matmul_native", lambda dtype: False)
         in_fp32 = quantized(x)
     assert in_bf16.dtype == in_fp32.dtype == torch.float32
     torch.testing.assert_close(in_fp32, exact, rtol=1e-5, atol=1e-5)

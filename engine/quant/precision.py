@@ -83,14 +83,25 @@ def _w4(model: Any, tokenizer: Any) -> None:
     w4.quantize_linears(model)
 
 
-def _w4_note() -> str:
-    prefill = (
-        " (a prefill's products in bf16: twice fp32's rate on this CPU)"
-        if cpu_matmul_native("bfloat16")
-        else ""
-    )
+def _bf16_prefill() -> str:
+    """What a quantized width's prefill multiplies in on this CPU (w8.py's `product_dtype`)."""
+    native = cpu_matmul_native("bfloat16")
+    return " (a prefill's products in bf16: twice fp32's rate on this CPU)" if native else ""
+
+
+def _w8_note() -> str:
     return (
-        f"w4 on CPU: llama.cpp's Q4_0, 4-bit weights with one scale per 32, fp32 activations{prefill}: "
+        f"w8 on CPU: int8 weights, fp32 activations{_bf16_prefill()}: a quarter of the matrices' "
+        "bytes and the fastest decode once the compiled step (or, with AVX-512, its matvec kernel) "
+        "is ready; before that each token widens every matrix, slower than fp32; only the weights "
+        "are rounded, so the top-k stays near fp32's"
+    )
+
+
+def _w4_note() -> str:
+    return (
+        "w4 on CPU: llama.cpp's Q4_0, 4-bit weights with one scale per 32, fp32 activations"
+        f"{_bf16_prefill()}: "
         "an eighth of fp32's matrix bytes; the LM head is 4-bit too and the embedding table "
         "stays fp32, as w8 keeps it; fast once the matvec kernel is built, before that each "
         "token widens every matrix; rounding to 16 levels moves the top-k more than w8 "
@@ -231,12 +242,7 @@ KINDS: dict[str, PrecisionKind] = {
             reads_checkpoint=True,
             cpu_only="w8 is a CPU precision (its speed is the compiled CPU step); "
             "on a GPU use int8, nf4, bf16 or fp16",
-            note=lambda: (
-                "w8 on CPU: int8 weights, fp32 activations: a quarter of the matrices' bytes and the "
-                "fastest decode once the compiled step (or, with AVX-512, its matvec kernel) is ready; "
-                "before that each token widens every matrix, slower than fp32; only the weights are "
-                "rounded, so the top-k stays near fp32's"
-            ),
+            note=_w8_note,
         ),
         PrecisionKind(
             "w4", 4, "4-bit weights (Q4_0), float activations (CPU)", (FP32, FP32),

@@ -28,9 +28,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.cpu_features import cpu_matmul_native
 from engine.fast import gemm, matvec, pages
-from engine.quant.w8 import QuantizedLinear
+from engine.quant.w8 import QuantizedLinear, product_dtype
 
 BLOCK = 32
 """Weights per block, each block one scale (Q4_0's QK4_0)."""
@@ -84,7 +83,7 @@ class W4Linear(QuantizedLinear):
         bf16 products, at twice float32's rate: x rounded to bf16 moves a product by ~0.3%,
         against the 4-bit weights' own ~7%."""
         widen = matvec.dequantize_q4 if matvec.can_multiply_now(self.q) else dequantize
-        dtype = torch.bfloat16 if _prefill_in_bf16(x) else torch.float32
+        dtype = product_dtype(x)
         rows = x.to(dtype)
         parts = [
             gemm.linear(rows, widen(q, s).to(dtype)).to(x.dtype)
@@ -99,14 +98,6 @@ class W4Linear(QuantizedLinear):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, w4"
-
-
-def _prefill_in_bf16(x: torch.Tensor) -> bool:
-    """Whether `W4Linear.forward` multiplies x in bfloat16: a prefill's rows on a CPU with bf16
-    products (AVX512-BF16, AMX). One token, a verify or the lab's batch stay in the rows kernel's
-    float32 (or its 16-bit integers); so does every forward elsewhere."""
-    rows = x.numel() // x.shape[-1]
-    return rows > matvec.MAX_ROWS and x.device.type == "cpu" and cpu_matmul_native(torch.bfloat16)
 
 
 def quantize_linears(model: nn.Module) -> list[str]:

@@ -23,8 +23,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.fast import gemm, pages
+from engine.cpu_features import cpu_matmul_native
+from engine.fast import gemm, matvec, pages
 from engine.quant.int8 import quantize_rows
+
+
+def product_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a quantized linear multiplies x in: bfloat16 for a prefill's rows on a CPU with
+    bf16 products (AVX512-BF16, AMX: twice float32's rate), else float32. One token, a verify or
+    the lab's batch (no more rows than the rows kernel takes) stay exact in its float32 (or its
+    16-bit integers); so does every forward elsewhere."""
+    rows = x.numel() // x.shape[-1]
+    native = rows > matvec.MAX_ROWS and x.device.type == "cpu" and cpu_matmul_native(torch.bfloat16)
+    return torch.bfloat16 if native else torch.float32
 
 
 class QuantizedLinear(nn.Module):
@@ -70,7 +81,11 @@ class W8Linear(QuantizedLinear):
     quantize = staticmethod(quantize_rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gemm.widened(x, self.q) * self.scale
+        """x @ W.T, Q widened a block of rows at a time: to float32, or for a prefill to bfloat16
+        where the CPU multiplies it natively (`product_dtype`; Q's integers are exact in bf16,
+        x rounded to it moves a product by ~0.3%)."""
+        dtype = product_dtype(x)
+        return gemm.widened(x.to(dtype), self.q).to(x.dtype) * self.scale
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         """forward for one row x [1, in], written for the compiled step: Q is widened inside
