@@ -18,6 +18,7 @@ from engine.quant import load_16bit
 from engine.quant.precision import PRECISIONS, PrecisionError
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
+from tests.tiny import build_tiny_model
 
 LLMCHAT = [sys.executable, "-m", "tui.cli"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -310,3 +311,16 @@ def test_a_model_keeps_transformers_own_layers_and_fetches_no_hub_kernels(tiny_m
     the instruments describe would not be the ones that ran."""
     loaded = models.load(str(tiny_model_dir), precision, "cpu")
     assert loaded.model.use_kernels is False
+
+
+@pytest.mark.parametrize("precision", ["fp32", "w8", "w8a8"])
+def test_a_load_for_the_weights_alone_skips_the_tokenizer_unless_quantizing_needs_it(tmp_path, precision):
+    """The compile child wants the weights alone: transformers' tokenizer for Gemma 3's 262k entries
+    took ~2.6 s of its cold start. w8a8 calibrates on text, so it still reads one."""
+    directory = build_tiny_model(tmp_path, family="gemma3_text")  # loads through transformers
+    alone = models.load(str(directory), precision, "cpu", fast_only=True, chat=False, tokenizer=False)
+    whole = models.load(str(directory), precision, "cpu", fast_only=True, chat=False)
+    assert (alone.tokenizer is None) == (precision != "w8a8")
+    assert whole.tokenizer is not None
+    for mine, theirs in zip(alone.model.state_dict().values(), whole.model.state_dict().values()):
+        assert torch.equal(mine, theirs)

@@ -61,6 +61,8 @@ class PrecisionKind:
     """Quantizes a loaded model in place (given the model and its tokenizer), after loading in fp32."""
     reads_checkpoint: bool = False
     """On a CPU, engine/fast/checkpoint.py can read its weights without transformers."""
+    calibrates: bool = False
+    """Its quantizer runs the model on text, so a load for the weights alone reads the tokenizer too."""
     note: Callable[[], str | None] = lambda: None
     """An honest word on what it costs on this CPU (Settings, the model line)."""
 
@@ -229,7 +231,7 @@ KINDS: dict[str, PrecisionKind] = {
         # Loaded in float32, then quantized; activations and the KV cache stay float32.
         PrecisionKind(
             "w8a8", 8, "int8 weights and activations (CPU)", (FP32, FP32), requires=_require_fbgemm,
-            quantize=_w8a8,
+            quantize=_w8a8, calibrates=True,
             cpu_only="w8a8 runs on torch's fbgemm CPU kernels; on a GPU use int8, nf4, bf16 or fp16",
             note=lambda: (
                 "w8a8 on CPU: int8 weights and activations through torch's fbgemm kernels: the fastest "
