@@ -249,9 +249,9 @@ def load(
     if device == "cuda":
         _attention_without_per_shape_plans()
     fast_only = fast_only and chat_template is None
-    tokenizer = tokenizer or KINDS[prec.name].calibrates
+    with_tokenizer = tokenizer or KINDS[prec.name].calibrates
     try:
-        loaded = _load(spec, source, prec, device, progress, fast_only, tokenizer)
+        loaded = _load(spec, source, prec, device, progress, fast_only, with_tokenizer)
     except Exception as e:
         if not out_of_memory(e, device):
             raise
