@@ -271,6 +271,9 @@ class CacheChanged:
     capacity: int | None
     server_fill: float | None = None
     server_fill_source: str = ""
+    layer_positions: tuple[int, ...] = ()
+    """Positions each layer's tensors hold, where sliding windows keep fewer than `tokens`
+    (Gemma 3's local layers: their window and a little room); () where every layer holds all."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ scale per token and head (`QuantizedLayer`). Per token the cache then holds
 
     2 (K,V) x layers x kv_heads x (head_dim x element bytes + scale bytes)
 
-and `tensor_bytes` sums exactly that from the real tensors.
+and `tensor_bytes` sums exactly that from the real tensors. A layer that attends over a sliding
+window (Gemma 3's local layers) holds only its window's last positions and a little room
+(engine/kvcache_layers.py), so there the sum is over the positions each layer holds.
 """
 
 from __future__ import annotations
@@ -78,15 +80,24 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class KVCache:
     """One conversation's cache, with the ids it holds."""
 
-    def __init__(self, num_layers: int, dtype: torch.dtype | None = None, precision: str | None = None):
+    def __init__(
+        self,
+        num_layers: int,
+        dtype: torch.dtype | None = None,
+        precision: str | None = None,
+        windows: tuple[int | None, ...] = (),
+    ):
         self.num_layers = num_layers
         self.ids: list[int] = []
         self.precision = precision or (cache_precision_of(str(dtype).removeprefix("torch.")) if dtype else "")
         """One of CACHE_PRECISIONS ('' when the first tensor stored decides)."""
+        self.windows = windows or (None,) * num_layers
+        """Each layer's sliding window (None: the whole context): such a layer keeps only what a
+        later token can still see (engine/kvcache_layers.py)."""
         if precision is not None:
-            layers = [make_layer(precision) for _ in range(num_layers)]
+            layers = [make_layer(precision, window) for window in self.windows]
         else:
-            layers = [PreallocatedLayer(dtype) for _ in range(num_layers)]
+            layers = [PreallocatedLayer(dtype, window) for window in self.windows]
         self.layers: list[PreallocatedLayer] = layers
         self._hf = None
 
@@ -103,7 +114,7 @@ class KVCache:
     def for_model(cls, info) -> "KVCache":
         """An empty cache shaped and typed for a loaded model (its ModelInfo: `cache_dtype` is the
         precision the session chose, 'int8' for a quantized cache)."""
-        return cls(info.layers, precision=cache_precision_of(info.cache_dtype))
+        return cls(info.layers, precision=cache_precision_of(info.cache_dtype), windows=info.layer_windows)
 
     @property
     def quantized(self) -> bool:
@@ -112,11 +123,12 @@ class KVCache:
     def converted(self, precision: str) -> "KVCache":
         """A copy of this cache at another precision, holding the same positions (the bench fills one
         cache and times each precision on it: the time of a step does not depend on the values)."""
-        other = KVCache(self.num_layers, precision=precision)
+        other = KVCache(self.num_layers, precision=precision, windows=self.windows)
         for source, target in zip(self.layers, other.layers):
             if source.get_seq_length():
                 keys, values = source.dequantized(torch.float32)
                 target.append(keys, values)
+                target.start, target.length = source.start, source.length
         other.ids = list(self.ids)
         return other
 
@@ -124,13 +136,19 @@ class KVCache:
         return len(self.ids)
 
     def reuse(self, ids: list[int]) -> int:
-        """Keep the longest common prefix with `ids`, leaving at least one token to feed; crop the rest."""
-        keep = min(common_prefix(self.ids, ids), len(ids) - 1)
+        """Keep the longest common prefix with `ids`, leaving at least one token to feed; crop the
+        rest (all of it where a sliding window no longer holds what the prefix's next token sees)."""
+        keep = self.keepable(min(common_prefix(self.ids, ids), len(ids) - 1))
         self.crop(keep)
         return keep
 
+    def keepable(self, keep: int) -> int:
+        """`keep` if the cache can be cropped to it, else 0: a sliding-window layer that dropped
+        positions the next token would see cannot (llama.cpp's server re-prefills there too)."""
+        return min(layer.lowest_crop(keep) for layer in self.layers) if self.layers else keep
+
     def crop(self, keep: int) -> None:
-        """Keep only the first `keep` positions."""
+        """Keep only the first `keep` positions (`keepable`: a sliding window may forbid it)."""
         drop = len(self.ids) - keep
         if drop > 0:
             for layer in self.layers:
@@ -141,8 +159,15 @@ class KVCache:
         self.crop(0)
 
     def appended(self, ids: list[int]) -> None:
-        """Record ids that were just fed through the model with this cache."""
+        """Record ids that were just fed through the model with this cache; sliding-window layers
+        drop what no later token can see."""
         self.ids.extend(ids)
+        for layer in self.layers:
+            layer.settle()
+
+    def positions_held(self) -> tuple[int, ...]:
+        """Each layer's positions in its tensors: all of them, or a sliding window's last ones."""
+        return tuple(layer.held if layer.is_initialized else 0 for layer in self.layers)
 
     def tensor_bytes(self) -> int:
         """Bytes of the K and V tensors for the tokens held, summed from the real tensors."""

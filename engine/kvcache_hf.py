@@ -25,6 +25,16 @@ class BridgeLayer(DynamicLayer):
         return self.layer.is_initialized
 
     @property
+    def is_sliding(self) -> bool:
+        """transformers builds a sliding layer's mask from the first layer that says so."""
+        return self.layer.window is not None
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(keys the next forward attends over, the position of the first): a sliding window may
+        have dropped the oldest (engine/kvcache_layers.py)."""
+        return self.layer.held + query_length, self.layer.start
+
+    @property
     def keys(self) -> torch.Tensor | None:
         return self.layer.keys
 

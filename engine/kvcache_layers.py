@@ -1,7 +1,14 @@
 """One layer of the KV cache as tensors: a pre-allocated buffer that grows by doubling, at a
 float precision (`PreallocatedLayer`) or int8 with one float32 scale per token and head
 (`QuantizedLayer`). engine/kvcache.py holds a conversation's layers and its token ids;
-engine/kvcache_hf.py shows the same layers to the Hugging Face forward."""
+engine/kvcache_hf.py shows the same layers to the Hugging Face forward.
+
+A layer that attends over a sliding window (Gemma 3's local layers, Mistral's) keeps only the
+positions a later token can still see: once it holds DROP_EVERY more than its window (and
+CROP_ROOM), `settle` drops the oldest. Its buffer's slot 0 then holds position `start`, so
+whoever reads it by position (the fast path's masks and decode kernel, the compiled step, the
+HF forward's mask) subtracts `start`.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,13 @@ CACHE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.flo
 SCALE_DTYPE = torch.float32
 """An int8 cache's scales: one per token, head and K/V (4 bytes each)."""
 INT8_MAX = 127
+CROP_ROOM = 16
+"""Positions a sliding-window layer keeps before its window, so that a speculative round's
+rejected drafts (at most 8, engine/speculative/drafters.py) can be cropped again."""
+DROP_EVERY = 64
+"""Positions a sliding-window layer may gather past its window and CROP_ROOM before the oldest are
+dropped: dropping moves the window's K/V to the buffer's front, so it is done once per this many
+tokens, not every token."""
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,15 +60,26 @@ class PreallocatedLayer:
 
     initial_capacity = 256
 
-    def __init__(self, storage_dtype: torch.dtype | None = None):
+    def __init__(self, storage_dtype: torch.dtype | None = None, window: int | None = None):
         self.storage_dtype = storage_dtype
         """None stores whatever dtype arrives first."""
+        self.window = window
+        """The sliding window this layer attends over (a query sees the last `window` positions,
+        itself included), or None: the whole context, every position kept."""
         self.is_initialized = False
         self.length = 0
+        """Positions fed through this layer (the next one's position)."""
+        self.start = 0
+        """The first position still held (slot 0 of the buffers): 0 unless a sliding window dropped some."""
+
+    @property
+    def held(self) -> int:
+        """Positions held in the buffers: `length` less those a sliding window dropped."""
+        return self.length - self.start
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self.length = 0
+        self.length = self.start = 0
         dtype = self.storage_dtype or key_states.dtype
         # Zeroed, not empty: the compiled step attends over the whole buffer with the unused
         # slots masked, and a masked slot still multiplies its value by 0 (garbage NaN * 0 = NaN).
@@ -72,11 +97,11 @@ class PreallocatedLayer:
     # advances every layer each token, and making them there was ~0.1 ms a token.
     @property
     def keys(self) -> torch.Tensor | None:
-        return self._k[:, :, : self.length] if self.is_initialized else None
+        return self._k[:, :, : self.held] if self.is_initialized else None
 
     @property
     def values(self) -> torch.Tensor | None:
-        return self._v[:, :, : self.length] if self.is_initialized else None
+        return self._v[:, :, : self.held] if self.is_initialized else None
 
     _buffers = ("_k", "_v")
     """The tensors that grow with the positions (dim 2)."""
@@ -90,8 +115,31 @@ class PreallocatedLayer:
         for name in self._buffers:
             old = getattr(self, name)
             new = old.new_zeros((*old.shape[:2], capacity, *old.shape[3:]))
-            new[:, :, : self.length] = old[:, :, : self.length]
+            new[:, :, : self.held] = old[:, :, : self.held]
             setattr(self, name, new)
+
+    def settle(self) -> None:
+        """After a forward: a sliding-window layer holding DROP_EVERY positions more than its window
+        and CROP_ROOM drops the oldest, keeping those (the window's last window - 1 for the next
+        token, and CROP_ROOM before them)."""
+        if self.window is None or not self.is_initialized:
+            return
+        keep = self.window - 1 + CROP_ROOM
+        drop = self.held - keep
+        if drop < DROP_EVERY:
+            return
+        for name in self._buffers:
+            buffer = getattr(self, name)
+            buffer[:, :, :keep] = buffer[:, :, drop : drop + keep].clone()  # the two ranges may overlap
+            buffer[:, :, keep : keep + drop] = 0  # zeroed, as unused slots are (lazy_initialization)
+        self.start += drop
+
+    def lowest_crop(self, keep: int) -> int:
+        """`keep` if this layer can be cropped to it and still serve the next position, else 0:
+        a sliding window that dropped positions the next token would see must start over."""
+        if self.start == 0 or keep >= self.start + self.window - 1:
+            return keep
+        return 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """The HF protocol: store, and return the whole cache in the caller's dtype."""
@@ -106,10 +154,10 @@ class PreallocatedLayer:
         """Store new positions (converted to the storage dtype); views of the whole cache as stored."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        new = key_states.shape[2]
-        self._reserve(self.length + new)
-        self._k[:, :, self.length : self.length + new] = key_states
-        self._v[:, :, self.length : self.length + new] = value_states
+        new, held = key_states.shape[2], self.held
+        self._reserve(held + new)
+        self._k[:, :, held : held + new] = key_states
+        self._v[:, :, held : held + new] = value_states
         self.length += new
         return self.keys, self.values
 
@@ -117,7 +165,7 @@ class PreallocatedLayer:
         """The whole K and V buffers (an int8 layer's scales after them), grown to hold `extra`
         more positions (for a compiled step that writes in place); `advance` then counts what it
         wrote. Called per layer at every compiled token: written out, not looked up by name."""
-        self._reserve(self.length + extra)
+        self._reserve(self.held + extra)
         return self._k, self._v
 
     def advance(self, written: int) -> None:
@@ -129,11 +177,19 @@ class PreallocatedLayer:
     def crop(self, tokens_to_remove: int) -> None:
         if not self.is_initialized or tokens_to_remove == 0:
             return
-        self.length = max(0, self.length - abs(tokens_to_remove))
+        keep = max(0, self.length - abs(tokens_to_remove))
+        if self.lowest_crop(keep) != keep:
+            raise ValueError(
+                f"cannot crop a {self.window}-position sliding window to {keep}: it dropped positions "
+                f"before {self.start}"
+            )
+        self.length = keep
+        if keep == 0:
+            self.start = 0
 
     def reset(self) -> None:
         self.is_initialized = False
-        self.length = 0
+        self.length = self.start = 0
 
     def used_bytes(self) -> int:
         """Bytes of K and V (and their scales) for the tokens held (what the formula predicts)."""
@@ -143,7 +199,7 @@ class PreallocatedLayer:
             for name in self._buffers:
                 buffer = getattr(self, name)
                 self._position_bytes += buffer.numel() // buffer.shape[2] * buffer.element_size()
-        return self.length * self._position_bytes
+        return self.held * self._position_bytes
 
     def reserved_bytes(self) -> int:
         """Bytes allocated, including room for tokens not yet generated."""
@@ -155,8 +211,15 @@ class PreallocatedLayer:
         """K and V of the positions held, in `dtype` (a copy unless already stored so)."""
         return self.keys.to(dtype), self.values.to(dtype)
 
-    def load_positions(self, keys: torch.Tensor, values: torch.Tensor, *scales: torch.Tensor) -> None:
-        """Fill from saved tensors as stored (engine/saved/cache_file.py)."""
+    def load_positions(
+        self, keys: torch.Tensor, values: torch.Tensor, *scales: torch.Tensor, start: int = 0
+    ) -> None:
+        """Fill from saved tensors as stored (engine/saved/cache_file.py), the first of them
+        being position `start` (a sliding window's, where it had dropped the ones before)."""
+        self._store(keys, values, *scales)
+        self.start, self.length = start, start + keys.shape[2]
+
+    def _store(self, keys: torch.Tensor, values: torch.Tensor, *scales: torch.Tensor) -> None:
         self.append(keys, values)
 
 
@@ -167,8 +230,8 @@ class QuantizedLayer(PreallocatedLayer):
 
     _buffers = ("_k", "_v", "_ks", "_vs")
 
-    def __init__(self):
-        super().__init__(torch.int8)
+    def __init__(self, window: int | None = None):
+        super().__init__(torch.int8, window)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -177,11 +240,11 @@ class QuantizedLayer(PreallocatedLayer):
 
     @property
     def key_scales(self) -> torch.Tensor:
-        return self._ks[:, :, : self.length]
+        return self._ks[:, :, : self.held]
 
     @property
     def value_scales(self) -> torch.Tensor:
-        return self._vs[:, :, : self.length]
+        return self._vs[:, :, : self.held]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """The HF protocol: store (quantized), return the whole cache dequantized (a full copy)."""
@@ -198,18 +261,18 @@ class QuantizedLayer(PreallocatedLayer):
     def _store(self, k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
         if not self.is_initialized:
             self.lazy_initialization(k, v)
-        new = k.shape[2]
-        self._reserve(self.length + new)
-        end = self.length + new
-        self._k[:, :, self.length : end], self._v[:, :, self.length : end] = k, v
-        self._ks[:, :, self.length : end], self._vs[:, :, self.length : end] = k_scale, v_scale
-        self.length = end
+        new, held = k.shape[2], self.held
+        self._reserve(held + new)
+        end = held + new
+        self._k[:, :, held:end], self._v[:, :, held:end] = k, v
+        self._ks[:, :, held:end], self._vs[:, :, held:end] = k_scale, v_scale
+        self.length += new
 
     def quantized(self) -> QuantizedKV:
         return QuantizedKV(self.keys, self.key_scales, self.values, self.value_scales)
 
     def buffers_with_room(self, extra: int) -> tuple[torch.Tensor, ...]:
-        self._reserve(self.length + extra)
+        self._reserve(self.held + extra)
         return self._k, self._v, self._ks, self._vs
 
     def dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,10 +280,9 @@ class QuantizedLayer(PreallocatedLayer):
             self.values, self.value_scales, dtype
         )
 
-    def load_positions(self, keys: torch.Tensor, values: torch.Tensor, *scales: torch.Tensor) -> None:
-        self._store(keys, values, *scales)
 
-
-def make_layer(precision: str) -> PreallocatedLayer:
-    """An empty cache layer of one of CACHE_PRECISIONS."""
-    return QuantizedLayer() if precision == "int8" else PreallocatedLayer(CACHE_DTYPES[precision])
+def make_layer(precision: str, window: int | None = None) -> PreallocatedLayer:
+    """An empty cache layer of one of CACHE_PRECISIONS, attending over `window` positions (None: all)."""
+    if precision == "int8":
+        return QuantizedLayer(window)
+    return PreallocatedLayer(CACHE_DTYPES[precision], window)

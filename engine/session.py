@@ -554,11 +554,13 @@ class ChatSession(Turns):
         return answer, trace
 
     def cache_event(self) -> CacheChanged:
+        held = self.cache.positions_held()
         return CacheChanged(
             tokens=len(self.cache),
             bytes=self.cache.tensor_bytes(),
             bytes_per_token=self.info.kv_bytes_per_token,
             capacity=self.context,
+            layer_positions=held if any(n != len(self.cache) for n in held) else (),
         )
 
     def _decoding(self) -> tuple[str | None, str]:

@@ -95,7 +95,7 @@ def load_time(precision: str, kind: str) -> dict:
     started = time.perf_counter()
     step = steps.assemble(kind, steps.load(steps.saved_path(fast, cache_dtype, kind)))
     with torch.inference_mode():
-        step(fast, torch.tensor([0]), torch.tensor([0]), *buffers)
+        step(fast, torch.tensor([0]), torch.tensor([0]), steps.no_offsets(fast), *buffers)
     return {"kind": kind, "load_s": round(time.perf_counter() - started, 2)}
 
 
@@ -131,14 +131,17 @@ def app_ready(precision: str) -> dict:
 def decode_speeds(precision: str, windows: int, tokens: int = 48) -> dict:
     import torch
 
+    from engine.fast import steps
+
     fast, made = _steps(precision, VARIANTS)
+    offsets = steps.no_offsets(fast)  # scratch buffers hold every position from 0
     best = dict.fromkeys(VARIANTS, 0.0)
     with torch.inference_mode():
         firsts = {}
         for variant, (step, keys, values) in made.items():
             ids = [1]
             for position in range(8):  # compiles; and the same greedy tokens from each
-                logits = step(fast, torch.tensor([ids[-1]]), torch.tensor([position]), keys, values)
+                logits = step(fast, torch.tensor([ids[-1]]), torch.tensor([position]), offsets, keys, values)
                 ids.append(int(logits.argmax()))
             firsts[variant] = ids
         if len({tuple(ids) for ids in firsts.values()}) != 1:
@@ -148,7 +151,7 @@ def decode_speeds(precision: str, windows: int, tokens: int = 48) -> dict:
             for variant, (step, keys, values) in made.items():
                 started = time.perf_counter()
                 for p in range(position, position + tokens):
-                    step(fast, torch.tensor([1]), torch.tensor([p]), keys, values)
+                    step(fast, torch.tensor([1]), torch.tensor([p]), offsets, keys, values)
                 best[variant] = max(best[variant], tokens / (time.perf_counter() - started))
             position += tokens
     return {variant: round(speed, 1) for variant, speed in best.items()}

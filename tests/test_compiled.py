@@ -163,7 +163,7 @@ def test_the_child_compiles_while_the_kernel_builds_and_the_app_loads_what_it_sa
     buffers, again = steps.scratch_buffers(fast, torch.float32), steps.scratch_buffers(fast, torch.float32)
     with torch.inference_mode():
         for position, token in enumerate([5, 9, 2]):  # the kernel attends over 1, 2, 3 positions
-            args = (fast, torch.tensor([token]), torch.tensor([position]))
+            args = (fast, torch.tensor([token]), torch.tensor([position]), steps.no_offsets(fast))
             logits, expected = step(*args, *buffers), steps.whole_step(*args, *again)
     assert torch.allclose(logits, expected, atol=1e-4) and logits.abs().sum() > 0
 
@@ -320,7 +320,7 @@ def test_every_llmchat_source_a_saved_step_runs_is_in_its_key(tiny_model_dir, pr
     sys.setprofile(seen)
     try:
         with torch.inference_mode():
-            steps.whole_step(fast, torch.tensor([3]), torch.tensor([0]), *buffers)
+            steps.whole_step(fast, torch.tensor([3]), torch.tensor([0]), steps.no_offsets(fast), *buffers)
     finally:
         sys.setprofile(None)
     here = ROOT / "engine" / "fast"

@@ -7,6 +7,7 @@ the step again on those same tensors, which is what a replay computes; the recor
 (and that nothing in the step syncs with the host) is proven on a GPU by tests/test_cuda.py.
 """
 
+import pytest
 import torch
 
 from engine import models
@@ -15,6 +16,7 @@ from engine.fast import compiled, graphed
 from engine.kvcache_layers import PreallocatedLayer
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
+from tests.tiny import build_tiny_model
 
 
 class Replays:
@@ -36,11 +38,15 @@ def _greedy(session: ChatSession, prompt: str) -> list[int]:
     return [e.id for e in session.send(prompt) if isinstance(e, TokenSampled)]
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
 def test_the_graph_step_reads_its_recorded_inputs_and_records_again_when_the_cache_moves(
-    tiny_model_dir, monkeypatch
+    tiny_model_dir, tmp_path, monkeypatch, family
 ):
+    """Gemma 3's local layer (window 6) drops its oldest positions as the answer goes on: the
+    recording reads each layer's first position held from a tensor of its own too."""
     monkeypatch.setattr(graphed, "record", _record)
-    loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
+    directory = tiny_model_dir if family == "llama" else build_tiny_model(tmp_path, family=family)
+    loaded = models.load(str(directory), "fp32", "cpu")
     settings = SamplingSettings(temperature=0.0, max_new_tokens=PreallocatedLayer.initial_capacity)
     session = ChatSession(loaded, settings, compile=False)
     session.compiled = compiled.CompiledDecode(session.fast, torch.float32, cuda_graph=True)
@@ -49,5 +55,8 @@ def test_the_graph_step_reads_its_recorded_inputs_and_records_again_when_the_cac
     for prompt in ("How does inference work?", "And again"):  # two turns, one cache that grows
         assert _greedy(session, prompt) == _greedy(eager, prompt)
     assert len(session.cache) > PreallocatedLayer.initial_capacity
+    if family != "llama":
+        assert session.cache.layers[0].start > 0
+        assert session.cache.positions_held() == eager.cache.positions_held()
     assert session.compiled._step.recordings == 2  # the first decode step, then past the growth
     assert "CUDA graph" in session.compiled.describe()

@@ -162,11 +162,12 @@ def test_a_compiled_step_multiplies_in_the_kernel_with_the_loops_logits(
     step = steps.assemble("regional", steps.compile_here("regional", fast, cache_dtype))
     buffers, again = steps.scratch_buffers(fast, cache_dtype), steps.scratch_buffers(fast, cache_dtype)
     with torch.inference_mode(), torch.profiler.profile() as profile:
-        logits = step(fast, torch.tensor([5]), torch.tensor([0]), *buffers)
+        logits = step(fast, torch.tensor([5]), torch.tensor([0]), steps.no_offsets(fast), *buffers)
     assert "llmchat::matvec" in {event.name for event in profile.events()}
     monkeypatch.setattr(matvec, "enabled", False)  # Inductor's loop, as traced without the kernel
     with torch.inference_mode():
-        expected = steps.whole_step(fast, torch.tensor([5]), torch.tensor([0]), *again)
+        inputs = (fast, torch.tensor([5]), torch.tensor([0]), steps.no_offsets(fast))
+        expected = steps.whole_step(*inputs, *again)
     # bf16 rounds each product's sum to 16 bits; the kernel rounds w8's x to 16 bits (VNNI).
     tolerance = {"bf16": 5e-2, "w8": 2e-3}.get(precision, 1e-4)
     torch.testing.assert_close(logits.float(), expected.float(), atol=tolerance, rtol=tolerance)

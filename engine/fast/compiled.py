@@ -318,7 +318,8 @@ class CompiledDecode:
         """Feed one token after the cache's positions; the logits [vocab]. Needs `ready`."""
         layers = cache.layers
         buffers = steps.cache_buffers(layers)
-        logits = self._step(fast, torch.tensor([token_id]), torch.tensor([len(cache)]), *buffers)
+        offsets = steps.cache_offsets(layers)
+        logits = self._step(fast, torch.tensor([token_id]), torch.tensor([len(cache)]), offsets, *buffers)
         for layer in layers:
             layer.advance(1)
         return logits

@@ -457,34 +457,27 @@ class FastLlama:
         ropes = self.ropes_at(torch.arange(start, start + n, device=h.device))
         last = torch.tensor([start]) if n == 1 else None  # the one new token's position, for the kernel
         firsts = self.window_starts(last) if n == 1 else {}
-        masks = self._masks(start, n, h.device)
+        masks = _Masks(start, n, h.device)
 
         def attend(cache_layer, window, q, k, v):
             # Stored in the cache's own precision (engine/kvcache.py); one token's attention reads
             # it as stored. A prefill chunk's n queries share one copy of the cache in their dtype.
+            # The cache's slot 0 holds position `cache_layer.start` (a sliding window drops the oldest).
             stored = cache_layer.append(k, v)
+            offset = cache_layer.start
             if n == 1:
-                return self.attention(q, *_pair(stored), masks[window], last, firsts[window])
+                slot, first = last, firsts[window]
+                if offset:
+                    slot, first = slot - offset, first - offset
+                return self.attention(q, *_pair(stored), masks.get(window, offset), slot, first)
             keys, values = stored if stored[0].dtype == q.dtype else cache_layer.dequantized(q.dtype)
-            return self.attention(q, keys, values, masks[window], last)
+            return self.attention(q, keys, values, masks.get(window, offset), last)
 
         linear = functools.partial(self.linear, upcast=upcast)
         for layer, cache_layer in zip(self.layers, cache.layers):
             layer_attend = functools.partial(attend, cache_layer, layer.window)
             h = self.block(layer, h, *ropes[layer.rope], linear, layer_attend)
         return self.all_logits(h, linear) if every else self._logits(h, linear)
-
-    def _masks(self, start: int, n: int, device: torch.device) -> dict[int | None, torch.Tensor | None]:
-        """The masks of a forward of n tokens after `start` cached ones, per window length (None:
-        the whole context): query i (at start+i) sees the keys up to itself, a window's only the
-        last `window` of those. None where that is plain causal attention (for one token: every key)."""
-        queries = start + torch.arange(n, device=device)[:, None]
-        keys = torch.arange(start + n, device=device)[None, :]
-        causal = keys <= queries if n > 1 and start else None
-        masks: dict[int | None, torch.Tensor | None] = {None: causal}
-        for window in self.windows:
-            masks[window] = (keys <= queries) & (keys > queries - window) if start + n > window else causal
-        return masks
 
     def block_on_buffers(
         self,
@@ -547,6 +540,32 @@ def _rows_dtype(x: torch.Tensor, weight) -> bool:
 
 def _plus(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return x if bias is None else x + bias
+
+
+class _Masks:
+    """The masks of a forward of n tokens after `start` cached ones, per window length (None: the
+    whole context) and first position held (a sliding window may have dropped the oldest): query i
+    (at start+i) sees the keys up to itself, a window's only the last `window` of those. None where
+    that is plain causal attention (for one token: every key). Made when first asked for."""
+
+    def __init__(self, start: int, n: int, device: torch.device):
+        self.start, self.n, self.device = start, n, device
+        self._made: dict[tuple[int | None, int], torch.Tensor | None] = {}
+
+    def get(self, window: int | None, offset: int) -> torch.Tensor | None:
+        if (window, offset) not in self._made:
+            self._made[window, offset] = self._make(window, offset)
+        return self._made[window, offset]
+
+    def _make(self, window: int | None, offset: int) -> torch.Tensor | None:
+        start, n = self.start, self.n
+        if n == 1 and (window is None or start < window):
+            return None
+        queries = start + torch.arange(n, device=self.device)[:, None]
+        keys = torch.arange(offset, start + n, device=self.device)[None, :]
+        if window is None or start + n <= window:
+            return keys <= queries if start else None
+        return (keys <= queries) & (keys > queries - window)
 
 
 def _pair(stored) -> tuple:

@@ -33,7 +33,7 @@ at 4,000 tokens of context 3.9 against 9.6 ms)."""
 
 
 class GraphedStep:
-    """`step(fast, token, position, keys, values) -> logits`, replayed from a recording."""
+    """`step(fast, token, position, offsets, keys, values) -> logits`, replayed from a recording."""
 
     def __init__(self, step: Callable):
         self.step = step
@@ -41,25 +41,29 @@ class GraphedStep:
         """How many times the step was recorded (once per set of cache buffers)."""
         self._graph: torch.cuda.CUDAGraph | None = None
         self._recorded_for: tuple | None = None
-        self._token = self._position = self._logits = None
+        self._token = self._position = self._offsets = self._logits = None
 
-    def __call__(self, fast, token: torch.Tensor, position: torch.Tensor, keys, values) -> torch.Tensor:
+    def __call__(
+        self, fast, token: torch.Tensor, position: torch.Tensor, offsets: torch.Tensor, keys, values
+    ) -> torch.Tensor:
         buffers = (*keys, *values)
         recorded_for = (keys[0].shape[2], *(buffer.data_ptr() for buffer in buffers))
         if recorded_for != self._recorded_for:
-            self._record(fast, token, position, keys, values)
+            self._record(fast, token, position, offsets, keys, values)
             self._recorded_for = recorded_for
         self._token.copy_(token)
         self._position.copy_(position)
+        self._offsets.copy_(offsets)
         self._graph.replay()
         return self._logits.clone()  # the next replay overwrites the recording's output
 
-    def _record(self, fast, token: torch.Tensor, position: torch.Tensor, keys, values) -> None:
+    def _record(self, fast, token: torch.Tensor, position: torch.Tensor, offsets, keys, values) -> None:
         self._graph = self._logits = None  # the old recording's memory goes first
         device = keys[0].device
         self._token, self._position = token.to(device).clone(), position.to(device).clone()
+        self._offsets = offsets.to(device).clone()
         self._graph, self._logits = record(
-            lambda: self.step(fast, self._token, self._position, keys, values), device
+            lambda: self.step(fast, self._token, self._position, self._offsets, keys, values), device
         )
         self.recordings += 1
 

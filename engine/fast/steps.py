@@ -1,7 +1,9 @@
 """The compiled decode steps: compiling one against scratch buffers, saving it, loading it.
 
-Each is `(fast, token, position, keys, values[, key_scales, value_scales]) -> logits [vocab]`
-over the cache buffers of every layer (`cache_buffers`; the scales for an int8 cache), and
+Each is `(fast, token, position, offsets, keys, values[, key_scales, value_scales]) -> logits
+[vocab]` over the cache buffers of every layer (`cache_buffers`; the scales for an int8 cache),
+`offsets` being the first position each layer's buffers hold (0 unless a sliding window dropped
+the oldest, engine/kvcache_layers.py), and
 engine/fast/compiled.py builds them in the background:
 - "regional": one decoder block compiled once and run for every layer (the layers differ only
   in their weights, which come in as arguments), and the head. Compiles in ~5 s.
@@ -39,21 +41,39 @@ KINDS = ("regional", "whole")
 """In the order the background build makes them: quick to compile first, fastest second."""
 
 
-def whole_step(fast: FastLlama, token: torch.Tensor, position: torch.Tensor, *buffers) -> torch.Tensor:
+def whole_step(
+    fast: FastLlama, token: torch.Tensor, position: torch.Tensor, offsets: torch.Tensor, *buffers
+) -> torch.Tensor:
     """A decode step in one piece; embedding and RoPE are a row lookup and a few dozen numbers.
-    `buffers`: every layer's K buffer, every layer's V buffer (and, for an int8 cache, every
-    layer's K scales and V scales), as `cache_buffers` gives them."""
+    `offsets` [layers]: the first position each layer's buffers hold (`cache_offsets`); `buffers`:
+    every layer's K buffer, every layer's V buffer (and, for an int8 cache, every layer's K scales
+    and V scales), as `cache_buffers` gives them."""
     h = fast.embedded(token)
-    for layer, inputs, *layer_buffers in zip(fast.layers, layer_inputs(fast, position), *buffers):
+    for layer, inputs, *layer_buffers in zip(fast.layers, layer_inputs(fast, position, offsets), *buffers):
         h = fast.block_on_buffers(layer, h, *inputs, *layer_buffers)
     return fast.head(h)
 
 
-def layer_inputs(fast: FastLlama, position: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
-    """Each layer's (cos, sin, position, first attended position) for a step at `position`: its
-    kind of layer's RoPE table and window (Gemma 3's local layers differ from its global ones)."""
+def layer_inputs(
+    fast: FastLlama, position: torch.Tensor, offsets: torch.Tensor
+) -> list[tuple[torch.Tensor, ...]]:
+    """Each layer's (cos, sin, slot, first attended slot) for a step at `position`: its kind of
+    layer's RoPE table and window (Gemma 3's local layers differ from its global ones). A slot is a
+    position less the layer's offset: a sliding window's buffers may no longer start at 0."""
     ropes, firsts = fast.ropes_at(position), fast.window_starts(position)
-    return [(*ropes[layer.rope], position, firsts[layer.window]) for layer in fast.layers]
+    inputs = []
+    for i, layer in enumerate(fast.layers):
+        slot, first = position, firsts[layer.window]
+        if layer.window is not None:  # only a sliding window drops positions: the others pay nothing
+            offset = offsets[i : i + 1]
+            slot, first = position - offset, first - offset
+        inputs.append((*ropes[layer.rope], slot, first))
+    return inputs
+
+
+def cache_offsets(layers: list[PreallocatedLayer]) -> torch.Tensor:
+    """The first position each layer's buffers hold, as a step takes them ([layers])."""
+    return torch.tensor([layer.start for layer in layers])
 
 
 class _RegionalStep:
@@ -62,9 +82,12 @@ class _RegionalStep:
     def __init__(self, block: Callable, head: Callable):
         self.block, self.head = block, head
 
-    def __call__(self, fast: FastLlama, token: torch.Tensor, position: torch.Tensor, *buffers):
+    def __call__(
+        self, fast: FastLlama, token: torch.Tensor, position: torch.Tensor, offsets: torch.Tensor, *buffers
+    ):
         h = fast.embedded(token)
-        for layer, inputs, *layer_buffers in zip(fast.layers, layer_inputs(fast, position), *buffers):
+        inputs_per_layer = layer_inputs(fast, position, offsets)
+        for layer, inputs, *layer_buffers in zip(fast.layers, inputs_per_layer, *buffers):
             h = self.block(fast, layer, h, *inputs, *layer_buffers)
         return self.head(fast, h)
 
@@ -78,13 +101,13 @@ def compile_here(kind: str, fast: FastLlama, cache_dtype: torch.dtype) -> dict[s
     """The compiled parts of a step of `kind` ("step"; "block" and "head"), compiled in this
     process by Dynamo's ahead-of-time compile on scratch buffers: `assemble` makes the step of
     them, `save` keeps them for a later `load`."""
-    token, position = torch.tensor([0]), torch.tensor([0])
+    token, position, offsets = torch.tensor([0]), torch.tensor([0]), no_offsets(fast)
     buffers = scratch_buffers(fast, cache_dtype)
     if kind == "whole":
-        examples = {"step": (fast, token, position, *buffers)}
+        examples = {"step": (fast, token, position, offsets, *buffers)}
     else:
         h = fast.embedded(token)
-        inputs = layer_inputs(fast, position)[0]
+        inputs = layer_inputs(fast, position, offsets)[0]
         examples = {
             "block": (fast, fast.layers[0], h, *inputs, *(per_layer[0] for per_layer in buffers)),
             "head": (fast, h),
@@ -150,6 +173,11 @@ def cache_buffers(layers: list[PreallocatedLayer]) -> list[list[torch.Tensor]]:
     """A step's buffers from the cache's layers, each grown to hold one more position: every
     layer's K buffer, then every layer's V (then, for an int8 cache, K scales and V scales)."""
     return [list(kind) for kind in zip(*(layer.buffers_with_room(1) for layer in layers))]
+
+
+def no_offsets(fast: FastLlama) -> torch.Tensor:
+    """Offsets of buffers that hold every position from 0 (a fresh cache, scratch buffers)."""
+    return torch.zeros(len(fast.layers), dtype=torch.long)
 
 
 def scratch_buffers(

@@ -116,6 +116,9 @@ def _signed_metadata(
     """The file's metadata: the model and cache that made it, its token ids, and a checksum over
     those and the tensors."""
     metadata = {**describe(loaded, info), "tokens": str(len(cache)), "token_ids": json.dumps(cache.ids)}
+    starts = [layer.start for layer in cache.layers]
+    if any(starts):  # sliding windows that dropped their oldest positions (older files: none did)
+        metadata["starts"] = json.dumps(starts)
     metadata["checksum"] = checksum(tensors, metadata)
     return metadata
 
@@ -214,8 +217,9 @@ def load_cache(
             metadata = f.metadata() or {}
             info = info or loaded.info
             ids = _check_metadata(metadata, loaded, info)
+            starts = _check_starts(metadata, ids, info)
             tensors = {name: f.get_tensor(name) for name in f.keys()}
-        _check_tensors(tensors, ids, info)
+        _check_tensors(tensors, ids, info, starts)
         _check_checksum(tensors, metadata)
     except _Mismatch as e:
         return None, f"saved KV cache ignored ({e}): the history will be prefilled"
@@ -227,7 +231,11 @@ def load_cache(
     if reused == 0:
         why = "none of its tokens match this conversation"
         return None, f"saved KV cache ignored ({why}): the history will be prefilled"
-    cache = _fill(tensors, ids, loaded, info)
+    cache = _fill(tensors, ids, loaded, info, starts)
+    reused = cache.keepable(reused)
+    if reused == 0:
+        why = "its sliding windows no longer hold where this conversation departs from it"
+        return None, f"saved KV cache ignored ({why}): the history will be prefilled"
     cache.crop(reused)
     if reused >= needed:
         return cache, f"KV cache loaded from disk: {reused} tokens, no prefill needed"
@@ -302,7 +310,29 @@ def _token_ids(metadata: dict[str, str], vocab: int) -> list[int]:
     return ids
 
 
-def _check_tensors(tensors: dict[str, torch.Tensor], ids: list[int], info: ModelInfo) -> None:
+def _check_starts(metadata: dict[str, str], ids: list[int], info: ModelInfo) -> list[int]:
+    """Each layer's first position held: 0, or where a sliding window had dropped the ones before
+    (still holding what the next token sees)."""
+    if "starts" not in metadata:
+        return [0] * info.layers
+    try:
+        starts = json.loads(metadata["starts"])
+    except ValueError:
+        raise _Mismatch("its layers' first positions are damaged") from None
+    windows = info.layer_windows or (None,) * info.layers
+    if not isinstance(starts, list) or len(starts) != info.layers:
+        raise _Mismatch("its layers' first positions are not one per layer")
+    for start, window in zip(starts, windows):
+        if not isinstance(start, int) or start < 0:
+            raise _Mismatch("its layers' first positions are damaged")
+        if start and (window is None or len(ids) - start < window - 1):
+            raise _Mismatch("a layer lacks positions its attention needs")
+    return starts
+
+
+def _check_tensors(
+    tensors: dict[str, torch.Tensor], ids: list[int], info: ModelInfo, starts: list[int]
+) -> None:
     kinds = ("keys", "values") + (("key_scales", "value_scales") if info.cache_scale_bytes else ())
     expected_names = {f"layers.{i}.{kind}" for i in range(info.layers) for kind in kinds}
     if set(tensors) != expected_names:
@@ -310,7 +340,8 @@ def _check_tensors(tensors: dict[str, torch.Tensor], ids: list[int], info: Model
         raise _Mismatch(f"its tensors are not one K and one V per layer{scales}")
     for name, tensor in tensors.items():
         scales = name.endswith("_scales")
-        shape = (1, info.kv_heads, len(ids)) if scales else (1, info.kv_heads, len(ids), info.head_dim)
+        held = len(ids) - starts[int(name.split(".")[1])]
+        shape = (1, info.kv_heads, held) if scales else (1, info.kv_heads, held, info.head_dim)
         dtype = "float32" if scales else info.cache_dtype
         if tuple(tensor.shape) != shape:
             raise _Mismatch(f"{name} has shape {tuple(tensor.shape)}, expected {shape}")
@@ -329,12 +360,14 @@ def _check_checksum(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) 
         raise _Mismatch("its checksum does not match its contents: it was changed or damaged after saving")
 
 
-def _fill(tensors: dict[str, torch.Tensor], ids: list[int], loaded: LoadedModel, info: ModelInfo) -> KVCache:
+def _fill(
+    tensors: dict[str, torch.Tensor], ids: list[int], loaded: LoadedModel, info: ModelInfo, starts: list[int]
+) -> KVCache:
     """A fresh KVCache holding the loaded positions as stored (int8 with its scales), on the device."""
     device = next(loaded.model.parameters()).device
     cache = KVCache.for_model(info)
     kinds = ("keys", "values") + (("key_scales", "value_scales") if cache.quantized else ())
     for i, layer in enumerate(cache.layers):
-        layer.load_positions(*(tensors[f"layers.{i}.{kind}"].to(device) for kind in kinds))
+        layer.load_positions(*(tensors[f"layers.{i}.{kind}"].to(device) for kind in kinds), start=starts[i])
     cache.appended(ids)
     return cache

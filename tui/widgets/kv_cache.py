@@ -64,16 +64,34 @@ def head_sharing(info: ModelInfo) -> list[tuple[str, int, int]]:
     return [(name, h, 2 * info.layers * h * row) for name, h in counts]
 
 
-def head_sharing_lines(info: ModelInfo, used: int, real: int | None) -> list[Content]:
-    """A short table: bytes per token and at the current context for each head count. Only this
-    model's row can be measured (its tensors' bytes, where they equal the formula's)."""
+def held_formula(used: int, per_token: int, layers: int, layer_positions: tuple[int, ...]) -> str:
+    """The cache's bytes by the formula: tokens × bytes per token, or, where sliding windows hold
+    fewer positions than the context, each kind of layer's positions × a layer's bytes per position."""
+    if not layer_positions:
+        return f"{used:,} × {per_token:,} B = {human_bytes(used * per_token)}"
+    counts: dict[int, int] = {}
+    for held in layer_positions:
+        counts[held] = counts.get(held, 0) + 1
+    parts = " + ".join(f"{n} × {held:,}" for held, n in sorted(counts.items(), reverse=True))
+    per_position = per_token // layers
+    total = sum(layer_positions) * per_position
+    return f"({parts}) positions × {per_position:,} B = {human_bytes(total)}"
+
+
+def head_sharing_lines(
+    info: ModelInfo, used: int, real: int | None, layer_positions: tuple[int, ...] = ()
+) -> list[Content]:
+    """A short table: bytes per token and at the current context for each head count (a sliding
+    window's layers counted with the positions they hold). Only this model's row can be measured
+    (its tensors' bytes, where they equal the formula's)."""
     rows = head_sharing(info)
     if not rows:
         return []
     lines = [Content.assemble(("K/V heads ", "bold"), f" B/token   at {used:,} tokens")]
+    share = sum(layer_positions) / (used * info.layers) if layer_positions and used else 1.0
     for name, heads, per_token in rows:
         mine = heads == info.kv_heads
-        total = used * per_token
+        total = round(used * per_token * share)
         measured = mine and real is not None and real == total
         lines.append(
             Content.assemble(
@@ -152,16 +170,14 @@ class KVCachePanel(Widget):
         used = self.cache.tokens if self.cache else 0
         real = self.cache.bytes if self.cache else 0
         per_token = self.cache.bytes_per_token if self.cache else self.info.kv_bytes_per_token
+        held = self.cache.layer_positions if self.cache else ()
         lines = [
             Content.assemble(gauge(used, capacity), f" {used / capacity:.1%}" if capacity else ""),
             Content.assemble(("tokens ", "bold"), f"{used:,} / {capacity:,} in the window"),
             Content.assemble(("bytes  ", "bold"), f"{human_bytes(real)} in the tensors"),
             Content.assemble(("per token ", "bold"), formula(self.info)),
-            Content.assemble(
-                ("formula ", "bold"),
-                f"{used:,} × {per_token:,} B = {human_bytes(used * per_token)}",
-            ),
-            *head_sharing_lines(self.info, used, real if self.cache else None),
+            Content.assemble(("formula ", "bold"), held_formula(used, per_token, self.info.layers, held)),
+            *head_sharing_lines(self.info, used, real if self.cache else None, held),
             self._turn_line(),
             *self._reuse_stopped_line(),
             *self._unfed_line(),
