@@ -38,7 +38,17 @@ def test_crossover_by_hand():
     assert LLAMA_2_7B.kv_bytes_per_token == 524_288 and LLAMA_2_7B.crossover == 25_559
     # Llama-2-70B fp16 (GQA, 8 KV heads): 2·80·8·128·2 = 327,680 B/token; W = 138e9 B -> 421,142.6
     assert LLAMA_2_70B.kv_bytes_per_token == 327_680 and LLAMA_2_70B.crossover == 421_143
-    for shape in (smol, LLAMA_2_7B, LLAMA_2_70B):
+    # Gemma 3 270M's shape at fp32: 2·18·1·256·4 = 36,864 B/token, 2,048 a layer; 15 local layers
+    # keep their last 512, so past 512 a step reads 2,048·(3c + 15·512): W = 2**30 B is reached at
+    # c = (2**30 - 15,728,640) / 6,144 = 172,202.7 (the formula without windows: 29,128).
+    gemma = CacheShape("gemma", 18, 1, 256, 4, 2**30, "test", windows=((512,) * 5 + (None,)) * 3)
+    assert gemma.kv_bytes_per_token == 36_864 and gemma.crossover == 172_203
+    assert gemma.kv_bytes(100) == 100 * 36_864 and gemma.kv_bytes(1_000) == 2_048 * (3_000 + 15 * 512)
+    # Reached within the windows (a small W), and never where every layer has one (Mistral's).
+    early = CacheShape("early", 18, 1, 256, 4, 5_000_000, "test", windows=gemma.windows)
+    assert 0 < early.crossover < 512
+    assert CacheShape("mistral", 2, 1, 8, 4, 10**9, "test", windows=(4096, 4096)).crossover is None
+    for shape in (smol, LLAMA_2_7B, LLAMA_2_70B, gemma, early):
         c = shape.crossover
         assert shape.kv_bytes(c - 1) < shape.weight_bytes <= shape.kv_bytes(c)
 

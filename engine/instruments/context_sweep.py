@@ -16,7 +16,9 @@ of every cached position once:
     the cache outweighs the weights from   c* = W / kv   on.
 
 For this model c* comes from its loaded shape; for Llama-2-7B and -70B from the formula with
-fp16 weights and cache (their config numbers below).
+fp16 weights and cache (their config numbers below). A layer that attends over a sliding window
+(Gemma 3's local layers) reads and keeps only its last w positions, so it adds kv/layers · min(c, w):
+c* moves far out, or never comes where every layer has a window.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class CacheShape:
     """Where the numbers come from: the loaded model, or the formula with a named config."""
     scale_bytes: int = 0
     """An int8 cache's scale per head and token (engine/events.py ModelInfo.kv_bytes_per_token)."""
+    windows: tuple[int | None, ...] = ()
+    """Each layer's sliding window (None: the whole context); () where no layer has one."""
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -72,13 +76,35 @@ class CacheShape:
         return 2 * self.layers * self.kv_heads * (self.head_dim * self.element_bytes + self.scale_bytes)
 
     def kv_bytes(self, context: int) -> int:
-        """Cache bytes one decode step reads at `context` positions."""
-        return self.kv_bytes_per_token * context
+        """Cache bytes one decode step reads at `context` positions: a windowed layer's last w only."""
+        if not self.windows:
+            return self.kv_bytes_per_token * context
+        per_layer = self.kv_bytes_per_token // self.layers
+        return per_layer * sum(min(context, w or context) for w in self.windows)
 
     @property
-    def crossover(self) -> int:
-        """c*: the smallest context whose cache bytes read per step reach the weights' bytes."""
-        return math.ceil(self.weight_bytes / self.kv_bytes_per_token)
+    def windowed_layers(self) -> int:
+        return sum(1 for w in self.windows if w)
+
+    @property
+    def crossover(self) -> int | None:
+        """c*: the smallest context whose cache bytes read per step reach the weights' bytes; None
+        where every layer's window caps them below."""
+        if not self.windows:
+            return math.ceil(self.weight_bytes / self.kv_bytes_per_token)
+        per_layer, whole = self.kv_bytes_per_token // self.layers, self.layers - self.windowed_layers
+        largest = max(w or 0 for w in self.windows)
+        if self.kv_bytes(largest) < self.weight_bytes:
+            if not whole:
+                return None
+            # Past every window only the whole-context layers still grow: linearly, solved.
+            capped = per_layer * sum(w for w in self.windows if w)
+            return math.ceil((self.weight_bytes - capped) / (per_layer * whole))
+        low, high = 1, largest  # reached within the windows: the first context that reaches it
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (middle + 1, high) if self.kv_bytes(middle) < self.weight_bytes else (low, middle)
+        return low
 
 
 FP16 = 2
@@ -103,6 +129,7 @@ def shape_of(session: ChatSession) -> CacheShape:
         ModelShape.of(session.loaded).streamed_weight_bytes,
         f"this model as loaded: {info.precision} weights, {info.cache_dtype} cache",
         info.cache_scale_bytes or 0,
+        info.layer_windows,
     )
 
 

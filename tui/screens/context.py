@@ -143,7 +143,7 @@ def crossover_lines(this: CacheShape, window: int) -> list[Content]:
         )
     ]
     beyond = f" (beyond its {window:,}-token window: here the weights dominate every step)"
-    lines.append(_crossover(this, beyond if this.crossover > window else ""))
+    lines.append(_crossover(this, beyond if this.crossover is None or this.crossover > window else ""))
     return lines + [_crossover(shape) for shape in (LLAMA_2_7B, LLAMA_2_70B)]
 
 
@@ -151,11 +151,19 @@ def _crossover(shape: CacheShape, beyond: str = "") -> Content:
     """One model's W, kv and the context c* where its cache outweighs its weights."""
     row = f"{shape.head_dim}·{shape.element_bytes}"
     row = f"({row}+{shape.scale_bytes})" if shape.scale_bytes else row  # an int8 cache's scales
+    crossover = "never" if shape.crossover is None else f"{shape.crossover:,} tokens"
+    windows = sorted({w for w in shape.windows if w})
+    windowed = (
+        f" ({shape.windowed_layers} of {shape.layers} layers keep only their last "
+        f"{'/'.join(f'{w:,}' for w in windows)}: c* counts what they hold)"
+        if windows
+        else ""
+    )
     return Content.assemble(
         (shape.name + ":", "bold"),
         f" W {human_bytes(shape.weight_bytes)}, kv 2·{shape.layers}·{shape.kv_heads}·"
-        f"{row} = {shape.kv_bytes_per_token:,} B/token → ",
-        (f"c* = {shape.crossover:,} tokens", "bold $text-accent"),
+        f"{row} = {shape.kv_bytes_per_token:,} B/token{windowed} → ",
+        (f"c* = {crossover}", "bold $text-accent"),
         beyond,
         (f"  ({shape.source})", "$text-muted"),
     )
