@@ -24,7 +24,7 @@ from engine.contention import ContentionMeter
 from engine.events import TokenSampled, TurnFinished, contention_json
 from engine.fast import compiled as compiled_module
 from engine.fast import fused, kernels, matvec
-from engine.kvcache import CACHE_PRECISIONS, with_cache_precision
+from engine.kvcache import CACHE_PRECISIONS, kv_read_bytes, with_cache_precision
 from engine.models import LoadedModel, weights_read_per_token
 from engine.prompts import FILLER, QUESTIONS
 from engine.sampling import SamplingSettings
@@ -388,7 +388,10 @@ def bench_long_context(
         result[f"itl_ms_{label}"] = round(statistics.median(itl) * 1000, 3)
         result[f"context_{label}"] = length
     measured = result["itl_ms_long"] / result["itl_ms_short"]
-    predicted = (read_bytes + per_token * context) / (read_bytes + per_token * 100)
+    windows, layers = loaded.info.layer_windows, loaded.info.layers
+    predicted = (read_bytes + kv_read_bytes(per_token, layers, windows, context)) / (
+        read_bytes + kv_read_bytes(per_token, layers, windows, 100)
+    )
     result.update(measured_ratio=round(measured, 3), predicted_ratio=round(predicted, 3))
     return result
 
@@ -421,11 +424,12 @@ def bench_kv_cache(
     result = {}
     for precision in precisions:
         per_token = with_cache_precision(loaded.info, precision).kv_bytes_per_token
+        kv_read = kv_read_bytes(per_token, loaded.info.layers, loaded.info.layer_windows, context)
         result[precision] = {
             "bytes_per_token": per_token,
             "context": context,
-            "kv_bytes_read_per_step": per_token * context,
-            "bytes_read_per_step": read_bytes + per_token * context,
+            "kv_bytes_read_per_step": kv_read,
+            "bytes_read_per_step": read_bytes + kv_read,
             **timed[precision].as_dict(),
             "attention": attention,
         }

@@ -69,6 +69,15 @@ def with_cache_precision(info, precision: str):
     )
 
 
+def kv_read_bytes(per_token: int, layers: int, windows: tuple[int | None, ...], positions: int) -> int:
+    """K/V bytes one token's attention reads over `positions` cached ones: `per_token` (all
+    layers') for each, except that a layer with a sliding window (`windows`, () for none) reads
+    only its last w."""
+    if not windows:
+        return per_token * positions
+    return per_token // layers * sum(min(positions, w or positions) for w in windows)
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.instruments.phases import ModelShape
-from engine.kvcache import KVCache
+from engine.kvcache import KVCache, kv_read_bytes
 
 if TYPE_CHECKING:
     from engine.session import ChatSession
@@ -77,10 +77,7 @@ class CacheShape:
 
     def kv_bytes(self, context: int) -> int:
         """Cache bytes one decode step reads at `context` positions: a windowed layer's last w only."""
-        if not self.windows:
-            return self.kv_bytes_per_token * context
-        per_layer = self.kv_bytes_per_token // self.layers
-        return per_layer * sum(min(context, w or context) for w in self.windows)
+        return kv_read_bytes(self.kv_bytes_per_token, self.layers, self.windows, context)
 
     @property
     def windowed_layers(self) -> int:

@@ -57,6 +57,7 @@ import torch
 
 from engine.contention import ContentionMeter
 from engine.events import Contention, ModelInfo, TurnStats
+from engine.kvcache import kv_read_bytes
 from engine.models import LoadedModel, head_bytes_per_token, weights_read_per_token
 from engine.session import PREFILL_CHUNK
 from engine.threads import configured as configured_threads
@@ -161,8 +162,7 @@ class ModelShape:
 
     def kv_read_bytes(self, positions: int) -> int:
         """K/V bytes a pass reads attending over `positions` cached ones (a window layer: its last w)."""
-        per_layer = self.kv_bytes_per_token // self.layers
-        return sum(per_layer * min(positions, w or positions) for w in self._layer_windows)
+        return kv_read_bytes(self.kv_bytes_per_token, self.layers, self.windows, positions)
 
     def prefill_flops(self, new: int, reused: int = 0, chunks: int | None = None) -> int:
         chunks = _chunks(new) if chunks is None else chunks
