@@ -1,8 +1,10 @@
 """What sampling a token costs inside a real answer: torch's ops against the summary kernel.
 
     .venv/bin/python scripts/sampler_cost.py [--precision bf16] [--temperatures 0,0.7] [--rounds 4]
+                                             [--model GGUF --raw]
 
-Runs the built-in model's compiled decode step in a chat session and answers the same prompt
+Runs the built-in model's (or --model's; --raw for a base model, as `llmchat --raw`) compiled
+decode step in a chat session and answers the same prompt
 (128 tokens, EOS ignored) with the sampler summarizing each step by torch's ops and by the one
 kernel call (engine/fast/sample_summary.cpp), alternating answer by answer so both see the
 machine in the same state. Prints, per answer, the sampler's microseconds per token and the
@@ -59,12 +61,15 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--temperatures", default="0,0.7")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--raw", action="store_true", help="no chat template: the prompt is continued")
     args = parser.parse_args()
     problem = kernels.load("sampling")
     if problem is not None:
         raise SystemExit(f"the kernels did not build: {problem}")
     session_module.Sampler = TimedSampler
-    session = ChatSession(models.load(DEFAULT_MODEL, args.precision, "cpu"), compile=True)
+    loaded = models.load(args.model, args.precision, "cpu", chat=not args.raw)
+    session = ChatSession(loaded, compile=True, raw=args.raw)
     session.compiled.wait_settled(900)
     for temperature in (float(t) for t in args.temperatures.split(",")):
         session.sampling = SamplingSettings(temperature=temperature, max_new_tokens=128, seed=1)

@@ -56,10 +56,10 @@ at::Tensor sample_summary(const at::Tensor& logits, double scale_arg, int64_t ch
 
   float peak = -FLT_MAX;
   for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kChunk, end = std::min(V, begin + kChunk);
     float best = -FLT_MAX;
-    for (int64_t i = c * kChunk; i < std::min(V, (c + 1) * kChunk); ++i) {
-      best = std::max(best, kept(x[i]) ? x[i] : -FLT_MAX);
-    }
+#pragma omp simd reduction(max : best)
+    for (int64_t i = begin; i < end; ++i) best = std::max(best, kept(x[i]) ? x[i] : -FLT_MAX);
     chunk_max[c] = best;
     peak = std::max(peak, best);
   }
