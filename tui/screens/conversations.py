@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Sequence
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
@@ -92,19 +93,27 @@ def fitted(text: str | Text, width: int) -> Text:
     return line
 
 
-def title_width(width: int, searching: bool, rows: list[Row]) -> int:
-    """The title column's width, so every column fits `width` cells (two of padding per column, and
-    room for a scrollbar)."""
+def column_widths(width: int, searching: bool, rows: list[Row]) -> tuple[int, ...]:
+    """The most each column may take, so that they fit `width` cells (two of padding per column,
+    and room for a scrollbar). The table is given its columns' widths rather than left to measure
+    them: one re-filled while its earlier rows were still to be measured kept its headers' widths,
+    which cut every cell (seen on a slow machine: "Hi ␛]" for a title)."""
     ids = max((len(str(row.id)) for row in rows), default=1)
     if searching:  # the title gets up to a third; the match takes the rest
-        return max(12, min(max((len(row.title) for row in rows), default=5), width // 3))
-    models = max((len(row.model or "?") for row in rows), default=5)
-    others = 1 + max(ids, 1) + len("2026-05-28 20:26") + len("Turns") + max(models, len("Model"))
-    return max(12, width - others - 2 * 6 - 2)
+        title = max(12, min(max((len(row.title) for row in rows), default=5), width // 3))
+        return 1, ids, title, max(1, width - title - 2 * 4 - 3 - ids)
+    models = max(max((len(row.model or "?") for row in rows), default=5), len("Model"))
+    dates, turns = len("2026-05-28 20:26"), len("Turns")
+    title = max(12, width - (1 + ids + dates + turns + models) - 2 * 6 - 2)
+    return 1, ids, title, dates, turns, models
 
 
 def date(timestamp: float | None) -> str:
     return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M") if timestamp is not None else ""
+
+
+def _width(value: str | Text) -> int:
+    return value.cell_len if isinstance(value, Text) else cell_len(value)
 
 
 def export_path(directory: Path, conversation_id: int, extension: str) -> Path:
@@ -296,22 +305,23 @@ class ConversationsScreen(ModalScreen[int | None]):
         selected = self.selected()
         table.clear(columns=True)
         searching = bool(query.strip())
-        table.add_columns(*(SEARCH_COLUMNS if searching else LIST_COLUMNS))
+        budget = column_widths(table.size.width or self.size.width, searching, rows)
+        cells = [self._cells(row, searching, budget) for row in rows]
+        labels = SEARCH_COLUMNS if searching else LIST_COLUMNS
+        for i, label in enumerate(labels):  # each as wide as its widest cell, within its budget
+            table.add_column(label, width=max([cell_len(label), *(_width(row[i]) for row in cells)]))
         self.rows = {row.id: row for row in rows}
-        width = table.size.width or self.size.width
-        titles = title_width(width, searching, rows)
-        for row in rows:
-            table.add_row(*self._cells(row, searching, width, titles), key=str(row.id))
+        for row, row_cells in zip(rows, cells):
+            table.add_row(*row_cells, key=str(row.id))
         if selected in self.rows:
             table.move_cursor(row=table.get_row_index(str(selected)))
 
-    def _cells(self, row: Row, searching: bool, width: int, titles: int) -> tuple:
+    def _cells(self, row: Row, searching: bool, widths: tuple[int, ...]) -> tuple:
         """A row's cells: the open mark, id and title, then the match or the date, turns and model."""
         mark = "●" if row.id == self.open_id else ""
-        title = fitted(cell(row.title or "(untitled)"), titles)
+        title = fitted(cell(row.title or "(untitled)"), widths[2])
         if searching:
-            match = fitted(highlight(row.match_parts), width - titles - 2 * 4 - 3 - len(str(row.id)))
-            return (mark, str(row.id), title, match)
+            return (mark, str(row.id), title, fitted(highlight(row.match_parts), widths[3]))
         return (mark, str(row.id), title, date(row.updated), str(row.turns), cell(row.model or "?"))
 
     def _summary(self, query: str, count: int) -> str:
