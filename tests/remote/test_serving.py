@@ -30,18 +30,27 @@ def one_result(output: str) -> dict:
 
 
 def test_a_rate_sweep_rises_until_the_two_slots_saturate(two_slot_llama_server):
-    """Arrival-bound at 1 request a second, the server's own limit by 4 a second and at once."""
+    """Arrival-bound at a third of what the server answers a second, its own limit at four times
+    that and at once. The rates are set from its measured limit: a Zen 1 answered ~1 request a
+    second, so a sweep at 1 and 4 a second was the limit twice."""
+    limit = bench(
+        "--server", two_slot_llama_server.url, "--num-prompts", "8", "--output-len", "16",
+        "--request-rate", "inf", "--json",
+    )  # fmt: skip
+    assert limit.exit_code == 0, limit.output
+    capacity = one_result(limit.stdout)["request_throughput"]
+    low, high = round(capacity / 3, 2), round(capacity * 4, 2)
     result = bench(
         "--server", two_slot_llama_server.url, "--num-prompts", "8", "--output-len", "16",
-        "--sweep", "rate:1,4,inf", "--json",
+        "--sweep", f"rate:{low},{high},inf", "--json",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     swept = one_result(result.stdout)
     throughputs = [run["request_throughput"] for run in swept["sweep"]["results"]]
-    assert swept["sweep"]["values"] == [1.0, 4.0, "inf"]
+    assert swept["sweep"]["values"] == [low, high, "inf"]
     assert throughputs[1] > throughputs[0] * 1.2  # more load, more answers a second...
     saturation = swept["saturation"]
-    assert saturation["at"] in (4.0, "inf")  # ...until the slots are full
+    assert saturation["at"] in (high, "inf")  # ...until the slots are full
     assert saturation["request_throughput"] >= max(throughputs) / 1.1
     assert all(run["completed"] == 8 and run["failed"] == 0 for run in swept["sweep"]["results"])
 
