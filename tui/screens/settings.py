@@ -273,6 +273,9 @@ class SettingsScreen(ModalScreen[None]):
         return "Sampling (remembered): Enter applies; it takes effect from the next token, also mid-answer."
 
     def on_mount(self) -> None:
+        options = getattr(self.app, "options", None)
+        for field in self.query(Input):  # as the chat's prompt: a snapshot must not catch a blink
+            field.cursor_blink = options.cursor_blink if options is not None else True
         if self.server is not None:
             self.query_one("#temperature", Input).focus()
             return
