@@ -11,6 +11,7 @@ import torch
 from engine import models
 from engine.events import TokenSampled
 from engine.fast import fused, steps
+from engine.instruments import kv_budget
 from engine.kvcache import KVCache, with_cache_precision
 from engine.kvcache_layers import CROP_ROOM, DROP_EVERY
 from engine.sampling import SamplingSettings
@@ -182,3 +183,46 @@ def test_the_panel_formula_counts_each_layer_by_the_positions_it_holds():
     # Gemma 3 270M's shape: 3 global layers hold all 1,500, 15 local ones 591.
     line = held_formula(1500, 18 * 2048, 18, (1500,) * 3 + (591,) * 15)
     assert line.startswith("(3 × 1,500 + 15 × 591) positions × 2,048 B = ")
+
+
+def test_the_context_budget_counts_a_windowed_layer_at_its_window(gemma):
+    """F8's tokens that fit: a local layer's positions stop at its window, the global one's grow;
+    the live cache after a long answer holds no more than that and the room the policy keeps."""
+    shape, info = kv_budget.shape_of(gemma.info), gemma.info
+    per_layer = info.kv_bytes_per_token // info.layers
+    for memory in (per_layer * 9, per_layer * 12, per_layer * 13, per_layer * 1_000):
+        fits = max(n for n in range(2_000) if per_layer * (min(n, 6) + n) <= memory)
+        assert shape.tokens_in(memory, "fp32") == fits
+    assert shape.tokens_in(per_layer * 1_000, "fp32") == 994 > per_layer * 1_000 // info.kv_bytes_per_token
+    cache, fast = KVCache.for_model(gemma.info), fused.FastLlama(gemma.model)
+    with torch.inference_mode():
+        decode(lambda ids, cache: fast.forward(torch.tensor([ids]), cache), cache, [1, 2, 3])
+    slack, by_formula = (CROP_ROOM + DROP_EVERY - 1) * per_layer, shape.bytes_at(len(cache), "fp32")
+    assert by_formula < cache.tensor_bytes() <= by_formula + slack
+    every_layer_windowed = kv_budget.Shape("mistral-like", 2, 1, 8, "test", (6, 6))
+    assert every_layer_windowed.tokens_in(10 * 2 * 2 * 8 * 4 * 6, "fp32") is None
+    assert every_layer_windowed.tokens_in(2 * 2 * 8 * 4 * 5, "fp32") == 5
+
+
+def test_the_budget_table_for_gemma_3_counts_its_global_layers_per_token():
+    """Gemma 3 270M's shape (18 layers, 1 kv head of 256; 15 local of window 512): 16 GiB holds
+    466,033 tokens keeping every layer's, 2,793,642 with the windows."""
+    from dataclasses import replace
+
+    from tests.tui_fakes import INFO
+    from tui.screens.precision import budget_lines
+
+    windows = tuple(None if (i + 1) % 6 == 0 else 512 for i in range(18))
+    gemma_shape = replace(INFO, name="gemma-3-270m", layers=18, kv_heads=1, head_dim=256)
+    gemma_shape = replace(gemma_shape, layer_windows=windows)
+    lines = [line.plain for line in budget_lines(gemma_shape)]
+    cells = [part.strip() for part in lines[1].split("  ") if part.strip()]
+    assert (
+        cells[:2]
+        == ["gemma-3-270m", f"6,144 → {(16 * 2**30 - 15 * 512 * 2_048) // 6_144:,}"]
+        == [
+            "gemma-3-270m",
+            "6,144 → 2,793,642",
+        ]
+    )
+    assert lines[4].startswith("15 of its 18 layers attend over a sliding window (512 positions)")

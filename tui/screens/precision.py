@@ -21,6 +21,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from engine.instruments import kv_budget
 from engine.instruments.precision_compare import PrecisionComparison, compare_turn_at, compare_turn_kv_cache
+from engine.kvcache_layers import CROP_ROOM, DROP_EVERY
 from engine.quant.precision import PRECISIONS
 from tui.fmt import human_bytes, ms, plain_text, subscript, visible_piece
 from tui.screens.instrument import InstrumentScreen
@@ -151,10 +152,7 @@ def budget_lines(info, gib: int = BUDGET_GIB) -> list[Content]:
     memory = gib * kv_budget.GIB
     shapes = [kv_budget.shape_of(info), *kv_budget.OTHERS]
     columns = {"fp32": "fp32", "bf16": "bf16/fp16", "int8": "int8"}
-    rows = [
-        [f"{shape.bytes_per_token(p):,} → {shape.tokens_in(memory, p):,}" for p in columns]
-        for shape in shapes
-    ]
+    rows = [[budget_cell(shape, memory, p) for p in columns] for shape in shapes]
     # As wide as the widest cell: a small model's millions of tokens ran into the next column.
     width = max(CELL_WIDTH, *(len(cell) + 2 for row in rows for cell in row))
     header = Content.assemble(
@@ -164,7 +162,33 @@ def budget_lines(info, gib: int = BUDGET_GIB) -> list[Content]:
     for shape, row in zip(shapes, rows):
         name = shape.name if len(shape.name) < NAME_WIDTH else shape.name[: NAME_WIDTH - 2] + "…"
         lines.append(Content.assemble((name.ljust(NAME_WIDTH), "bold"), *(cell.rjust(width) for cell in row)))
-    return [*lines, _budget_note(gib)]
+    return [*lines, *_windows_note(shapes[0]), _budget_note(gib)]
+
+
+def budget_cell(shape: kv_budget.Shape, memory: int, precision: str) -> str:
+    """Bytes per token → tokens that fit; a model with sliding windows counts the bytes each token
+    adds past them."""
+    tokens = shape.tokens_in(memory, precision)
+    fit = "any length" if tokens is None else f"{tokens:,}"
+    return f"{shape.growing_bytes_per_token(precision):,} → {fit}"
+
+
+def _windows_note(shape: kv_budget.Shape) -> list[Content]:
+    """For a model with sliding windows: which layers hold only their window."""
+    if not shape.windowed_layers:
+        return []
+    windows = ", ".join(f"{w:,}" for w in sorted({w for w in shape.windows if w}))
+    slack = CROP_ROOM + DROP_EVERY - 1
+    return [
+        Content.styled(
+            f"{shape.windowed_layers} of its {shape.layers} layers attend over a sliding window "
+            f"({windows} positions) and hold at most it, at any context: its bytes per token are "
+            f"the other {shape.layers - shape.windowed_layers} layers', and its tokens count both. "
+            f"(llmchat's cache keeps up to {slack} positions more in a windowed layer, so a "
+            f"speculative crop can be served and the oldest move once per {DROP_EVERY} tokens.)",
+            "$text-muted",
+        )
+    ]
 
 
 def _budget_note(gib: int) -> Content:
