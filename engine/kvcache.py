@@ -24,7 +24,14 @@ import dataclasses
 
 import torch
 
-from engine.kvcache_layers import CACHE_DTYPES, SCALE_DTYPE, PreallocatedLayer, make_layer
+from engine.kvcache_layers import (
+    CACHE_DTYPES,
+    CROP_ROOM,
+    DROP_EVERY,
+    SCALE_DTYPE,
+    PreallocatedLayer,
+    make_layer,
+)
 
 CACHE_PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 """The cache precisions `--kv-cache` offers."""
@@ -76,6 +83,12 @@ def kv_read_bytes(per_token: int, layers: int, windows: tuple[int | None, ...], 
     if not windows:
         return per_token * positions
     return per_token // layers * sum(min(positions, w or positions) for w in windows)
+
+
+def most_held(window: int) -> int:
+    """The most positions a sliding-window layer holds between forwards: the window's last
+    window - 1 and CROP_ROOM before them, and up to DROP_EVERY - 1 gathered before the oldest go."""
+    return window - 1 + CROP_ROOM + DROP_EVERY - 1
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

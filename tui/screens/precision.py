@@ -21,7 +21,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from engine.instruments import kv_budget
 from engine.instruments.precision_compare import PrecisionComparison, compare_turn_at, compare_turn_kv_cache
-from engine.kvcache_layers import CROP_ROOM, DROP_EVERY
+from engine.kvcache import most_held
 from engine.quant.precision import PRECISIONS
 from tui.fmt import human_bytes, ms, plain_text, subscript, visible_piece
 from tui.screens.instrument import InstrumentScreen
@@ -177,15 +177,15 @@ def _windows_note(shape: kv_budget.Shape) -> list[Content]:
     """For a model with sliding windows: which layers hold only their window."""
     if not shape.windowed_layers:
         return []
-    windows = ", ".join(f"{w:,}" for w in sorted({w for w in shape.windows if w}))
-    slack = CROP_ROOM + DROP_EVERY - 1
+    sizes = sorted({w for w in shape.windows if w})
+    windows, past = ", ".join(f"{w:,}" for w in sizes), most_held(sizes[0]) - sizes[0]
     return [
         Content.styled(
             f"{shape.windowed_layers} of its {shape.layers} layers attend over a sliding window "
             f"({windows} positions) and hold at most it, at any context: its bytes per token are "
             f"the other {shape.layers - shape.windowed_layers} layers', and its tokens count both. "
-            f"(llmchat's cache keeps up to {slack} positions more in a windowed layer, so a "
-            f"speculative crop can be served and the oldest move once per {DROP_EVERY} tokens.)",
+            f"(llmchat's cache keeps up to {past} positions more in a windowed layer, so that a "
+            f"speculative crop can be served and the oldest are moved out in batches, not per token.)",
             "$text-muted",
         )
     ]
