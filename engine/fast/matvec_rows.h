@@ -8,8 +8,8 @@
 // widest the CPU has: 16 float32 FMAs against float32 x; where x is bfloat16 as W is (a bf16 model's
 // activations), 32 pairs by `vdpbf16ps`, as the one-row path multiplies; for w8's int8 rows, x
 // rounded to 16 bits per row as the one-row path rounds it (XQuantized) and 32 pairs summed in
-// integers by `vpdpwssd` (16 by `vpmaddwd` with AVX2 only). Without AVX-512, float rows take the
-// portable loop below. Before the tiles, sums went 8 floats wide against each weight row widened
+// integers by `vpdpwssd` (16 by `vpmaddwd` with AVX2 only). With AVX2 only, 16-bit rows go 8 wide
+// in the same tiles and float32 rows take the portable loop below (run_many says why). Before the tiles, sums went 8 floats wide against each weight row widened
 // into memory, and a bf16 model's rows went to torch's matmul: 9 rows cost 2.0-3.1 one-row steps,
 // now 1.7-1.8 (AVX-512 EPYC; BENCHMARKS.md). matvec.cpp defines what it reads (Q4, widen_row,
 // quantize_x, the int8 helpers).
@@ -31,6 +31,20 @@ struct FloatProducts {  // float32, bfloat16 or float16 rows widened in a regist
   static XV xs(const X* p) { return _mm512_loadu_ps(p); }
   static Sum add(Sum s, Weights w, XV x) { return _mm512_fmadd_ps(w, x, s); }
   static float total(Sum s) { return _mm512_reduce_add_ps(s); }
+};
+#elif defined(LLMCHAT_AVX2_FLOATS)
+template <typename W>
+struct FloatProducts {  // the same, 8 at a time in an AVX2 register (16-bit rows only: run_many)
+  using X = float;
+  using Sum = __m256;
+  using Weights = __m256;
+  using XV = __m256;
+  static constexpr int64_t kStep = 8;
+  static Sum zero() { return _mm256_setzero_ps(); }
+  static Weights weights(const W* p) { return llmchat::load8(p); }
+  static XV xs(const X* p) { return _mm256_loadu_ps(p); }
+  static Sum add(Sum s, Weights w, XV x) { return _mm256_fmadd_ps(w, x, s); }
+  static float total(Sum s) { return llmchat::total8(s); }
 };
 #endif
 
@@ -282,6 +296,17 @@ void run_many(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
   at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
 #if defined(__AVX512F__)
     rows_many<FloatProducts<W>>(xp, n, wp, to, in, begin, end);
+#elif defined(LLMCHAT_AVX2_FLOATS)
+    // 16-bit rows widened in a register, not into memory first: a bf16 verify of 2-3 rows went
+    // from 1.2 to 0.9-1.0 one-row steps, 16 rows 3.0 -> 2.5 (Zen 1). float32 rows keep the portable
+    // loop, whose one sum per row of x (up to 16 chains) ran 5 and 9 rows in 1.2 and 1.35 steps
+    // where these tiles took 1.35 and 1.7: a tile's leftover row of x is two chains, one FMA's
+    // latency each.
+    if constexpr (std::is_same_v<W, float>) {
+      rows_many_portable(xp, n, wp, to, in, begin, end);
+    } else {
+      rows_many<FloatProducts<W>>(xp, n, wp, to, in, begin, end);
+    }
 #else
     rows_many_portable(xp, n, wp, to, in, begin, end);
 #endif

@@ -52,3 +52,31 @@ inline __m512 load16(const int8_t* p) {
 
 }  // namespace llmchat
 #endif
+
+// Eight of a row's elements as float32 in one AVX2 register, for CPUs without AVX-512 (most
+// laptops' and desktops', AMD's before Zen 4): the several-rows tiles (matvec_rows.h) take them.
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define LLMCHAT_AVX2_FLOATS 1
+#include <immintrin.h>
+
+namespace llmchat {
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {  // a bfloat16 is a float32's upper half
+  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline float total8(__m256 s) {
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+  return _mm_cvtss_f32(_mm_add_ss(sum, _mm_shuffle_ps(sum, sum, 1)));
+}
+
+}  // namespace llmchat
+#endif
