@@ -1,6 +1,7 @@
 """What the matvec kernel buys a decode step: it against Inductor's loop and aten, then in the step.
 
     .venv/bin/python scripts/matvec_cost.py [--precisions fp32,bf16] [--rounds 3] [--windows 4]
+                                            [--matrices-only]
 
 1. The built-in model's matrices (30 layers' fused QKV, O, gate/up, down, and the LM head), each
    multiplied by one token's activations in turn as a step does, so every matrix comes from
@@ -12,7 +13,8 @@
    the same state), and whether both pick the same greedy tokens.
 3. The same for the eager step (what answers while the compiled one builds, and with
    --no-compile): aten's matmuls, or the kernel for each one-row product once it is loaded.
-Not part of CI.
+--matrices-only stops after 1 (no compiling): with PYTHONPATH at another checkout (a git worktree)
+it measures that checkout's kernel, for a before and after. Not part of CI.
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--windows", type=int, default=4)
+    parser.add_argument("--matrices-only", action="store_true", help="only 1: the matrices, nothing compiled")
     args = parser.parse_args()
     problem = kernels.load("step")
     if problem is not None:
@@ -132,6 +135,8 @@ def main() -> None:
         fast = fused.for_model(loaded.model, compiled=True)
         print(f"{precision}: the model's matrices, one token each, from memory (best of {args.rounds})")
         per_matrix(fast, args.rounds)
+        if args.matrices_only:
+            continue
         print(f"{precision}: the whole compiled step, {args.windows} alternating windows")
         in_the_step(fast, getattr(torch, loaded.info.cache_dtype), args.windows)
         print(f"{precision}: the eager step, {args.windows} alternating windows")

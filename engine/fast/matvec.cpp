@@ -60,29 +60,60 @@ void rows_plain(const X* x, const W* w, X* out, int64_t in, int64_t begin, int64
 using llmchat::load16;
 using llmchat::read_ahead;
 
-// float32, float16 and int8 rows (bfloat16 too without `vdpbf16ps`), two at a time, 16 weights
-// a step widened to float32 against x in float32 (`xf`): four independent chains, x read once
-// per pair.
+struct Lanes {  // sixteen float32 in an AVX-512 register
+  using V = __m512;
+  static constexpr int64_t kWidth = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  template <typename W>
+  static V load(const W* p) { return load16(p); }
+  static V xs(const float* p) { return _mm512_loadu_ps(p); }
+  static V fma(V w, V x, V sum) { return _mm512_fmadd_ps(w, x, sum); }
+  static float total(V a, V b) { return _mm512_reduce_add_ps(_mm512_add_ps(a, b)); }
+};
+#define LLMCHAT_FMA_ROWS 1
+#elif defined(LLMCHAT_AVX2_FLOATS)
+using llmchat::read_ahead;
+
+// Without AVX-512 the compiler's own loop (rows_plain) widened float16 one value at a time (the
+// model's matrices on a Zen 1: 1.8-2.3 GB/s, against 6.4-8.1 here) and bfloat16 rows slower
+// (9.6-10.2 GB/s, 10.0-11.6 here).
+struct Lanes {  // eight float32 in an AVX2 register
+  using V = __m256;
+  static constexpr int64_t kWidth = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  template <typename W>
+  static V load(const W* p) { return llmchat::load8(p); }
+  static V xs(const float* p) { return _mm256_loadu_ps(p); }
+  static V fma(V w, V x, V sum) { return _mm256_fmadd_ps(w, x, sum); }
+  static float total(V a, V b) { return llmchat::total8(_mm256_add_ps(a, b)); }
+};
+#define LLMCHAT_FMA_ROWS 1
+#endif
+
+#if defined(LLMCHAT_FMA_ROWS)
+// float32, float16 and int8 rows (bfloat16 too without `vdpbf16ps`), two at a time, two
+// registers of weights a step widened to float32 against x in float32 (`xf`): four independent
+// chains, x read once per pair.
 template <typename W, typename X>
 void rows_fma(const float* xf, const W* w, X* out, int64_t in, int64_t begin, int64_t end) {
-  const int64_t full = in - in % 32;
+  constexpr int64_t kWidth = Lanes::kWidth, kStep = 2 * kWidth;
+  const int64_t full = in - in % kStep;
   int64_t r = begin;
   for (; r + 2 <= end; r += 2) {
     const W* a = w + r * in;
     const W* b = a + in;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-    for (int64_t k = 0; k < full; k += 32) {
-      const __m512 x0 = _mm512_loadu_ps(xf + k), x1 = _mm512_loadu_ps(xf + k + 16);
-      read_ahead(a + k, 32 * sizeof(W));
-      read_ahead(b + k, 32 * sizeof(W));
-      a0 = _mm512_fmadd_ps(load16(a + k), x0, a0);
-      a1 = _mm512_fmadd_ps(load16(a + k + 16), x1, a1);
-      b0 = _mm512_fmadd_ps(load16(b + k), x0, b0);
-      b1 = _mm512_fmadd_ps(load16(b + k + 16), x1, b1);
+    Lanes::V a0 = Lanes::zero(), a1 = Lanes::zero(), b0 = Lanes::zero(), b1 = Lanes::zero();
+    for (int64_t k = 0; k < full; k += kStep) {
+      const Lanes::V x0 = Lanes::xs(xf + k), x1 = Lanes::xs(xf + k + kWidth);
+      read_ahead(a + k, kStep * sizeof(W));
+      read_ahead(b + k, kStep * sizeof(W));
+      a0 = Lanes::fma(Lanes::load(a + k), x0, a0);
+      a1 = Lanes::fma(Lanes::load(a + k + kWidth), x1, a1);
+      b0 = Lanes::fma(Lanes::load(b + k), x0, b0);
+      b1 = Lanes::fma(Lanes::load(b + k + kWidth), x1, b1);
     }
-    float sa = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-    float sb = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));
+    float sa = Lanes::total(a0, a1);
+    float sb = Lanes::total(b0, b1);
     for (int64_t k = full; k < in; ++k) {
       sa += xf[k] * static_cast<float>(a[k]);
       sb += xf[k] * static_cast<float>(b[k]);
@@ -92,10 +123,10 @@ void rows_fma(const float* xf, const W* w, X* out, int64_t in, int64_t begin, in
   }
   for (; r < end; ++r) {
     const W* a = w + r * in;
-    __m512 a0 = _mm512_setzero_ps();
+    Lanes::V a0 = Lanes::zero();
     int64_t k = 0;
-    for (; k + 16 <= in; k += 16) a0 = _mm512_fmadd_ps(load16(a + k), _mm512_loadu_ps(xf + k), a0);
-    float sa = _mm512_reduce_add_ps(a0);
+    for (; k + kWidth <= in; k += kWidth) a0 = Lanes::fma(Lanes::load(a + k), Lanes::xs(xf + k), a0);
+    float sa = Lanes::total(a0, Lanes::zero());
     for (; k < in; ++k) sa += xf[k] * static_cast<float>(a[k]);
     out[r] = static_cast<X>(sa);
   }
@@ -279,17 +310,26 @@ bool int8_rows(const float* x, const int8_t* w, float* out, int64_t rows, int64_
 bool int8_rows(const float*, const int8_t*, float*, int64_t, int64_t) { return false; }
 #endif
 
+// Whether W's rows go through rows_fma: all with AVX-512; with AVX2 only, not float32 rows, which
+// the compiler's own loop streamed as fast (Zen 1, the model's matrices: 12.9-14.1 GB/s against
+// 12.0-12.4, within that machine's noise).
+template <typename W>
+constexpr bool kFmaRows =
+#if defined(__AVX512F__)
+    true;
+#elif defined(LLMCHAT_FMA_ROWS)
+    !std::is_same_v<W, float>;
+#else
+    false;
+#endif
+
 // Whether W's rows are summed against x widened to float32 (rows_fma) rather than x as it is.
 template <typename W>
 constexpr bool kWidensX =
 #if defined(__AVX512BF16__)
     !std::is_same_v<W, at::BFloat16> &&
 #endif
-#if defined(__AVX512F__)
-    true;
-#else
-    false;
-#endif
+    kFmaRows<W>;
 
 template <typename W, typename X>
 void matvec_rows(const X* x, const W* w, X* out, int64_t in, int64_t begin, int64_t end,
@@ -300,11 +340,13 @@ void matvec_rows(const X* x, const W* w, X* out, int64_t in, int64_t begin, int6
     return;
   }
 #endif
-#if defined(__AVX512F__)
-  rows_fma(xf, w, out, in, begin, end);
-#else
-  rows_plain(x, w, out, in, begin, end);
+#if defined(LLMCHAT_FMA_ROWS)
+  if constexpr (kFmaRows<W>) {
+    rows_fma(xf, w, out, in, begin, end);
+    return;
+  }
 #endif
+  rows_plain(x, w, out, in, begin, end);
 }
 
 // W's rows times x (X: W's own type; float32 for int8 rows, whose scales are applied after).

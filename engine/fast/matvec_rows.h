@@ -180,7 +180,7 @@ void rows_many(const typename P::X* x, int64_t n, const W* w, const Outputs<O>& 
 // against W's row widened to float32 in memory once for all n rows of x.
 using float8 = float __attribute__((vector_size(32)));
 
-inline float8 load8(const float* p) {
+inline float8 load_float8(const float* p) {
   float8 v;
   std::memcpy(&v, p, sizeof v);
   return v;
@@ -191,8 +191,8 @@ void sums_of_row(const float* xf, const float* row, float* out, int64_t rows, in
   const int64_t full = in - in % 8;
   float8 sums[N] = {};
   for (int64_t k = 0; k < full; k += 8) {
-    const float8 weights = load8(row + k);
-    for (int j = 0; j < N; ++j) sums[j] += load8(xf + j * in + k) * weights;
+    const float8 weights = load_float8(row + k);
+    for (int j = 0; j < N; ++j) sums[j] += load_float8(xf + j * in + k) * weights;
   }
   for (int j = 0; j < N; ++j) {
     float sum = 0.f;

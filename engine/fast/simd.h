@@ -1,6 +1,6 @@
 // What the step's kernels share (decode_attention.cpp reads the KV cache's rows with these,
 // matvec.cpp the weights'): reading ahead of a row, and sixteen of its elements as float32 in
-// one AVX-512 register.
+// one AVX-512 register (eight in an AVX2 one).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -54,7 +54,7 @@ inline __m512 load16(const int8_t* p) {
 #endif
 
 // Eight of a row's elements as float32 in one AVX2 register, for CPUs without AVX-512 (most
-// laptops' and desktops', AMD's before Zen 4): the several-rows tiles (matvec_rows.h) take them.
+// laptops' and desktops', AMD's before Zen 4): matvec.cpp's rows_fma and matvec_rows.h's tiles.
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LLMCHAT_AVX2_FLOATS 1
 #include <immintrin.h>
