@@ -18,33 +18,19 @@ constexpr int64_t kMaxRows = 16;
 
 // How one kind of row is multiplied, kStep weights at a time: Weights (kStep weights in a
 // register), XV (kStep of x's values), Sum (a tile entry's partial sums), and their total.
-#if defined(__AVX512F__)
+#if defined(LLMCHAT_FMA_ROWS)
 template <typename W>
-struct FloatProducts {  // float32, bfloat16 or float16 rows widened in a register; float32 x
+struct FloatProducts {  // float32, bfloat16, float16 or int8 rows widened in a register; float32 x
   using X = float;
-  using Sum = __m512;
-  using Weights = __m512;
-  using XV = __m512;
-  static constexpr int64_t kStep = 16;
-  static Sum zero() { return _mm512_setzero_ps(); }
-  static Weights weights(const W* p) { return load16(p); }
-  static XV xs(const X* p) { return _mm512_loadu_ps(p); }
-  static Sum add(Sum s, Weights w, XV x) { return _mm512_fmadd_ps(w, x, s); }
-  static float total(Sum s) { return _mm512_reduce_add_ps(s); }
-};
-#elif defined(LLMCHAT_AVX2_FLOATS)
-template <typename W>
-struct FloatProducts {  // the same, 8 at a time in an AVX2 register (16-bit rows only: run_many)
-  using X = float;
-  using Sum = __m256;
-  using Weights = __m256;
-  using XV = __m256;
-  static constexpr int64_t kStep = 8;
-  static Sum zero() { return _mm256_setzero_ps(); }
-  static Weights weights(const W* p) { return llmchat::load8(p); }
-  static XV xs(const X* p) { return _mm256_loadu_ps(p); }
-  static Sum add(Sum s, Weights w, XV x) { return _mm256_fmadd_ps(w, x, s); }
-  static float total(Sum s) { return llmchat::total8(s); }
+  using Sum = Lanes::V;
+  using Weights = Lanes::V;
+  using XV = Lanes::V;
+  static constexpr int64_t kStep = Lanes::kWidth;
+  static Sum zero() { return Lanes::zero(); }
+  static Weights weights(const W* p) { return Lanes::load(p); }
+  static XV xs(const X* p) { return Lanes::xs(p); }
+  static Sum add(Sum s, Weights w, XV x) { return Lanes::fma(w, x, s); }
+  static float total(Sum s) { return Lanes::total(s, Lanes::zero()); }
 };
 #endif
 
@@ -296,7 +282,7 @@ void run_many(const at::Tensor& x, const at::Tensor& w, at::Tensor& out) {
   at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
 #if defined(__AVX512F__)
     rows_many<FloatProducts<W>>(xp, n, wp, to, in, begin, end);
-#elif defined(LLMCHAT_AVX2_FLOATS)
+#elif defined(LLMCHAT_FMA_ROWS)
     // 16-bit rows widened in a register, not into memory first: a bf16 verify of 2-3 rows went
     // from 1.2 to 0.9-1.0 one-row steps, 16 rows 3.0 -> 2.5 (Zen 1). float32 rows keep the portable
     // loop, whose one sum per row of x (up to 16 chains) ran 5 and 9 rows in 1.2 and 1.35 steps
