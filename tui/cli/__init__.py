@@ -13,6 +13,12 @@ from tui.cli.main import app
 __all__ = ["app", "run"]
 
 
+def _out_of_memory(error: BaseException) -> bool:
+    """Python's MemoryError, a library that could not map itself, or C++'s std::bad_alloc (torch's
+    import registering its ops under a tight limit: which of these comes first varies run to run)."""
+    return isinstance(error, MemoryError) or "failed to map" in str(error) or "bad_alloc" in str(error)
+
+
 def run() -> None:
     """The `llmchat` command. Once a command that loaded torch is done, the process ends
     without Python's teardown of torch's and transformers' modules, ~1 s on this project's CPU
@@ -23,8 +29,8 @@ def run() -> None:
         code: int | str | None = 0
     except SystemExit as e:
         code = e.code
-    except (MemoryError, ImportError) as e:  # `ulimit -v` below what even the imports need
-        if not isinstance(e, MemoryError) and "failed to map" not in str(e):
+    except (MemoryError, ImportError, RuntimeError) as e:  # `ulimit -v` below what even the imports need
+        if not _out_of_memory(e):
             raise
         print("llmchat: not enough memory to start (raise the limit: ulimit -v)", file=sys.stderr)
         code = 1
