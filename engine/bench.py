@@ -24,7 +24,8 @@ from engine.contention import ContentionMeter
 from engine.events import TokenSampled, TurnFinished, contention_json
 from engine.fast import compiled as compiled_module
 from engine.fast import fused, kernels, matvec
-from engine.kvcache import CACHE_PRECISIONS, kv_read_bytes, with_cache_precision
+from engine.kv_windows import kv_read_bytes
+from engine.kvcache import CACHE_PRECISIONS, with_cache_precision
 from engine.models import LoadedModel, weights_read_per_token
 from engine.prompts import FILLER, QUESTIONS
 from engine.sampling import SamplingSettings

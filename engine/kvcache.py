@@ -26,8 +26,6 @@ import torch
 
 from engine.kvcache_layers import (
     CACHE_DTYPES,
-    CROP_ROOM,
-    DROP_EVERY,
     SCALE_DTYPE,
     PreallocatedLayer,
     make_layer,
@@ -74,21 +72,6 @@ def with_cache_precision(info, precision: str):
         cache_scale_bytes=scale_bytes(precision),
         default_cache_dtype=info.default_cache_dtype or info.cache_dtype,
     )
-
-
-def kv_read_bytes(per_token: int, layers: int, windows: tuple[int | None, ...], positions: int) -> int:
-    """K/V bytes one token's attention reads over `positions` cached ones: `per_token` (all
-    layers') for each, except that a layer with a sliding window (`windows`, () for none) reads
-    only its last w."""
-    if not windows:
-        return per_token * positions
-    return per_token // layers * sum(min(positions, w or positions) for w in windows)
-
-
-def most_held(window: int) -> int:
-    """The most positions a sliding-window layer holds between forwards: the window's last
-    window - 1 and CROP_ROOM before them, and up to DROP_EVERY - 1 gathered before the oldest go."""
-    return window - 1 + CROP_ROOM + DROP_EVERY - 1
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -16,17 +16,12 @@ from typing import NamedTuple
 
 import torch
 
+from engine.kv_windows import CROP_ROOM, DROP_EVERY
+
 CACHE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
 SCALE_DTYPE = torch.float32
 """An int8 cache's scales: one per token, head and K/V (4 bytes each)."""
 INT8_MAX = 127
-CROP_ROOM = 16
-"""Positions a sliding-window layer keeps before its window, so that a speculative round's
-rejected drafts (at most 8, engine/speculative/drafters.py) can be cropped again."""
-DROP_EVERY = 64
-"""Positions a sliding-window layer may gather past its window and CROP_ROOM before the oldest are
-dropped: dropping moves the window's K/V to the buffer's front, so it is done once per this many
-tokens, not every token."""
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

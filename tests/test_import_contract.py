@@ -27,6 +27,7 @@ ENGINE_FRONT = (
     "engine.worker",  # the inference thread (tui/engine_link.py starts it)
     "engine.quant.precision",  # the precisions' records: choices, help, notes
     "engine.kvcache",  # the cache precisions
+    "engine.kv_windows",  # what a sliding-window layer holds (F8's note)
     "engine.instruments.*",  # the teaching instruments' engine side, built for the UI
     "engine.lab.*",
     "engine.speculative.*",

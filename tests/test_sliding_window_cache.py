@@ -12,8 +12,8 @@ from engine import models
 from engine.events import TokenSampled
 from engine.fast import fused, steps
 from engine.instruments import kv_budget
-from engine.kvcache import KVCache, most_held, with_cache_precision
-from engine.kvcache_layers import CROP_ROOM
+from engine.kv_windows import CROP_ROOM, most_held
+from engine.kvcache import KVCache, with_cache_precision
 from engine.sampling import SamplingSettings
 from engine.saved.cache_file import load_cache, save_cache
 from engine.session import ChatSession

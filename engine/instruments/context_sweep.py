@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.instruments.phases import ModelShape
-from engine.kvcache import KVCache, kv_read_bytes
+from engine.kv_windows import kv_read_bytes
+from engine.kvcache import KVCache
 
 if TYPE_CHECKING:
     from engine.session import ChatSession

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.kv_windows import kv_read_bytes
+
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
 SCALE_BYTES = {"fp32": 0, "bf16": 0, "fp16": 0, "int8": 4}
 """An int8 cache keeps one float32 scale per token, head and K/V (engine/kvcache.py)."""
@@ -48,8 +50,7 @@ class Shape:
 
     def bytes_at(self, tokens: int, precision: str) -> int:
         """The cache at `tokens` positions, a windowed layer holding at most its window."""
-        held = sum(min(tokens, w or tokens) for w in self.windows) if self.windows else self.layers * tokens
-        return self.bytes_per_token(precision) // self.layers * held
+        return kv_read_bytes(self.bytes_per_token(precision), self.layers, self.windows, tokens)
 
     def tokens_in(self, memory_bytes: int, precision: str) -> int | None:
         """The most tokens whose cache fits in `memory_bytes`; None: any number (every layer windowed)."""

@@ -57,7 +57,7 @@ import torch
 
 from engine.contention import ContentionMeter
 from engine.events import Contention, ModelInfo, TurnStats
-from engine.kvcache import kv_read_bytes
+from engine.kv_windows import kv_read_bytes
 from engine.models import LoadedModel, head_bytes_per_token, weights_read_per_token
 from engine.session import PREFILL_CHUNK
 from engine.threads import configured as configured_threads

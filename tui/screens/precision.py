@@ -21,7 +21,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from engine.instruments import kv_budget
 from engine.instruments.precision_compare import PrecisionComparison, compare_turn_at, compare_turn_kv_cache
-from engine.kvcache import most_held
+from engine.kv_windows import most_held
 from engine.quant.precision import PRECISIONS
 from tui.fmt import human_bytes, ms, plain_text, subscript, visible_piece
 from tui.screens.instrument import InstrumentScreen
