@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.cpu_features import cpu_matmul_native
-from engine.fast import attention, gemm, matvec, pages
+from engine.fast import attention, gemm, matvec, norm, pages
 from engine.fast.families import Family, covered, family_of, layer_facts
 from engine.kvcache import KVCache
 from engine.kvcache_layers import QuantizedKV, quantize
@@ -329,7 +329,7 @@ class FastLlama:
         return None if product is None else product.view(*x.shape[:-1], -1)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+        return norm.rms_norm(x, weight, self.eps)
 
     def embedded(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows of `ids` [n] in the activations' dtype: h [n, hidden]."""

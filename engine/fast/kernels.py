@@ -83,6 +83,7 @@ SCHEMAS = {
     "matvec": "(Tensor x, Tensor w) -> Tensor",
     "matvec_q4": "(Tensor x, Tensor q, Tensor scale) -> Tensor",
     "dequantize_q4": "(Tensor q, Tensor scale) -> Tensor",
+    "rms_norm": "(Tensor x, Tensor weight, float eps) -> Tensor",
     "sample_summary": "(Tensor logits, float scale, int chosen, float? u, int k) -> Tensor",
 }
 """The kernels' ops; the built library registers their CPU implementations."""
