@@ -200,6 +200,18 @@ def test_bench_speculative_reports_a_plain_step_beside_the_verify_round(tiny_loa
         assert row["speedup"] == pytest.approx(row["tok_s"] / row["plain_tok_s"], abs=2e-3)
 
 
+def test_bench_speculative_puts_speculation_against_the_compiled_step_from_its_first_answer(tiny_loaded):
+    """With compile on, every plain answer decodes on the compiled step: each answer's session
+    used to start while the step was still loading, so its first tokens ran eager (on SmolLM2 the
+    plain step read 42-47 ms where the compiled one takes 37)."""
+    from engine.speculative.bench import bench_speculative
+
+    result = bench_speculative(tiny_loaded, "lookup", 4, tokens=8, repeats=1, compile=True)
+    assert result["identical"]
+    for row in (result, *result["prompts"].values()):
+        assert row["plain_step_path"] == "compiled"
+
+
 def test_a_speculative_answers_itl_is_its_time_per_token_not_a_rounds_gap():
     """A round's kept tokens arrive together: their gaps (~0) read 'ITL 0.1 ms'."""
     panel = PhasePanel()

@@ -44,6 +44,7 @@ def _summary(runs: list[list[tuple[TurnStats, SpecStats]]]) -> dict:
         rates.append(sum(s.generated_tokens - 1 for s, _ in run) / seconds if seconds else 0.0)
     spec = [c for run in runs for _, c in run]
     steps = [s.itl_p50_s for run in runs for s, _ in run if s.itl_p50_s > 0]
+    paths = sorted({s.step_path for run in runs for s, _ in run if s.step_path})
     drafted, accepted = sum(c.drafted for c in spec), sum(c.accepted for c in spec)
     rounds, emitted = sum(c.rounds for c in spec), sum(c.emitted for c in spec)
     return {
@@ -53,6 +54,7 @@ def _summary(runs: list[list[tuple[TurnStats, SpecStats]]]) -> dict:
         "draft_ms_per_round": round(1000 * sum(c.draft_s for c in spec) / rounds, 2) if rounds else 0.0,
         "verify_ms_per_round": round(1000 * sum(c.verify_s for c in spec) / rounds, 2) if rounds else 0.0,
         "step_ms": round(1000 * statistics.median(steps), 2) if steps else 0.0,
+        "step_path": " and ".join(paths),
     }
 
 
@@ -63,6 +65,10 @@ def bench_speculative(
     speculation = make_speculation(choice, k, loaded, compile=compile)
     if isinstance(speculation.drafter, DraftModel):
         speculation.drafter.wait_compiled()  # its steady state, as the plain side's compiled step
+    if compile:  # the whole compiled step from the first timed token (the sessions share it)
+        compiled = ChatSession(loaded, SamplingSettings(temperature=0.0), compile=True).compiled
+        if compiled is not None:
+            compiled.wait_settled(900)
     plain_runs: list[list] = [[] for _ in range(repeats)]
     spec_runs: list[list] = [[] for _ in range(repeats)]
     per_prompt, identical = {}, True
@@ -92,6 +98,7 @@ def _both(plain_runs: list, spec_runs: list) -> dict:
         "plain_tok_s": plain["tok_s"],
         "speedup": round(spec["tok_s"] / plain["tok_s"], 3) if plain["tok_s"] else 0.0,
         "plain_step_ms": plain["step_ms"],  # a plain step (median ITL): what a verify round about costs
+        "plain_step_path": plain["step_path"],  # which step that was: "compiled" where compile is on
         **{
             key: spec[key]
             for key in ("acceptance", "tokens_per_forward", "draft_ms_per_round", "verify_ms_per_round")

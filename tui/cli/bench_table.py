@@ -188,8 +188,9 @@ SPECULATIVE_COLUMNS = (
 def _speculative(results: list[dict]) -> Table:
     """Overall and per prompt; the title, which names the first drafter, is text, not markup."""
     first = next(r["speculative"] for r in results if r.get("speculative"))
+    plain = f" (the {first['plain_step_path']} step)" if first.get("plain_step_path") else ""
     title = (
-        f"Speculative ({first['drafter']}, K={first['draft_tokens']}) vs plain decoding: "
+        f"Speculative ({first['drafter']}, K={first['draft_tokens']}) vs plain decoding{plain}: "
         "same prompts, same run, greedy"
     )
     table = _table(plain_text(title), SPECULATIVE_COLUMNS)
