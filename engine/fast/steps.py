@@ -202,6 +202,7 @@ _CODE = (
     "steps.py",
     "attention.py",
     "matvec.py",
+    "norm.py",  # the trace asks it which norm to run
     "kernels.py",
     "decode_step.cpp",
     "decode_attention.cpp",
