@@ -192,6 +192,8 @@ def test_making_a_step_ready_here_lets_a_streaming_answer_have_the_gil_often(tin
     # Loading a saved step holds the GIL (~0.3 s; a compile here, seconds); at Python's 5 ms
     # switch interval an answer streaming meanwhile got 250 ms tokens. While a step is made
     # ready here the interval is short, and it is back to what it was once the build is done.
+    for earlier in list(compiled._compiling):  # an earlier test's build, still shortening it
+        earlier.join(600)
     seen = []
     load = steps.load
     monkeypatch.setattr(steps, "load", lambda *a: (seen.append(sys.getswitchinterval()), load(*a))[1])
@@ -201,6 +203,35 @@ def test_making_a_step_ready_here_lets_a_streaming_answer_have_the_gil_often(tin
     assert session.compiled.wait_settled(600) and session.compiled.kind == "whole"
     assert seen == pytest.approx([compiled.SWITCH_INTERVAL_S] * 2)  # the regional step, the whole one
     assert compiled.SWITCH_INTERVAL_S < before / 10
+    assert sys.getswitchinterval() == before
+
+
+def test_two_steps_made_ready_at_once_leave_the_usual_switch_interval(tiny_model_dir, monkeypatch):
+    # A precision switch mid-build: two builds load their steps at once. Each put back the
+    # interval it had found, and the second had found the first's short one: the app went on
+    # switching every 0.1 ms for good. Here both are inside `load` together, the first leaves first.
+    for earlier in list(compiled._compiling):
+        earlier.join(600)
+    before = sys.getswitchinterval()
+    load, both_inside, entered, lock = steps.load, threading.Barrier(2), [], threading.Lock()
+
+    def load_beside_the_other(*args):
+        with lock:
+            entered.append(None)
+            second = len(entered) % 2 == 0
+        both_inside.wait(120)
+        if second:
+            time.sleep(0.3)  # the first in is the first out
+        return load(*args)
+
+    monkeypatch.setattr(steps, "load", load_beside_the_other)
+    sessions = [
+        ChatSession(models.load(str(tiny_model_dir), precision, "cpu"), compile=True)
+        for precision in ("fp32", "fp16")
+    ]
+    for session in sessions:
+        assert session.compiled.wait_settled(600) and session.compiled.kind == "whole"
+    assert len(entered) == 4  # each one's regional step, then each one's whole step
     assert sys.getswitchinterval() == before
 
 

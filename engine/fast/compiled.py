@@ -217,19 +217,16 @@ class CompiledDecode:
             return None, None, False
         # Loading (tenths of a second of Python) or compiling here (seconds) holds the GIL: a chat
         # streaming meanwhile waits for it at each op, for up to the switch interval (5 ms: 250 ms tokens).
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
-            parts = self._load(saved) if saved is not None and saved.exists() else None
-            if parts is None:
-                parts = steps.compile_here(kind, fast, self.cache_dtype)
-                if saved is not None:
-                    with contextlib.suppress(OSError):  # without it the next start compiles again
-                        steps.save(parts, saved)
+            with _short_switch_interval():
+                parts = self._load(saved) if saved is not None and saved.exists() else None
+                if parts is None:
+                    parts = steps.compile_here(kind, fast, self.cache_dtype)
+                    if saved is not None:
+                        with contextlib.suppress(OSError):  # without it the next start compiles again
+                            steps.save(parts, saved)
         except Exception as e:  # no C++ compiler, an unsupported op: eager keeps serving
             return None, one_line(e, 200, named=True), False
-        finally:
-            sys.setswitchinterval(interval)
         return steps.assemble(kind, parts), None, False
 
     def _load(self, saved: Path) -> dict | None:
@@ -358,6 +355,31 @@ WITHOUT_KERNEL = "attention by SDPA, matrix-vector products by Inductor's loop"
 
 SWITCH_INTERVAL_S = 0.0001
 """The GIL's switch interval while a step compiles in this process (Python's default: 5 ms)."""
+
+_switch_lock = threading.Lock()
+_switch_users = 0
+_usual_switch_interval = 0.0
+
+
+@contextlib.contextmanager
+def _short_switch_interval():
+    """The switch interval at SWITCH_INTERVAL_S while any step is made ready here. Counted: the
+    first in saves the usual interval and the last out restores it. Two builds overlap (a precision
+    switch mid-build); each restoring what it saw left the short interval set for good."""
+    global _switch_users, _usual_switch_interval
+    with _switch_lock:
+        if _switch_users == 0:
+            _usual_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        _switch_users += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_usual_switch_interval)
+
 
 _children: list[subprocess.Popen] = []
 CHILD_TIMEOUT_S = 900
