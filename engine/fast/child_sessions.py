@@ -22,12 +22,15 @@ END_WAIT_S = 2.0
 """How long `end` keeps killing what is left of a session (a process forking as it is killed)."""
 PARENT_POLL_S = 0.1
 """How often a child looks whether the app that started it is still there."""
+PARENT_ENV = "LLMCHAT_PARENT_PID"
+"""The app's pid, told to each child: the one it must outlive no longer than a poll."""
 
 
 def start(command: list[str], **popen: object) -> subprocess.Popen:
     """`command` as a child in a session of its own. Not preexec_fn: the session is made by the
     fork's C code, with no Python at-fork hooks (which waited on another thread's logging lock)."""
-    return subprocess.Popen(command, start_new_session=True, **popen)
+    env = {**(popen.pop("env", None) or os.environ), PARENT_ENV: str(os.getpid())}
+    return subprocess.Popen(command, start_new_session=True, env=env, **popen)
 
 
 def end(child: subprocess.Popen) -> None:
@@ -67,8 +70,10 @@ def _members(session: int) -> list[int]:
 
 
 def end_with_parent() -> None:
-    """In a child `start` made: end this whole session once the app that started it is gone."""
-    parent = os.getppid()
+    """In a child `start` made: end this whole session once the app that started it is gone.
+    The app's pid comes from `start`: a child asks after its imports (seconds), and one whose app
+    had quit meanwhile saw PID 1 as its parent, waited for that to change, and compiled on alone."""
+    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
 
     def watch() -> None:
         while os.getppid() == parent:

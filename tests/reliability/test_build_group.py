@@ -109,3 +109,32 @@ def test_quitting_during_the_kernel_build_leaves_no_build_process(private_cache,
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGKILL)
         app.wait()
+
+
+ORPHAN = """
+import subprocess, sys
+from engine.fast import child_sessions
+# The child's imports take seconds before it asks who its parent is; this app has quit by then.
+child = child_sessions.start(
+    [sys.executable, "-c", "import time; time.sleep(2)\\n"
+     "from engine.fast import child_sessions; child_sessions.end_with_parent(); time.sleep(120)"],
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+)
+print(child.pid, flush=True)
+"""
+
+
+def test_a_child_whose_app_quit_before_it_started_watching_ends_too():
+    # Quitting the app as the whole step's compile child started left that child compiling alone
+    # for a minute: it asked for its parent's pid after its imports, and got PID 1's.
+    app = subprocess.run([sys.executable, "-c", ORPHAN], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    child = int(app.stdout.split()[-1])
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = Path(f"/proc/{child}").exists()
+    if alive:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+    assert not alive, "the child compiled on after its app had quit"
