@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -129,6 +130,10 @@ def convert_gguf(gguf: Path, progress: Progress) -> Path:
     return target
 
 
+_GGUF_PATCHED = threading.Lock()
+"""Held while transformers' GGUF reader runs with our patches (`_read_gguf`)."""
+
+
 def _read_gguf(gguf: Path, progress: Progress):
     """(model, tokenizer) dequantized from a GGUF file by transformers' reader (~25 s on 2 cores)."""
     _quiet_transformers()
@@ -139,21 +144,24 @@ def _read_gguf(gguf: Path, progress: Progress):
     # TQDM_DISABLE when it is imported, so the reader's own name for it is the one to quiet.
     from transformers import modeling_gguf_pytorch_utils as gguf_reader
 
-    bar = gguf_reader.tqdm
-    gguf_reader.tqdm = functools.partial(bar, disable=True)
-    try:
-        with _gguf_parsed_once():
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            progress("first start: dequantizing the GGUF weights (one-time)", 0.25)
-            model = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, use_kernels=False
-            )
-    except Exception as e:  # gguf raises many types for a damaged file
-        if out_of_memory(e):
-            raise  # `load` says so
-        raise ModelError(f"cannot read GGUF {gguf}: {one_line(e)}") from None
-    finally:
-        gguf_reader.tqdm = bar
+    # The patches below are process-wide: one conversion at a time, or a second would save the
+    # first's patched names and put them back for good.
+    with _GGUF_PATCHED:
+        bar = gguf_reader.tqdm
+        gguf_reader.tqdm = functools.partial(bar, disable=True)
+        try:
+            with _gguf_parsed_once():
+                tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+                progress("first start: dequantizing the GGUF weights (one-time)", 0.25)
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, use_kernels=False
+                )
+        except Exception as e:  # gguf raises many types for a damaged file
+            if out_of_memory(e):
+                raise  # `load` says so
+            raise ModelError(f"cannot read GGUF {gguf}: {one_line(e)}") from None
+        finally:
+            gguf_reader.tqdm = bar
     return model, tokenizer
 
 

@@ -25,6 +25,12 @@ def _greedy(session: ChatSession, prompt: str = QUESTION) -> list[int]:
     return [e.id for e in session.send(prompt) if isinstance(e, TokenSampled)]
 
 
+def _wait_for_earlier_builds() -> None:
+    """Earlier tests' step builds, which may still be shortening the switch interval, finished."""
+    for earlier in list(compiled._compiling):
+        earlier.join(600)
+
+
 # fp32 is laid out [out, in] for the compiled matvec, or [in, out] when an eager session built
 # the fast path first on a torch without oneDNN; fp16 and w8's int8 weights are widened inside
 # the matvec, w4's 4-bit blocks too.
@@ -192,8 +198,7 @@ def test_making_a_step_ready_here_lets_a_streaming_answer_have_the_gil_often(tin
     # Loading a saved step holds the GIL (~0.3 s; a compile here, seconds); at Python's 5 ms
     # switch interval an answer streaming meanwhile got 250 ms tokens. While a step is made
     # ready here the interval is short, and it is back to what it was once the build is done.
-    for earlier in list(compiled._compiling):  # an earlier test's build, still shortening it
-        earlier.join(600)
+    _wait_for_earlier_builds()
     seen = []
     load = steps.load
     monkeypatch.setattr(steps, "load", lambda *a: (seen.append(sys.getswitchinterval()), load(*a))[1])
@@ -210,8 +215,7 @@ def test_two_steps_made_ready_at_once_leave_the_usual_switch_interval(tiny_model
     # A precision switch mid-build: two builds load their steps at once. Each put back the
     # interval it had found, and the second had found the first's short one: the app went on
     # switching every 0.1 ms for good. Here both are inside `load` together, the first leaves first.
-    for earlier in list(compiled._compiling):
-        earlier.join(600)
+    _wait_for_earlier_builds()
     before = sys.getswitchinterval()
     load, both_inside, entered, lock = steps.load, threading.Barrier(2), [], threading.Lock()
 

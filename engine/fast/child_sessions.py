@@ -29,7 +29,8 @@ PARENT_ENV = "LLMCHAT_PARENT_PID"
 def start(command: list[str], **popen: object) -> subprocess.Popen:
     """`command` as a child in a session of its own. Not preexec_fn: the session is made by the
     fork's C code, with no Python at-fork hooks (which waited on another thread's logging lock)."""
-    env = {**(popen.pop("env", None) or os.environ), PARENT_ENV: str(os.getpid())}
+    env = popen.pop("env", None)
+    env = {**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())}
     return subprocess.Popen(command, start_new_session=True, env=env, **popen)
 
 
