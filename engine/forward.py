@@ -1,6 +1,7 @@
 """One forward pass over a few ids with a KV cache, by the fastest code that serves it: the
-compiled step (one token after a non-empty cache, once built), the fused fast path, or
-transformers' own forward (the reference). The chat's session and a draft model share it."""
+compiled step (one token after a non-empty cache, once built; a speculative verify's few tokens,
+once its own step is built), the fused fast path, or transformers' own forward (the reference).
+The chat's session and a draft model share it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def forward(
     speculative verify scores every draft); `compiled` only where its step serves this cache now."""
     if len(ids) == 1 and len(cache) and compiled is not None and not every:
         logits = compiled.step(fast, ids[0], cache)
+    elif every and len(cache) and compiled is not None and compiled.verifies(len(ids)):
+        logits = compiled.verify(fast, ids, cache)
     else:
         inputs = torch.tensor([ids], device=device)
         if fast is not None:

@@ -380,6 +380,12 @@ class ChatSession(Turns):
         cache = self.cache if cache is None else cache
         return forward(self.model, self.fast, compiled, ids, cache, self.device, every)
 
+    def want_compiled_verify(self) -> None:
+        """A speculative answer's verify passes run compiled once that step is built (after the
+        plain steps; engine/fast/steps.py VERIFY), eager until then."""
+        if self.compiled is not None:
+            self.compiled.want_verify()
+
     def compiled_step_ready(self) -> bool:
         """A decode step (one token after a non-empty cache) runs the compiled step now."""
         return self.fast is not None and self.compiled_serves
@@ -569,11 +575,11 @@ class ChatSession(Turns):
         if self.step_gate.enabled:
             return None, "step mode"
         path = "reference" if self.fast is None else "fused"
-        if self.speculation is not None:  # a round's verify pass runs the eager fast path
-            return self.speculation.label, path
-        if self.compiled_serves:  # not for a cache of another precision than it was built for
-            path = "compiled"
-        return None, path
+        served = self.compiled_serves  # not for a cache of another precision than it was built for
+        if self.speculation is not None:  # a round's verify pass: eager until its own step is built
+            verify_built = served and self.compiled.verify_ready.is_set()
+            return self.speculation.label, "compiled" if verify_built else path
+        return None, "compiled" if served else path
 
     def _stats(
         self,

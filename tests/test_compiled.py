@@ -388,3 +388,69 @@ def test_a_draft_model_drafts_with_its_own_compiled_step(tiny_model_dir, monkeyp
     plain, spec = ChatSession(target, settings, compile=False), ChatSession(target, settings, compile=False)
     spec.speculation = Speculation(drafter, k=4)
     assert _greedy(spec) == _greedy(plain) and spec.speculation.stats.rounds > 0
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+def test_a_compiled_verify_gives_every_row_the_eager_logits(tmp_path, model_type):
+    """A speculative verify of a few tokens runs a compiled step of its own once asked for and
+    built: every row's logits are the eager fast path's, for any number of rows (compiled once, as
+    dynamic), past a growth of the cache's buffers, and over Gemma 3's sliding-window layers (6
+    positions here) whose buffers dropped the oldest; the K/V it wrote serve the next step."""
+    from tests.tiny import build_tiny_model
+
+    loaded = models.load(str(build_tiny_model(tmp_path, family=model_type)), "fp32", "cpu")
+    settings = SamplingSettings(temperature=0.0)
+    build = ChatSession(loaded, settings, compile=True).compiled
+    assert build.wait_settled(600) and build.kind == "whole", build.describe()
+    assert not build.verify_ready.is_set()  # nothing is built where no one speculates
+    build.want_verify()
+    assert build.wait_verify(600) and build.verify_ready.is_set(), build.verify_error
+    assert "a verify of 2-16 tokens too" in build.describe()
+    verified = []
+    verify = build.verify
+    build.verify = lambda *args: verified.append(len(args[1])) or verify(*args)
+    ids = [(7 * i) % 300 + 20 for i in range(280)]
+    with torch.inference_mode():
+        for context, rows in ((40, 2), (41, 5), (60, 16), (252, 9)):  # 252 + 9 rows: the buffers grow
+            logits = []
+            for compile in (True, False):
+                session = ChatSession(loaded, settings, compile=compile)
+                session.forward(ids[:context])
+                every = session.forward(ids[context : context + rows], every=True)
+                session.cache.crop(context + 1)  # a verify that kept one draft
+                logits.append((every, session.forward([5])))
+            (compiled_rows, compiled_next), (eager_rows, eager_next) = logits
+            assert compiled_rows.shape == (rows, loaded.info.vocab_size)
+            difference = (compiled_rows - eager_rows).abs().max()
+            assert torch.allclose(compiled_rows, eager_rows, atol=1e-4), difference
+            assert torch.allclose(compiled_next, eager_next, atol=1e-4)
+    assert verified == [2, 5, 16, 9]
+
+
+def test_a_speculative_answer_verifies_on_the_compiled_step_once_built(tiny_model_dir):
+    """The first speculative answer asks for the verify step (its verifies run eager meanwhile);
+    later answers verify on it, say so in their step path, and keep the plain answer."""
+    from engine.speculative.drafters import PromptLookup
+    from engine.speculative.loop import Speculation
+
+    loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
+    settings = SamplingSettings(temperature=0.0, max_new_tokens=48)
+    prompt = "Repeat: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat."
+    plain = _greedy(ChatSession(loaded, settings, compile=False), prompt)
+
+    def speculative() -> tuple[list[int], ChatSession]:
+        session = ChatSession(loaded, settings, compile=True)
+        session.speculation = Speculation(PromptLookup(), k=4)
+        assert session.compiled.wait_settled(600), session.compiled.describe()
+        return _greedy(session, prompt), session
+
+    first, session = speculative()
+    build = session.compiled
+    assert build.wait_verify(600) and build.verify_ready.is_set(), build.verify_error
+    verified = []
+    verify = build.verify
+    build.verify = lambda *args: verified.append(len(args[1])) or verify(*args)
+    second, session = speculative()
+    assert first == second == plain and len(set(plain)) > 3
+    assert verified and session.speculation.stats.drafted > 0
+    assert session.decoded_by == ("lookup, K 4", "compiled")

@@ -78,6 +78,16 @@ def supports(fast: FastLlama, cache_dtype: torch.dtype | None = None) -> str | N
     return None
 
 
+def supports_verify(fast: FastLlama, cache_dtype: torch.dtype) -> str | None:
+    """None if a verify of a few tokens (engine/fast/steps.py VERIFY) can be compiled for this
+    fast path over a cache of `cache_dtype`, else why not (its verify then runs eager)."""
+    if fast.embed.device.type != "cpu":
+        return "a verify on a GPU runs the eager fast path"
+    if cache_dtype == torch.int8:  # the compiled step reads an int8 cache one query row at a time
+        return "a verify over an int8 KV cache runs the eager fast path"
+    return None
+
+
 class CompiledDecode:
     """`step(fast, token_id, cache)` once `ready`; `error` says why it never will be."""
 
@@ -119,6 +129,13 @@ class CompiledDecode:
         """Why the whole step never took over, where it failed; the regional one goes on serving."""
         self._upgrade_listeners: list[Callable[["CompiledDecode"], None]] = []
         self._settled = threading.Event()
+        self.verify_ready = threading.Event()
+        """The verify step (a speculative round's few tokens) is built: `verify` serves."""
+        self.verify_error: str | None = None
+        """Why the verify step is not built or never will be, where it is not."""
+        self._verify_step: Callable | None = None
+        self._verify_thread: threading.Thread | None = None
+        self._verify_done = threading.Event()
         if cuda_graph:  # nothing to compile: the step's first call records it (engine/fast/graphed.py)
             self._step, self.kind = graphed.GraphedStep(steps.whole_step), "graph"
             for done in (self.ready, self._finished, self._settled):
@@ -193,6 +210,48 @@ class CompiledDecode:
             for listener in listeners:
                 listener(self)
         self._settled.set()
+
+    def want_verify(self) -> None:
+        """Build the verify step (engine/fast/steps.py VERIFY), once, after the plain steps (one
+        compile child at a time): a speculative answer asks for it, and its verify passes run eager
+        until it is ready. Nothing is built where no one speculates."""
+        fast = self._fast()
+        with self._lock:
+            if self._verify_thread is not None or self._stopped or fast is None or self.kind == "graph":
+                return
+            self.verify_error = supports_verify(fast, self.cache_dtype)
+            if self.verify_error is not None:
+                return
+            thread = threading.Thread(target=self._build_verify, name="llmchat-compile-verify", daemon=True)
+            self._verify_thread = thread
+        _compiling[:] = [t for t in _compiling if t.is_alive()] + [thread]
+        thread.start()
+
+    def _build_verify(self) -> None:
+        try:
+            self._settled.wait()
+            if not self.ready.is_set():  # the plain steps failed or were stopped: so would this
+                return
+            step, error, timed_out = self._compile(steps.VERIFY)
+            with self._lock:
+                if step is not None and not self._stopped:
+                    self._verify_step = step
+                    self.verify_ready.set()
+                elif error or timed_out:
+                    self.verify_error = f"the build ran past {CHILD_TIMEOUT_S:.0f} s" if timed_out else error
+        except Exception as e:  # as `_warm_up`: the verify stays eager, and says why
+            self.verify_error = f"the compile thread failed: {one_line(e, named=True)}"
+        finally:
+            self._verify_done.set()
+
+    def wait_verify(self, timeout: float | None = None) -> bool:
+        """Wait until the verify step asked for (`want_verify`) is built or failed; whether it has
+        (at once where none was asked for)."""
+        return self._verify_thread is None or self._verify_done.wait(timeout)
+
+    def verifies(self, rows: int) -> bool:
+        """Whether a forward of `rows` new tokens (every row's logits) runs the verify step now."""
+        return self.verify_ready.is_set() and 2 <= rows <= steps.MAX_VERIFY_ROWS
 
     def _compile(self, kind: str) -> tuple[Callable | None, str | None, bool]:
         """A compiled step of `kind`, loaded as a separate process saved it (there first, unless
@@ -321,6 +380,17 @@ class CompiledDecode:
             layer.advance(1)
         return logits
 
+    def verify(self, fast: FastLlama, ids: list[int], cache: KVCache) -> torch.Tensor:
+        """Feed a few tokens after the cache's positions (`verifies(len(ids))`); each one's logits
+        [n, vocab]."""
+        layers, n, start = cache.layers, len(ids), len(cache)
+        buffers = steps.cache_buffers(layers, n)
+        offsets = steps.cache_offsets(layers)
+        logits = self._verify_step(fast, torch.tensor(ids), torch.arange(start, start + n), offsets, *buffers)
+        for layer in layers:
+            layer.advance(n)
+        return logits
+
     def describe(self) -> str:
         """One line for the chat: what decodes now, and why not the compiled step or the kernel."""
         notes = "".join(f"; {note}" for note in self.notes)
@@ -334,7 +404,8 @@ class CompiledDecode:
             isa = "AVX-512" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "AVX2"
             kernel = f"; each weight matrix streamed by llmchat's matvec kernel ({isa})"
         how = self.how() if self.kind == "graph" else f"torch.compile: {self.how()}"
-        return f"decode now runs the compiled step ({how}){kernel}{notes}"
+        verify = f"; a verify of 2-{steps.MAX_VERIFY_ROWS} tokens too" if self.verify_ready.is_set() else ""
+        return f"decode now runs the compiled step ({how}){verify}{kernel}{notes}"
 
     def how(self) -> str:
         """Which compiled step serves and since when, short enough for the Phase panel."""

@@ -355,8 +355,8 @@ class FastLlama:
         return [self.rope(positions, table) for table in range(len(self.ropes))]
 
     def window_starts(self, position: torch.Tensor) -> dict[int | None, torch.Tensor]:
-        """The first position a decode step at `position` ([1] tensor) attends to, per window
-        length (None: the whole context, from 0)."""
+        """The first position a decode step at `position` ([n] tensor: one token, or a verify's
+        few) attends to, per window length (None: the whole context, from 0)."""
         starts = {None: torch.zeros_like(position)}
         for window in self.windows:
             starts[window] = (position - (window - 1)).clamp(min=0)
@@ -367,11 +367,12 @@ class FastLlama:
         return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
 
     def _matvec(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x [1, in] @ W.T for torch.compile: where the CPU has AVX-512, the matvec kernel
-        (engine/fast/matvec.py); else written as multiply-and-sum, which Inductor turns into one
-        loop that streams W's [out, in] rows once, faster than aten's batch-1 matmul (16-bit
-        weights are widened inside the loop; docs/benchmarks-history.md). A fast path built for eager use
-        may keep float32 as [in, out], which aten multiplies faster than this loop."""
+        """x [n, in] @ W.T for torch.compile (one row; a verify's few): where the CPU has AVX-512
+        or AVX2, the matvec kernel (engine/fast/matvec.py); else written as multiply-and-sum,
+        which Inductor turns into one loop that streams W's [out, in] rows once, faster than
+        aten's batch-1 matmul (16-bit weights are widened inside the loop;
+        docs/benchmarks-history.md). A fast path built for eager use may keep float32 as
+        [in, out], which aten multiplies faster than this loop."""
         if isinstance(weight, (W8Linear, W4Linear)):
             product = _quantized_product(x, weight, matvec.can_multiply) if x.dtype == torch.float32 else None
             return weight.matvec(x) if product is None else product
@@ -493,14 +494,14 @@ class FastLlama:
         v_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One layer of a decode step, written for torch.compile (engine/fast/compiled.py), which
-        compiles it once and runs it for every layer: h is [1, hidden], position a [1] tensor,
-        first the first position it attends to ([1] tensor: 0, or a sliding window's start; cos,
-        sin and first come in per layer, as a model's kinds of layer differ in them), k/v_buffer
-        the layer's whole cache buffer [1, kv_heads, capacity, d] (int8 with its k/v_scales
-        [1, kv_heads, capacity] for an int8 cache). The new K/V go in at `position`; attention
-        reads the slots first..position."""
-        slots = torch.arange(k_buffer.shape[2], device=h.device)
-        mask = ((slots <= position) & (slots >= first))[None, :]
+        compiles it once and runs it for every layer: h is [n, hidden] (one token, or a verify's
+        few), position [n] their slots, first [n] the first slot each attends to (0, or a sliding
+        window's start; cos, sin and first come in per layer, as a model's kinds of layer differ
+        in them), k/v_buffer the layer's whole cache buffer [1, kv_heads, capacity, d] (int8 with
+        its k/v_scales [1, kv_heads, capacity] for an int8 cache). The new K/V go in at
+        `position`; row i attends to the slots first[i]..position[i]."""
+        slots = torch.arange(k_buffer.shape[2], device=h.device)[None, :]
+        mask = (slots <= position[:, None]) & (slots >= first[:, None])  # [n, capacity]
 
         def attend(q, k, v):
             if k_scales is not None:  # each new row quantized as engine/kvcache.py stores it
@@ -519,6 +520,10 @@ class FastLlama:
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The logits [vocab] of a decode step's h [1, hidden], for torch.compile as above."""
         return self._logits(h, self._matvec)
+
+    def head_rows(self, h: torch.Tensor) -> torch.Tensor:
+        """The logits [n, vocab] of each row of a verify's h [n, hidden], for torch.compile as above."""
+        return self.all_logits(h, self._matvec)
 
 
 def _quantized_product(x: torch.Tensor, weight: W8Linear | W4Linear, can) -> torch.Tensor | None:

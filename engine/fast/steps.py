@@ -9,6 +9,8 @@ engine/fast/compiled.py builds them in the background:
   in their weights, which come in as arguments), and the head. Compiles in ~5 s.
 - "whole": the blocks unrolled into one graph. ~30 s to compile, and one call per token
   instead of 31: 4-20% faster per token, the more the fewer bytes a token reads (w8).
+- "verify": the regional step for 2 to 16 tokens at once (a speculative verify), their number
+  compiled as dynamic, each row's logits out; built only once speculation asks for it.
 Each is compiled ahead of time (Dynamo's `aot_compile`) by a child process, which saves it;
 the app loads it (`load`) in a fraction of a second, without tracing it again, and so does
 every later start. scripts/compile_cost.py measures both; BENCHMARKS.md has the numbers.
@@ -39,6 +41,11 @@ from engine.threads import configured as configured_threads
 
 KINDS = ("regional", "whole")
 """In the order the background build makes them: quick to compile first, fastest second."""
+VERIFY = "verify"
+"""The third kind, built once a speculative answer asks for it: the regional step for a verify's
+2 to MAX_VERIFY_ROWS tokens, their number compiled as dynamic, each row's logits out."""
+MAX_VERIFY_ROWS = matvec.MAX_ROWS
+"""Tokens the verify step takes at most: the rows the matvec kernel multiplies in one read."""
 
 
 def whole_step(
@@ -92,25 +99,35 @@ class _RegionalStep:
         return self.head(fast, h)
 
 
-_SOURCES = {"step": whole_step, "block": FastLlama.block_on_buffers, "head": FastLlama.head}
+_SOURCES = {
+    "step": whole_step,
+    "block": FastLlama.block_on_buffers,
+    "head": FastLlama.head,
+    "verify_block": FastLlama.block_on_buffers,
+    "verify_head": FastLlama.head_rows,
+}
 """The function each compiled part of a step is made from: the whole step's one, the regional
-step's two."""
+step's two, the verify step's two."""
 
 
 def compile_here(kind: str, fast: FastLlama, cache_dtype: torch.dtype) -> dict[str, Callable]:
     """The compiled parts of a step of `kind` ("step"; "block" and "head"), compiled in this
     process by Dynamo's ahead-of-time compile on scratch buffers: `assemble` makes the step of
     them, `save` keeps them for a later `load`."""
-    token, position, offsets = torch.tensor([0]), torch.tensor([0]), no_offsets(fast)
+    rows = 5 if kind == VERIFY else 1  # an example: a verify's number of rows is compiled as dynamic
+    token, position, offsets = torch.zeros(rows, dtype=torch.long), torch.arange(rows), no_offsets(fast)
     buffers = scratch_buffers(fast, cache_dtype)
     if kind == "whole":
         examples = {"step": (fast, token, position, offsets, *buffers)}
     else:
         h = fast.embedded(token)
         inputs = layer_inputs(fast, position, offsets)[0]
+        if kind == VERIFY:
+            _rows_dynamic(h, *inputs)
+        prefix = "verify_" if kind == VERIFY else ""
         examples = {
-            "block": (fast, fast.layers[0], h, *inputs, *(per_layer[0] for per_layer in buffers)),
-            "head": (fast, h),
+            f"{prefix}block": (fast, fast.layers[0], h, *inputs, *(per_layer[0] for per_layer in buffers)),
+            f"{prefix}head": (fast, h),
         }
     with torch.inference_mode():  # as the session's calls are
         parts = {name: unguarded(_SOURCES[name]).aot_compile((args, {})) for name, args in examples.items()}
@@ -119,9 +136,23 @@ def compile_here(kind: str, fast: FastLlama, cache_dtype: torch.dtype) -> dict[s
     return parts
 
 
+def _rows_dynamic(*tensors: torch.Tensor) -> None:
+    """Each tensor's first dimension (a verify's rows) compiled as any of 2..MAX_VERIFY_ROWS."""
+    from torch._dynamo import mark_dynamic  # torch.compiler has no public name for it (2.13)
+
+    for tensor in tensors:
+        mark_dynamic(tensor, 0, min=2, max=MAX_VERIFY_ROWS)
+
+
 def assemble(kind: str, parts: dict[str, Callable]) -> Callable:
-    """The step of `kind` made of its compiled parts (`compile_here`, `load`)."""
-    return parts["step"] if kind == "whole" else _RegionalStep(parts["block"], parts["head"])
+    """The step of `kind` made of its compiled parts (`compile_here`, `load`). The verify step
+    is called as the others, with a [n] tensor of tokens and one of their positions; it returns
+    each row's logits [n, vocab]."""
+    if kind == "whole":
+        return parts["step"]
+    if kind == VERIFY:
+        return _RegionalStep(parts["verify_block"], parts["verify_head"])
+    return _RegionalStep(parts["block"], parts["head"])
 
 
 def save(parts: dict, path: Path) -> None:
@@ -169,10 +200,10 @@ def unguarded(fn: Callable) -> Callable:
     return torch.compile(fn, dynamic=False, fullgraph=True, options=options)
 
 
-def cache_buffers(layers: list[PreallocatedLayer]) -> list[list[torch.Tensor]]:
-    """A step's buffers from the cache's layers, each grown to hold one more position: every
+def cache_buffers(layers: list[PreallocatedLayer], room: int = 1) -> list[list[torch.Tensor]]:
+    """A step's buffers from the cache's layers, each grown to hold `room` more positions: every
     layer's K buffer, then every layer's V (then, for an int8 cache, K scales and V scales)."""
-    return [list(kind) for kind in zip(*(layer.buffers_with_room(1) for layer in layers))]
+    return [list(kind) for kind in zip(*(layer.buffers_with_room(room) for layer in layers))]
 
 
 def no_offsets(fast: FastLlama) -> torch.Tensor:

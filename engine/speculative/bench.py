@@ -69,6 +69,8 @@ def bench_speculative(
         compiled = ChatSession(loaded, SamplingSettings(temperature=0.0), compile=True).compiled
         if compiled is not None:
             compiled.wait_settled(900)
+            compiled.want_verify()  # and the verify's own step, as an app's later answers have it
+            compiled.wait_verify(900)
     plain_runs: list[list] = [[] for _ in range(repeats)]
     spec_runs: list[list] = [[] for _ in range(repeats)]
     per_prompt, identical = {}, True

@@ -134,6 +134,7 @@ def speculative_decode(
 ) -> Generator[Event, None, tuple[str, list[float], StopReason]]:
     """Speculative `ChatSession.decode_plain`: the same tokens (temperature 0) or distribution, in rounds."""
     spec.stats, spec.length = SpecStats(), DraftLength(spec.k)
+    session.want_compiled_verify()
     sampler = Sampler(session.sampling, session.show_top_k)
     context = list(prompt_ids)
     detok = detok if detok is not None else StreamingDetokenizer(session.tokenizer)

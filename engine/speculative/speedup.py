@@ -4,7 +4,8 @@ A plain answer's decode tok/s is remembered per model, precision, KV cache preci
 path (compiled, the eager fast path, the HF reference). A speculative answer is compared only
 with a like one: the same model, precision and cache precision, measured on a quiet machine;
 the newest decoded the same way, or else the compiled step's (a round's verify runs the eager
-path, so the compiled step is the faster, stricter baseline, and is labelled as such). Anything
+path until its own compiled step is built, so the compiled step is the faster, stricter
+baseline, and is labelled as such). Anything
 else ("7.29x" against an eager answer with an fp32 cache on a busy machine, while the
 speculative one had an int8 cache) says there is no comparable plain answer. Step-mode answers
 are never a baseline: their times include the user's choosing.
