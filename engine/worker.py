@@ -354,6 +354,7 @@ class InferenceWorker:
             yield Failed(f"speculative decoding ({command.choice}): {e}")
             return
         self.session.speculation = speculation
+        self.session.want_compiled_verify()  # its build starts now, not at the first answer
         yield Notice(f"speculative decoding on: {speculation.drafter.name} drafts {command.k} tokens a round")
 
     def _set_cache_precision(self, command: SetCachePrecision) -> Iterator[Event]:
