@@ -519,12 +519,15 @@ def _latencies(runner) -> list[float]:
     return latencies
 
 
-def bench_kv_cache_quality(loaded: LoadedModel, precisions: tuple[str, ...], tokens: int = 32) -> dict:
+def bench_kv_cache_quality(
+    loaded: LoadedModel, precisions: tuple[str, ...], tokens: int = 32, raw: bool = False
+) -> dict:
     """Each cache precision against an fp32 cache, teacher-forced on the fp32 cache's greedy answer
-    to each question (engine/instruments/precision_compare.py `compare_kv_cache`)."""
+    to each question (engine/instruments/precision_compare.py `compare_kv_cache`; `raw`: the
+    questions as text, a base model's)."""
     from engine.instruments.precision_compare import compare_kv_cache
 
-    session = _greedy(loaded, tokens)
+    session = _greedy(loaded, tokens, raw=raw)
     result = {}
     for precision in precisions:
         steps = []
@@ -780,7 +783,7 @@ def _measure_options(
         _measure_kv_caches(config, loaded, result, use_compiled, report)
         if not config.random_weights:  # agreement between random models says nothing
             report(f"[{result.precision}] top-1 agreement and KL of each KV cache precision against fp32's")
-            for name, quality in bench_kv_cache_quality(loaded, config.kv_caches).items():
+            for name, quality in bench_kv_cache_quality(loaded, config.kv_caches, raw=config.raw).items():
                 result.kv_cache[name]["quality"] = quality
 
 
@@ -798,6 +801,7 @@ def _measure_speculative(
         config.decode_tokens,
         config.repeats,
         use_compiled,
+        raw=config.raw,
     )
 
 

@@ -26,8 +26,8 @@ from engine.speculative.loop import forward_all
 ROWS = (1, 2, 3, 5, 9, 16)
 
 
-def costs(model: str, precision: str, compiled: bool) -> dict[str, dict[int, float]]:
-    """Median seconds of a forward over n tokens after 100 of context, for each n in ROWS: "eager";
+def costs(model: str, precision: str, compiled: bool, context: int) -> dict[str, dict[int, float]]:
+    """Median seconds of a forward over n tokens after `context` ones, for each n in ROWS: "eager";
     with `compiled` also "compiled" (the compiled step for one token, the verify step for more),
     the two interleaved."""
     loaded = models.load(model, precision, "cpu", chat=False)
@@ -41,7 +41,7 @@ def costs(model: str, precision: str, compiled: bool) -> dict[str, dict[int, flo
     ways = ("eager", "compiled") if compiled else ("eager",)
     times: dict[str, dict[int, list[float]]] = {way: {n: [] for n in ROWS} for way in ways}
     with torch.inference_mode():
-        session.forward(list(range(100, 200)))  # 100 tokens of context
+        session.forward([100 + i % 200 for i in range(context)])  # the same tokens, however many
         for _ in range(5):
             for n in ROWS:
                 for way in ways:
@@ -50,7 +50,7 @@ def costs(model: str, precision: str, compiled: bool) -> dict[str, dict[int, flo
                     ids = list(range(300, 300 + n))
                     forward_all(session, ids) if n > 1 else session.forward(ids)  # one token: the step
                     times[way][n].append(time.perf_counter() - started)
-                    session.cache.crop(100)
+                    session.cache.crop(context)
     return {way: {n: statistics.median(t) for n, t in by_n.items()} for way, by_n in times.items()}
 
 
@@ -59,11 +59,13 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,bf16,w8")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--compiled", action="store_true", help="the compiled steps too, as an app has them")
+    parser.add_argument("--context", type=int, default=100, help="tokens in the cache before each forward")
     args = parser.parse_args()
     problem = kernels.load("step")
-    print(f"{args.model}; kernels: {problem or 'loaded'}; {torch.get_num_threads()} threads")
+    threads = torch.get_num_threads()
+    print(f"{args.model}; kernels: {problem or 'loaded'}; {threads} threads; context {args.context}")
     for precision in args.precisions.split(","):
-        medians = costs(args.model, precision, args.compiled)
+        medians = costs(args.model, precision, args.compiled, args.context)
         for way, by_n in medians.items():
             one = by_n[1]
             row = ", ".join(f"{n}: {by_n[n] / one:.2f}" for n in ROWS)

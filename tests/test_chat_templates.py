@@ -87,3 +87,26 @@ def test_ask_with_a_named_template_on_a_base_model(base_dir):
     result = CliRunner().invoke(app, ["ask", *flags, "Hi"])
     assert result.exit_code == 0, result.output
     assert "3 tokens" in result.stderr or "stop: eos" in result.stderr
+
+
+def test_bench_raw_on_a_base_model_measures_speculation_and_kv_caches_on_raw_text(base_dir):
+    """`bench --raw --speculative lookup --kv-cache int8` on a base model (Gemma 3 270M's case): the
+    speculative answers and the caches' quality went through the chat template, and the run ended in
+    a traceback ("Cannot use chat template functions")."""
+    from engine import bench
+
+    config = bench.BenchConfig(
+        model=str(base_dir),
+        prompt_lengths=(8,),
+        decode_tokens=6,
+        repeats=1,
+        turns=1,
+        raw=True,
+        compile=False,
+        speculative="lookup",
+        kv_caches=("int8",),
+        kv_cache_context=64,
+    )
+    (result,) = bench.run(config, report=lambda line: None)["results"]
+    assert result["speculative"]["identical"] and result["speculative"]["plain_tok_s"] > 0
+    assert result["kv_cache"]["int8"]["quality"]["steps"] > 0

@@ -23,9 +23,10 @@ PROMPTS = (
 
 
 def _answer(
-    loaded: LoadedModel, prompt: str, tokens: int, speculation: Speculation | None, compile: bool
+    loaded: LoadedModel, prompt: str, tokens: int, speculation: Speculation | None, compile: bool, raw: bool
 ) -> tuple[TurnStats, str, SpecStats]:
-    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=tokens), compile=compile)
+    settings = SamplingSettings(temperature=0.0, max_new_tokens=tokens)
+    session = ChatSession(loaded, settings, compile=compile, raw=raw)
     session.speculation = speculation
     finished = [e for e in session.send(prompt) if isinstance(e, TurnFinished)][-1]
     return finished.stats, finished.text, speculation.stats if speculation else SpecStats()
@@ -59,9 +60,10 @@ def _summary(runs: list[list[tuple[TurnStats, SpecStats]]]) -> dict:
 
 
 def bench_speculative(
-    loaded: LoadedModel, choice: str, k: int, tokens: int, repeats: int, compile: bool
+    loaded: LoadedModel, choice: str, k: int, tokens: int, repeats: int, compile: bool, raw: bool = False
 ) -> dict:
-    """Plain against speculative decoding, interleaved, on PROMPTS; both sides greedy."""
+    """Plain against speculative decoding, interleaved, on PROMPTS; both sides greedy; `raw`: the
+    prompts go as text, without the chat template (a base model's)."""
     speculation = make_speculation(choice, k, loaded, compile=compile)
     if isinstance(speculation.drafter, DraftModel):
         speculation.drafter.wait_compiled()  # its steady state, as the plain side's compiled step
@@ -75,11 +77,11 @@ def bench_speculative(
     spec_runs: list[list] = [[] for _ in range(repeats)]
     per_prompt, identical = {}, True
     for name, prompt in PROMPTS:
-        _answer(loaded, prompt, 4, None, compile)  # warm-up: first calls allocate and pick kernels
-        _answer(loaded, prompt, 4, speculation, compile)
+        _answer(loaded, prompt, 4, None, compile, raw)  # warm-up: first calls allocate and pick kernels
+        _answer(loaded, prompt, 4, speculation, compile, raw)
         for r in range(repeats):
-            plain, plain_text, _ = _answer(loaded, prompt, tokens, None, compile)
-            spec, spec_text, counts = _answer(loaded, prompt, tokens, speculation, compile)
+            plain, plain_text, _ = _answer(loaded, prompt, tokens, None, compile, raw)
+            spec, spec_text, counts = _answer(loaded, prompt, tokens, speculation, compile, raw)
             identical &= plain_text == spec_text
             plain_runs[r].append((plain, SpecStats()))
             spec_runs[r].append((spec, counts))
