@@ -501,6 +501,7 @@ class InferenceWorker:
         # Reported from the compiling thread: the UI's inbox takes events from any thread.
         compiled.when_done(lambda c: self._compile_done(session, c))
         compiled.when_upgraded(lambda c: self._compile_done(session, c))
+        compiled.when_verify_built(lambda c: self._verify_built(session, c))
 
     def _compile_done(self, session: ChatSession, build) -> None:
         """From the compiling thread: say what decodes now, once ready and again when the whole
@@ -508,6 +509,11 @@ class InferenceWorker:
         if session.compiled is build and build.state != "stopped":
             self.emit(decode_step(session))
             self.emit(Notice(build.describe()))
+
+    def _verify_built(self, session: ChatSession, build) -> None:
+        """From the compiling thread: say what a speculative verify runs, once its step is built."""
+        if session.compiled is build:
+            self.emit(Notice(build.describe_verify()))
 
     _HANDLERS: ClassVar[dict[type, Callable[[InferenceWorker, Any], Iterator[Event]]]] = {
         Load: _load,

@@ -450,15 +450,19 @@ def test_a_speculative_answer_verifies_on_the_compiled_step_once_built(tiny_mode
     prompt = "Repeat: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat."
     plain = _greedy(ChatSession(loaded, settings, compile=False), prompt)
 
+    told = []
+
     def speculative() -> tuple[list[int], ChatSession]:
         session = ChatSession(loaded, settings, compile=True)
         session.speculation = Speculation(PromptLookup(), k=4)
         assert session.compiled.wait_settled(600), session.compiled.describe()
+        session.compiled.when_verify_built(told.append)  # as the app's worker listens, to say so
         return _greedy(session, prompt), session
 
     first, session = speculative()
     build = session.compiled
     assert build.wait_verify(600) and build.verify_ready.is_set(), build.verify_error
+    assert told == [build] and "verify (2-16 tokens) now runs compiled too" in build.describe_verify()
     verified = []
     verify = build.verify
     build.verify = lambda *args: verified.append(len(args[1])) or verify(*args)

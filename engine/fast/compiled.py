@@ -136,6 +136,7 @@ class CompiledDecode:
         self._verify_step: Callable | None = None
         self._verify_thread: threading.Thread | None = None
         self._verify_done = threading.Event()
+        self._verify_listeners: list[Callable[["CompiledDecode"], None]] = []
         if cuda_graph:  # nothing to compile: the step's first call records it (engine/fast/graphed.py)
             self._step, self.kind = graphed.GraphedStep(steps.whole_step), "graph"
             for done in (self.ready, self._finished, self._settled):
@@ -241,8 +242,32 @@ class CompiledDecode:
                     self.verify_error = f"the build ran past {CHILD_TIMEOUT_S:.0f} s" if timed_out else error
         except Exception as e:  # as `_warm_up`: the verify stays eager, and says why
             self.verify_error = f"the compile thread failed: {one_line(e, named=True)}"
-        finally:
-            self._verify_done.set()
+        finally:  # the listeners told before `wait_verify` returns (one added meanwhile too)
+            while True:
+                with self._lock:
+                    listeners, self._verify_listeners = self._verify_listeners, []
+                    if not listeners:
+                        self._verify_done.set()
+                        break
+                for listener in listeners if not self._stopped else ():
+                    listener(self)
+
+    def when_verify_built(self, listener: Callable[["CompiledDecode"], None]) -> None:
+        """Call `listener(self)` once a verify step asked for is built or failed to be (now, if it
+        has; never if none is asked for, or once stopped)."""
+        with self._lock:
+            if not self._verify_done.is_set():
+                self._verify_listeners.append(listener)
+                return
+            stopped = self._stopped
+        if not stopped:
+            listener(self)
+
+    def describe_verify(self) -> str:
+        """One line for the chat once a verify step was asked for: what a speculative round's verify runs."""
+        if self.verify_ready.is_set():
+            return f"a speculative round's verify ({VERIFY_ROWS}) now runs compiled too"
+        return f"a speculative round's verify stays on the eager fast path ({self.verify_error})"
 
     def wait_verify(self, timeout: float | None = None) -> bool:
         """Wait until the verify step asked for (`want_verify`) is built or failed; whether it has
@@ -404,7 +429,7 @@ class CompiledDecode:
             isa = "AVX-512" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "AVX2"
             kernel = f"; each weight matrix streamed by llmchat's matvec kernel ({isa})"
         how = self.how() if self.kind == "graph" else f"torch.compile: {self.how()}"
-        verify = f"; a verify of 2-{steps.MAX_VERIFY_ROWS} tokens too" if self.verify_ready.is_set() else ""
+        verify = f"; a verify of {VERIFY_ROWS} too" if self.verify_ready.is_set() else ""
         return f"decode now runs the compiled step ({how}){verify}{kernel}{notes}"
 
     def how(self) -> str:
@@ -420,6 +445,8 @@ class CompiledDecode:
             return f"{regional}; whole model next"
         return regional
 
+
+VERIFY_ROWS = f"2-{steps.MAX_VERIFY_ROWS} tokens"
 
 WITHOUT_KERNEL = "attention by SDPA, matrix-vector products by Inductor's loop"
 """What a compiled step does without the step's kernel."""
