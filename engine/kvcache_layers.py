@@ -46,6 +46,11 @@ class QuantizedKV(NamedTuple):
     values: torch.Tensor
     value_scales: torch.Tensor
 
+    def dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values widened to `dtype` (a copy of every position)."""
+        keys = dequantize(self.keys, self.key_scales, dtype)
+        return keys, dequantize(self.values, self.value_scales, dtype)
+
 
 class PreallocatedLayer:
     """One layer's K and V: views into a buffer with room to grow. It keeps transformers' cache-layer

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.utils.cpp_extension import include_paths
 
 from engine.fast import attention, kernels
+from engine.kvcache_layers import QuantizedKV, quantize
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,38 @@ def test_a_sliding_window_attends_from_its_first_position_only(kernel, first, po
     expected = F.scaled_dot_product_attention(q, keys[:, :, window], values[:, :, window], enable_gqa=True)
     got = kernel.decode(q.reshape(1, 2, 2, 64), keys, values, torch.tensor([position]), torch.tensor([first]))
     torch.testing.assert_close(got.reshape(1, 4, 1, 64), expected, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("tokens, last", [(2, 1), (5, 7), (5, 511), (9, 515), (16, 1023), (5, 600)])
+def test_a_verify_s_tokens_attend_each_over_its_own_positions(kernel, threads, window, tokens, last):
+    """A verify's n tokens at last-n+1..last in one call, the cache read once for all: token i sees
+    the positions up to itself (from its own window's start), as SDPA does with their mask, also
+    where a block of the cache holds none of an early token's keys (blocks of 512 or split per
+    thread), and over an int8 cache."""
+    torch.manual_seed(tokens * 1000 + last)
+    kv_heads, group, d = 3, 3, 64
+    keys, values = torch.randn(1, kv_heads, 1024, d), torch.randn(1, kv_heads, 1024, d)
+    q = torch.randn(1, kv_heads * group, tokens, d)
+    position = torch.arange(last - tokens + 1, last + 1)
+    first = torch.zeros_like(position) if window is None else (position - window + 1).clamp(min=0)
+    slots = torch.arange(1024)
+    mask = (slots[None, :] <= position[:, None]) & (slots[None, :] >= first[:, None])
+    expected = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    grouped = q.reshape(1, kv_heads, group, tokens, d).transpose(2, 3).reshape(1, kv_heads, tokens * group, d)
+    default = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = kernel.decode(grouped, keys, values, position, first)
+        quantized = [quantize(x) for x in (keys, values)]
+        stored = QuantizedKV(quantized[0][0], quantized[0][1], quantized[1][0], quantized[1][1])
+        got_int8 = kernel.decode_int8(grouped, stored, position, first)
+    finally:
+        torch.set_num_threads(default)
+    back = lambda out: out.reshape(1, kv_heads, tokens, group, d).transpose(2, 3).reshape(q.shape)  # noqa: E731
+    torch.testing.assert_close(back(got), expected, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(back(got_int8), expected, atol=0.05, rtol=0.05)  # int8's rounding apart
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])

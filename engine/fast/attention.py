@@ -48,21 +48,20 @@ def decode(
     """One token's attention: `grouped` [1, kv_heads, group, d] holds its query heads, those
     sharing a K/V head together, over keys/values [1, kv_heads, positions, d] (the cache or
     views of it) at positions first..position ([1] tensors; `first` None: 0, else a sliding
-    window's start); returns [1, kv_heads, group, d]."""
-    first = _ZERO if first is None else first
+    window's start); returns [1, kv_heads, group, d]. Or n tokens' (a verify), the cache read
+    once for all: `grouped` [1, kv_heads, n * group, d] holds each token's query heads in turn,
+    `position` and `first` [n] each token's."""
+    first = torch.zeros_like(position) if first is None else first
     out = torch.ops.llmchat.decode_attention(grouped[0].contiguous(), keys[0], values[0], first, position)
     return out[None]
-
-
-_ZERO = torch.zeros(1, dtype=torch.long)
 
 
 def decode_int8(
     grouped: torch.Tensor, kv, position: torch.Tensor, first: torch.Tensor | None = None
 ) -> torch.Tensor:
     """`decode` over an int8 cache (engine/kvcache.py QuantizedKV: values [1, kv_heads, n, d],
-    scales [1, kv_heads, n]): the kernel where it is loaded, else `chunked_int8`."""
-    first = _ZERO if first is None else first
+    scales [1, kv_heads, n]): the kernel where it is loaded, else `chunked_int8` (one token only)."""
+    first = torch.zeros_like(position) if first is None else first
     if can_attend(kv.keys):
         out = torch.ops.llmchat.decode_attention_int8(
             grouped[0].contiguous(),

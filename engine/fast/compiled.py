@@ -78,13 +78,11 @@ def supports(fast: FastLlama, cache_dtype: torch.dtype | None = None) -> str | N
     return None
 
 
-def supports_verify(fast: FastLlama, cache_dtype: torch.dtype) -> str | None:
+def supports_verify(fast: FastLlama) -> str | None:
     """None if a verify of a few tokens (engine/fast/steps.py VERIFY) can be compiled for this
-    fast path over a cache of `cache_dtype`, else why not (its verify then runs eager)."""
+    fast path, else why not (its verify then runs eager)."""
     if fast.embed.device.type != "cpu":
         return "a verify on a GPU runs the eager fast path"
-    if cache_dtype == torch.int8:  # the compiled step reads an int8 cache one query row at a time
-        return "a verify over an int8 KV cache runs the eager fast path"
     return None
 
 
@@ -220,7 +218,7 @@ class CompiledDecode:
         with self._lock:
             if self._verify_thread is not None or self._stopped or fast is None or self.kind == "graph":
                 return
-            self.verify_error = supports_verify(fast, self.cache_dtype)
+            self.verify_error = supports_verify(fast)
             if self.verify_error is not None:
                 return
             thread = threading.Thread(target=self._build_verify, name="llmchat-compile-verify", daemon=True)

@@ -21,6 +21,9 @@ namespace {
 
 // The most keys one task reads (its scores hold kBlock for each query head).
 constexpr int64_t kBlock = 512;
+// A block's max score for a query head with none of its keys in it: finite (built with
+// -ffast-math), below any real score, so the merge's max is a real one; the block is skipped there.
+constexpr float kNone = -1e30f;
 // Below this many K/V rows in all, starting and joining the threads costs more than they save
 // (about even at 150-200 rows on two threads): the calling thread does the work alone.
 constexpr int64_t kRowsInline = 192;
@@ -142,11 +145,14 @@ void block_values(const float* scores, int64_t G, int64_t D, const T* values, co
   }
 }
 
-// One new token's attention over the KV cache, for engine/fast/attention.py.
+// One new token's attention over the KV cache, for engine/fast/attention.py; or a few new tokens'
+// (a speculative verify), each over its own positions, the cache read once for all of them.
 //
 // q [H, G, D] float32: the G query heads that share each of the H cached K/V heads; k, v [H, C, D]
 // (rows contiguous; heads may be strided, e.g. views of a larger buffer) attended at positions
-// first..position (first > 0: a sliding window's start), stored as float32, bfloat16, float16, or int8
+// first..position (first > 0: a sliding window's start). With n tokens, first and position hold n
+// positions each and q's G heads are the tokens' in turn (G / n each): head g attends over
+// first[g / (G / n)]..position[g / (G / n)]. Stored as float32, bfloat16, float16, or int8
 // with one float32 scale per row (ks, vs [H, C]: token t of head h is k[h, t] * ks[h, t]). Each (head,
 // block of at most kBlock keys; a head's blocks of equal length) is one task on torch's thread pool
 // (on the calling thread alone for a short cache): scores, a softmax local to the block and a partial
@@ -166,8 +172,24 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               "decode_attention: each head's K/V rows must be contiguous");
   TORCH_CHECK(k.stride(0) == v.stride(0), "decode_attention: K and V must share their layout");
   const int64_t H = k.size(0), C = k.size(1), D = k.size(2), G = q.size(1), head_stride = k.stride(0);
-  const int64_t start = first_position.item<int64_t>();
-  const int64_t length = position.item<int64_t>() + 1 - start;
+  const int64_t tokens = position.numel();
+  TORCH_CHECK(tokens >= 1 && first_position.numel() == tokens && G % tokens == 0,
+              "decode_attention: one first and last position per token, and the same query heads each");
+  TORCH_CHECK(position.scalar_type() == at::kLong && first_position.scalar_type() == at::kLong,
+              "decode_attention: positions must be int64");
+  const auto lasts = position.contiguous(), firsts = first_position.contiguous();
+  const int64_t* last_of = lasts.data_ptr<int64_t>();
+  const int64_t* first_of = firsts.data_ptr<int64_t>();
+  const int64_t start = *std::min_element(first_of, first_of + tokens);
+  const int64_t length = *std::max_element(last_of, last_of + tokens) + 1 - start;
+  // Each query head's keys, as offsets from `start`: [from[g], to[g]).
+  std::vector<int64_t> from(G), to(G);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t token = g / (G / tokens);
+    from[g] = first_of[token] - start;
+    to[g] = last_of[token] + 1 - start;
+    TORCH_CHECK(from[g] < to[g], "decode_attention: a token with no position to attend to");
+  }
   TORCH_CHECK(start >= 0 && length >= 1 && start + length <= C, "decode_attention: positions outside the cache");
   const bool threaded = H * length >= kRowsInline;
   // Blocks of equal length, as many for each head as make the tasks a multiple of the threads:
@@ -206,9 +228,19 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       float* out = op + task * G * D;
       for (int64_t g = 0; g < G; ++g) {
         float* s = scores.data() + g * kBlock;
-        const float m = *std::max_element(s, s + n);
+        // This head's keys in the block (all of them for one token); the others weigh nothing.
+        const int64_t lo = std::clamp<int64_t>(from[g] - first, 0, n), hi = std::clamp<int64_t>(to[g] - first, 0, n);
+        if (lo >= hi) {  // none: the merge skips this block for this head
+          std::fill(s, s + n, 0.0f);
+          mp[task * G + g] = kNone;
+          sp[task * G + g] = 0.0f;
+          continue;
+        }
+        const float m = *std::max_element(s + lo, s + hi);
         float sum = 0.0f;
-        for (int64_t t = 0; t < n; ++t) {
+        std::fill(s, s + lo, 0.0f);
+        std::fill(s + hi, s + n, 0.0f);
+        for (int64_t t = lo; t < hi; ++t) {
           s[t] = std::exp(s[t] - m);
           sum += s[t];
         }
@@ -239,6 +271,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       float* r = rp + (h * G + g) * D;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t i = (h * blocks + b) * G + g;
+        if (sp[i] == 0.0f) continue;  // a block with none of this head's keys
         const float w = std::exp(mp[i] - m);
         total += w * sp[i];
         const float* o = op + i * D;

@@ -387,28 +387,35 @@ class FastLlama:
         return (x[:, None, :] * weight[None]).sum(-1)
 
     def attention(self, q: torch.Tensor, keys, values, mask, position, first=None) -> torch.Tensor:
-        """softmax(q K.T / sqrt(d) + mask) V for q [1, heads, n, d] over the cached K/V, whose
-        last valid position is `position` ([1] tensor); one token attends from `first` ([1]
-        tensor, a sliding window's start; None: 0), which `mask` says too. `keys` is a
-        QuantizedKV for an int8 cache (then `values` is unused).
+        """softmax(q K.T / sqrt(d) + mask) V for q [1, heads, n, d] over the cached K/V; token i
+        attends to positions first[i]..position[i] ([n] tensors: a sliding window's start, or
+        None: 0), which `mask` says too. `position` None (a prefill's chunk): by `mask`, or plainly
+        causal. `keys` is a QuantizedKV for an int8 cache (then `values` is unused).
 
-        For one new token, the query heads that share a K/V head (grouped-query attention) go
-        in as that head's queries, so each cached K/V is read once rather than once per query
-        head (docs/benchmarks-history.md); once built, the decode kernel of engine/fast/attention.py does it
-        at close to the memory bandwidth, reading a 16-bit or int8 cache as stored."""
-        if q.shape[2] > 1:  # no mask: the cache held nothing before these queries, plainly causal
+        The query heads that share a K/V head (grouped-query attention) go in as that head's
+        queries, so each cached K/V is read once rather than once per query head
+        (docs/benchmarks-history.md); once built, the decode kernel of engine/fast/attention.py
+        does it at close to the memory bandwidth, reading a 16-bit or int8 cache as stored, for
+        one token or a verify's few at once."""
+        _, heads, n, d = q.shape
+        kernel = attention.can_attend(keys.keys if isinstance(keys, QuantizedKV) else keys)
+        if n > 1 and (position is None or not kernel):
+            if isinstance(keys, QuantizedKV):  # no kernel reads it as stored: a float copy
+                keys, values = keys.dequantized(q.dtype)
+            # no mask: the cache held nothing before these queries, plainly causal
             return F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, is_causal=mask is None, enable_gqa=True
             )
-        _, heads, _, d = q.shape
-        grouped = q.reshape(1, self.kv_heads, heads // self.kv_heads, d)
+        # Each token's query heads that share a K/V head go in together, token after token.
+        kv_heads, group = self.kv_heads, heads // self.kv_heads
+        grouped = q.reshape(1, kv_heads, group, n, d).transpose(2, 3).reshape(1, kv_heads, n * group, d)
         if isinstance(keys, QuantizedKV):
             out = attention.decode_int8(grouped.float(), keys, position, first)
-        elif attention.can_attend(keys):
+        elif kernel:
             out = attention.decode(grouped.float(), keys, values, position, first)
         else:
             out = F.scaled_dot_product_attention(grouped.to(keys.dtype), keys, values, attn_mask=mask)
-        return out.reshape(1, heads, 1, d)
+        return out.reshape(1, kv_heads, n, group, d).transpose(2, 3).reshape(1, heads, n, d)
 
     def block(self, layer: _Layer, h: torch.Tensor, cos, sin, linear, attend) -> torch.Tensor:
         """One transformer layer on h [n, hidden]; `linear(x, W)` is x @ W.T, `attend(q, k, v)`
