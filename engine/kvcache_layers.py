@@ -276,9 +276,7 @@ class QuantizedLayer(PreallocatedLayer):
         return self._k, self._v, self._ks, self._vs
 
     def dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return dequantize(self.keys, self.key_scales, dtype), dequantize(
-            self.values, self.value_scales, dtype
-        )
+        return self.quantized().dequantized(dtype)
 
 
 def make_layer(precision: str, window: int | None = None) -> PreallocatedLayer:

@@ -78,14 +78,6 @@ def supports(fast: FastLlama, cache_dtype: torch.dtype | None = None) -> str | N
     return None
 
 
-def supports_verify(fast: FastLlama) -> str | None:
-    """None if a verify of a few tokens (engine/fast/steps.py VERIFY) can be compiled for this
-    fast path, else why not (its verify then runs eager)."""
-    if fast.embed.device.type != "cpu":
-        return "a verify on a GPU runs the eager fast path"
-    return None
-
-
 class CompiledDecode:
     """`step(fast, token_id, cache)` once `ready`; `error` says why it never will be."""
 
@@ -214,12 +206,10 @@ class CompiledDecode:
         """Build the verify step (engine/fast/steps.py VERIFY), once, after the plain steps (one
         compile child at a time): a speculative answer asks for it, and its verify passes run eager
         until it is ready. Nothing is built where no one speculates."""
-        fast = self._fast()
         with self._lock:
-            if self._verify_thread is not None or self._stopped or fast is None or self.kind == "graph":
-                return
-            self.verify_error = supports_verify(fast)
-            if self.verify_error is not None:
+            if self.kind == "graph":  # a GPU's step is a recorded graph of one token
+                self.verify_error = "a verify on a GPU runs the eager fast path"
+            if self._verify_thread is not None or self._stopped or self.verify_error is not None:
                 return
             thread = threading.Thread(target=self._build_verify, name="llmchat-compile-verify", daemon=True)
             self._verify_thread = thread
@@ -395,24 +385,12 @@ class CompiledDecode:
 
     def step(self, fast: FastLlama, token_id: int, cache: KVCache) -> torch.Tensor:
         """Feed one token after the cache's positions; the logits [vocab]. Needs `ready`."""
-        layers = cache.layers
-        buffers = steps.cache_buffers(layers)
-        offsets = steps.cache_offsets(layers)
-        logits = self._step(fast, torch.tensor([token_id]), torch.tensor([len(cache)]), offsets, *buffers)
-        for layer in layers:
-            layer.advance(1)
-        return logits
+        return _feed(self._step, fast, [token_id], cache)
 
     def verify(self, fast: FastLlama, ids: list[int], cache: KVCache) -> torch.Tensor:
         """Feed a few tokens after the cache's positions (`verifies(len(ids))`); each one's logits
         [n, vocab]."""
-        layers, n, start = cache.layers, len(ids), len(cache)
-        buffers = steps.cache_buffers(layers, n)
-        offsets = steps.cache_offsets(layers)
-        logits = self._verify_step(fast, torch.tensor(ids), torch.arange(start, start + n), offsets, *buffers)
-        for layer in layers:
-            layer.advance(n)
-        return logits
+        return _feed(self._verify_step, fast, ids, cache)
 
     def describe(self) -> str:
         """One line for the chat: what decodes now, and why not the compiled step or the kernel."""
@@ -442,6 +420,16 @@ class CompiledDecode:
         if not self._settled.is_set():
             return f"{regional}; whole model next"
         return regional
+
+
+def _feed(step: Callable, fast: FastLlama, ids: list[int], cache: KVCache) -> torch.Tensor:
+    """Run a compiled `step` on `ids` after the cache's positions, writing their K/V in place."""
+    layers, n, start = cache.layers, len(ids), len(cache)
+    buffers, offsets = steps.cache_buffers(layers, n), steps.cache_offsets(layers)
+    logits = step(fast, torch.tensor(ids), torch.arange(start, start + n), offsets, *buffers)
+    for layer in layers:
+        layer.advance(n)
+    return logits
 
 
 VERIFY_ROWS = f"2-{steps.MAX_VERIFY_ROWS} tokens"
