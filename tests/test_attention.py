@@ -85,6 +85,28 @@ def test_a_verify_s_tokens_attend_each_over_its_own_positions(kernel, threads, w
     torch.testing.assert_close(back(got_int8), expected, atol=0.05, rtol=0.05)  # int8's rounding apart
 
 
+@pytest.mark.parametrize("d", [64, 96, 256, 40, 36])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_every_head_width_and_cache_type_attends_as_sdpa_does(kernel, d, dtype):
+    """Phi-3's heads of 96 and Gemma 3's of 256 beside SmolLM2's 64 (40: 32 and 8; 36, no multiple of 8),
+    over each float cache type, one token and a verify's three: what the kernel's tiles of keys
+    and of head widths leave over is summed too."""
+    torch.manual_seed(d)
+    kv_heads, group, length = 2, 3, 523  # a length no tile divides
+    keys, values = (torch.randn(1, kv_heads, length, d).to(dtype) for _ in range(2))
+    for tokens in (1, 3):
+        q = torch.randn(1, kv_heads * group, tokens, d)
+        position = torch.arange(length - tokens, length)
+        mask = torch.arange(length)[None, :] <= position[:, None]
+        expected = F.scaled_dot_product_attention(
+            q, keys.float(), values.float(), attn_mask=mask, enable_gqa=True
+        )
+        grouped = q.reshape(1, kv_heads, group, tokens, d).transpose(2, 3).reshape(1, kv_heads, -1, d)
+        got = kernel.decode(grouped, keys, values, position, torch.zeros_like(position))
+        got = got.reshape(1, kv_heads, tokens, group, d).transpose(2, 3).reshape(q.shape)
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("position", [63, 300, 1022])
 def test_the_cache_is_split_evenly_over_any_number_of_threads(kernel, threads, position):

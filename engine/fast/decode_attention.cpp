@@ -100,6 +100,136 @@ void block_values_avx512(const float* scores, int64_t G, int64_t D, const T* val
 }
 #endif
 
+#if defined(LLMCHAT_AVX2_FLOATS)
+// With AVX2 but not AVX-512 (a Zen 1, most laptops), a block's scores and outputs as small matrix
+// products whose sums stay in registers: 2 query heads x 4 keys a tile for the scores (one
+// horizontal sum per 4 dot products, where the plain loop made one per product and waited on
+// each product's chain of FMAs), 2 query heads x 32 of D for the outputs over kRun rows (the
+// plain loop loaded and stored each output row once per key). Rows other than float32 are widened
+// once into `buffer` (kRun x D floats), times their int8 scale, for all G query heads. Zen 1,
+// SmolLM2's heads at 2,000 positions: a verify's 5 tokens 1.4-2.6 -> 0.6-1.1 ms a layer, one
+// token over a bf16 cache 0.39-0.42 -> 0.26-0.39 (float32 rows: as fast, memory-bound);
+// BENCHMARKS.md, "Attention over the cache".
+constexpr int64_t kRun = 16;
+
+// kRun (or fewer) rows as float32, times each row's scale where given: float32 rows in place.
+template <typename T>
+inline const float* run_as_float(const T* rows, const float* row_scales, int64_t count, int64_t D, float* buffer) {
+  if constexpr (std::is_same_v<T, float>) return rows;
+  for (int64_t t = 0; t < count; ++t) {
+    const __m256 scale = _mm256_set1_ps(row_scales ? row_scales[t] : 1.0f);
+    for (int64_t d = 0; d < D; d += 8) {
+      _mm256_storeu_ps(buffer + t * D + d, _mm256_mul_ps(llmchat::load8(rows + t * D + d), scale));
+    }
+  }
+  return buffer;
+}
+
+// The totals of four registers' lanes, in one.
+inline __m128 totals4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 all = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1));
+}
+
+// Query heads g (and g + 1 where `two`) against keys k..k+3 (float32, rows D apart): 4 scores each.
+template <bool two>
+inline void score_tile(const float* q0, const float* k, int64_t D, float scale, float* out0) {
+  __m256 a[4], b[4];
+  for (int j = 0; j < 4; ++j) a[j] = b[j] = _mm256_setzero_ps();
+  const float* q1 = q0 + D;
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 x0 = _mm256_loadu_ps(q0 + d);
+    const __m256 x1 = two ? _mm256_loadu_ps(q1 + d) : x0;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m256 key = _mm256_loadu_ps(k + j * D + d);
+      a[j] = _mm256_fmadd_ps(x0, key, a[j]);
+      if (two) b[j] = _mm256_fmadd_ps(x1, key, b[j]);
+    }
+  }
+  const __m128 scales = _mm_set1_ps(scale);
+  _mm_storeu_ps(out0, _mm_mul_ps(totals4(a[0], a[1], a[2], a[3]), scales));
+  if (two) _mm_storeu_ps(out0 + kBlock, _mm_mul_ps(totals4(b[0], b[1], b[2], b[3]), scales));
+}
+
+template <typename T>
+void block_scores_avx2(const float* queries, int64_t G, int64_t D, const T* keys, const float* key_scales,
+                       float scale, int64_t n, float* scores, float* buffer) {
+  for (int64_t first = 0; first < n; first += kRun) {
+    const int64_t count = std::min(kRun, n - first);
+    llmchat::read_ahead(keys + first * D, count * D * sizeof(T));
+    const float* run = run_as_float(keys + first * D, key_scales ? key_scales + first : nullptr, count, D, buffer);
+    int64_t t = 0;
+    for (; t + 4 <= count; t += 4) {
+      int64_t g = 0;
+      for (; g + 2 <= G; g += 2) score_tile<true>(queries + g * D, run + t * D, D, scale, scores + g * kBlock + first + t);
+      if (g < G) score_tile<false>(queries + g * D, run + t * D, D, scale, scores + g * kBlock + first + t);
+    }
+    for (; t < count; ++t) {
+      for (int64_t g = 0; g < G; ++g) {
+        __m256 dot = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+          dot = _mm256_fmadd_ps(_mm256_loadu_ps(queries + g * D + d), _mm256_loadu_ps(run + t * D + d), dot);
+        }
+        scores[g * kBlock + first + t] = llmchat::total8(dot) * scale;
+      }
+    }
+  }
+}
+
+// out[g] (and out[g + 1] where `two`), W floats of D from `d`, += their weights times `count`
+// value rows (float32, D apart).
+template <bool two, int W>
+inline void value_tile(const float* p0, const float* values, int64_t count, int64_t D, int64_t d, float* out0) {
+  __m256 a[W], b[W];
+  for (int j = 0; j < W; ++j) {
+    a[j] = _mm256_loadu_ps(out0 + d + 8 * j);
+    b[j] = two ? _mm256_loadu_ps(out0 + D + d + 8 * j) : a[j];
+  }
+  for (int64_t t = 0; t < count; ++t) {
+    const __m256 w0 = _mm256_broadcast_ss(p0 + t);
+    const __m256 w1 = two ? _mm256_broadcast_ss(p0 + kBlock + t) : w0;
+#pragma GCC unroll 4
+    for (int j = 0; j < W; ++j) {
+      const __m256 value = _mm256_loadu_ps(values + t * D + d + 8 * j);
+      a[j] = _mm256_fmadd_ps(w0, value, a[j]);
+      if (two) b[j] = _mm256_fmadd_ps(w1, value, b[j]);
+    }
+  }
+  for (int j = 0; j < W; ++j) {
+    _mm256_storeu_ps(out0 + d + 8 * j, a[j]);
+    if (two) _mm256_storeu_ps(out0 + D + d + 8 * j, b[j]);
+  }
+}
+
+template <bool two>
+inline void value_tiles(const float* p0, const float* values, int64_t count, int64_t D, float* out0) {
+  int64_t d = 0;
+  for (; d + 32 <= D; d += 32) value_tile<two, 4>(p0, values, count, D, d, out0);
+  for (; d < D; d += 8) value_tile<two, 1>(p0, values, count, D, d, out0);
+}
+
+template <typename T>
+void block_values_avx2(const float* scores, int64_t G, int64_t D, const T* values, const float* value_scales,
+                       int64_t n, float* out, float* buffer) {
+  for (int64_t first = 0; first < n; first += kRun) {
+    const int64_t count = std::min(kRun, n - first);
+    llmchat::read_ahead(values + first * D, count * D * sizeof(T));
+    const float* run = run_as_float(values + first * D, value_scales ? value_scales + first : nullptr, count, D, buffer);
+    int64_t g = 0;
+    for (; g + 2 <= G; g += 2) value_tiles<true>(scores + g * kBlock + first, run, count, D, out + g * D);
+    if (g < G) value_tiles<false>(scores + g * kBlock + first, run, count, D, out + g * D);
+  }
+}
+#endif
+
+// The rows a task's buffer holds widened: a run of them with AVX2 (above), else one.
+#if defined(LLMCHAT_AVX2_FLOATS)
+constexpr int64_t kWidened = kRun;
+#else
+constexpr int64_t kWidened = 1;
+#endif
+
 // A block's scores: scores[g * kBlock + t] = (query g . key t) * scale (times key t's int8 scale).
 template <typename T>
 void block_scores(const float* queries, int64_t G, int64_t D, const T* keys, const float* key_scales, float scale,
@@ -108,6 +238,9 @@ void block_scores(const float* queries, int64_t G, int64_t D, const T* keys, con
   if constexpr (!std::is_same_v<T, float>) {
     if (D % 16 == 0 && D <= kMaxD) return block_scores_avx512(queries, G, D, keys, key_scales, scale, n, scores);
   }
+#endif
+#if defined(LLMCHAT_AVX2_FLOATS)
+  if (D % 8 == 0) return block_scores_avx2(queries, G, D, keys, key_scales, scale, n, scores, widened);
 #endif
   for (int64_t t = 0; t < n; ++t) {
     llmchat::read_ahead(keys + t * D, D * sizeof(T));
@@ -131,6 +264,9 @@ void block_values(const float* scores, int64_t G, int64_t D, const T* values, co
   if constexpr (!std::is_same_v<T, float>) {
     if (D % 16 == 0 && D <= kMaxD) return block_values_avx512(scores, G, D, values, value_scales, n, out);
   }
+#endif
+#if defined(LLMCHAT_AVX2_FLOATS)
+  if (D % 8 == 0) return block_values_avx2(scores, G, D, values, value_scales, n, out, widened);
 #endif
   for (int64_t t = 0; t < n; ++t) {
     llmchat::read_ahead(values + t * D, D * sizeof(T));
@@ -158,7 +294,7 @@ void block_values(const float* scores, int64_t G, int64_t D, const T* values, co
 // (on the calling thread alone for a short cache): scores, a softmax local to the block and a partial
 // output; the partials are then merged with their max-and-sum weights (flash-decoding). K and V are
 // each read once, as stored: a row is widened to float32 once (into vector registers, or a buffer of D
-// floats) and the G query heads then share it, and an int8 row's scale multiplies its dot product (K)
+// floats; with AVX2 only, a run of kRun rows) and the G query heads then share it, and an int8 row's scale multiplies its dot product (K)
 // or its softmax weight (V), never the row, so no dequantized copy of the cache is ever made.
 //
 // Built with -ffast-math (engine/fast/attention.py), so nothing here may rely on infinities.
@@ -215,7 +351,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
   auto work = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(G * kBlock);
-    std::vector<float> widened(D);
+    std::vector<float> widened(kWidened * D);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, b = task % blocks;
       const int64_t first = b * block_length, n = std::min(block_length, length - first);
