@@ -16,6 +16,7 @@ import ctypes.util
 import mmap
 import os
 import threading
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -26,7 +27,7 @@ MADV_DONTNEED = 4  # Linux
 def weight_file_mappings(suffix: str = ".safetensors") -> list[tuple[int, int]]:
     """Address ranges of this process's mappings of weight files; empty where /proc is absent."""
     try:
-        lines = open("/proc/self/maps").read().splitlines()
+        lines = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
         return []
     ranges = []

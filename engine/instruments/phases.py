@@ -287,7 +287,7 @@ def _machine_key(device: str, dtype: torch.dtype) -> str:
 
 def _cpu_name() -> str:
     try:
-        for line in open("/proc/cpuinfo"):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:

@@ -306,7 +306,7 @@ class AttentionScreen(InstrumentScreen):
                 "decoding at full speed: the view fills in when the answer ends "
                 "(or at each step in step mode, F3)"
             )
-        self.run_worker(self._fetch_matrix() if self.matrix_mode else self._fetch(), exclusive=True)
+        self.run_worker(self._fetch_matrix if self.matrix_mode else self._fetch, exclusive=True)
 
     def _at_gate(self) -> None:
         """Step mode: the newest row is read at the gate; the matrix would need a forward pass."""

@@ -8,6 +8,7 @@ shown is computed from the live model on the inference thread
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -250,7 +251,7 @@ class EmbeddingsScreen(ChipPicker, InstrumentScreen):
             + (" (after the answer in progress)…" if busy else "…"),
             "$text-warning",
         )
-        self.run_worker(self._fetch(token_id), exclusive=True)
+        self.run_worker(functools.partial(self._fetch, token_id), exclusive=True)
 
     async def _fetch(self, token_id: int) -> None:
         try:

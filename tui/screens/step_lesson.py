@@ -8,6 +8,7 @@ answer's last step).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Hashable
 
 from textual.app import ComposeResult
@@ -127,7 +128,7 @@ class StepLessonScreen(ChipPicker, InstrumentScreen):
             + (" (after the answer in progress)…" if busy else "…"),
             "$text-warning",
         )
-        self.run_worker(self._fetch(key, ids, chosen), exclusive=True)
+        self.run_worker(functools.partial(self._fetch, key, ids, chosen), exclusive=True)
 
     async def _fetch(self, key: Hashable, ids: list[int], chosen: int) -> None:
         try:
