@@ -14,7 +14,9 @@
 3. The same for the eager step (what answers while the compiled one builds, and with
    --no-compile): aten's matmuls, or the kernel for each one-row product once it is loaded.
 --matrices-only stops after 1 (no compiling): with PYTHONPATH at another checkout (a git worktree)
-it measures that checkout's kernel, for a before and after. Not part of CI.
+it measures that checkout's kernel, for a before and after. --rows 1,5,9,16 adds to 1 the kernel
+over the same matrices for n rows of x at once (a verify's tokens, the lab's batch: float32 x, a
+bf16 model's own bf16), best of --rounds, in ms and in one-row times. Not part of CI.
 """
 
 from __future__ import annotations
@@ -65,6 +67,19 @@ def per_matrix(fast: fused.FastLlama, rounds: int) -> None:
         for name, way in ways.items():
             ms = best_ms(lambda way=way: [way(inputs[w.shape[1]], w) for w in weights], rounds)
             print(f"  {name:>14}: {ms:6.2f} ms  {size / ms / 1e6:5.1f} GB/s", flush=True)
+
+
+def rows_of_x(fast: fused.FastLlama, counts: list[int], rounds: int) -> None:
+    weights = matrices(fast)
+    x_dtype = torch.bfloat16 if weights[0].dtype == torch.bfloat16 else torch.float32
+    ms = {}
+    with torch.inference_mode():
+        for n in counts:
+            inputs = {w.shape[1]: torch.randn(n, w.shape[1]).to(x_dtype) for w in weights}
+            ms[n] = best_ms(lambda: [matvec.multiply(inputs[w.shape[1]], w) for w in weights], rounds)
+    one = ms.get(1)
+    cells = (f"{n} rows {t:.2f} ms" + (f" ({t / one:.2f})" if one else "") for n, t in ms.items())
+    print("  " + ", ".join(cells))
 
 
 def in_the_step(fast: fused.FastLlama, cache_dtype: torch.dtype, windows: int, tokens: int = 48) -> None:
@@ -124,6 +139,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--windows", type=int, default=4)
     parser.add_argument("--matrices-only", action="store_true", help="only 1: the matrices, nothing compiled")
+    parser.add_argument("--rows", default="", help="also n rows of x at once, e.g. 1,5,9,16")
     args = parser.parse_args()
     problem = kernels.load("step")
     if problem is not None:
@@ -135,6 +151,9 @@ def main() -> None:
         fast = fused.for_model(loaded.model, compiled=True)
         print(f"{precision}: the model's matrices, one token each, from memory (best of {args.rounds})")
         per_matrix(fast, args.rounds)
+        if args.rows:
+            print(f"{precision}: the same matrices, n rows of x at once (best of {args.rounds})")
+            rows_of_x(fast, [int(n) for n in args.rows.split(",")], args.rounds)
         if args.matrices_only:
             continue
         print(f"{precision}: the whole compiled step, {args.windows} alternating windows")

@@ -28,7 +28,7 @@ def test_kernel_multiplies_as_the_loop_does(kernel, rows, width, dtype):
     torch.testing.assert_close(got.float(), loop.float(), atol=2 * tolerance * width**0.5, rtol=2 * tolerance)
 
 
-@pytest.mark.parametrize("n", [2, 5, 9, 16])
+@pytest.mark.parametrize("n", [2, 3, 5, 7, 9, 13, 16])  # every tile of x's rows, 1 to 8 (matvec_rows.h)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8])
 @pytest.mark.parametrize("rows, width", [(200, 576), (7, 33)])
 def test_several_rows_of_x_take_one_read_of_the_weights(kernel, n, dtype, rows, width):

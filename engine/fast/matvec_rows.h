@@ -9,15 +9,37 @@
 // activations), 32 pairs by `vdpbf16ps`, as the one-row path multiplies; for w8's int8 rows, x
 // rounded to 16 bits per row as the one-row path rounds it (XQuantized) and 32 pairs summed in
 // integers by `vpdpwssd` (16 by `vpmaddwd` with AVX2 only). With AVX2 only, 16-bit rows go 8 wide
-// in the same tiles and float32 rows take the portable loop below (run_many says why). Before the tiles, sums went 8 floats wide against each weight row widened
-// into memory, and a bf16 model's rows went to torch's matmul: 9 rows cost 2.0-3.1 one-row steps,
-// now 1.7-1.8 (AVX-512 EPYC; BENCHMARKS.md). matvec.cpp defines what it reads (Q4, widen_row,
-// quantize_x, the int8 helpers).
+// in the same tiles and float32 rows take the portable loop below (run_many says why). Before the
+// tiles, sums went 8 floats wide against each weight row widened into memory, and a bf16 model's
+// rows went to torch's matmul: 9 rows cost 2.0-3.1 one-row steps, then 1.7-1.8 with tiles of 4
+// rows of x, 1.3 (float32) with tiles of up to 10 (AVX-512 EPYCs; BENCHMARKS.md). matvec.cpp
+// defines what it reads (Q4, widen_row, quantize_x, the int8 helpers).
 
 constexpr int64_t kMaxRows = 16;
 
+// The tile: kTileW weight rows x up to P::kTileX rows of x, its sums plus the weights and one x
+// vector in registers. With AVX2's 16 registers, 2 x 4 (11 of them). With AVX-512's 32, float32
+// and 16-bit rows take 2 x up to 10 (23), so that a verify's 5-9 rows take one tile: each weight
+// read once, while the next ones arrive. The model's matrices, in ms (the Zen 4 EPYC, best of 15,
+// 3 rounds alternating), 5, 9 and 16 rows of x: float32 2 x 4 (as before) 20.1-21.1, 31.7-32.5,
+// 52.6-53.3; 4 x 4 18.4-23.1, 26.1-32.3, 37.0-46.3; 2 x 8 17.5-20.1, 27.2-32.1, 37.1-45.5;
+// 2 x 10 17.8-18.8, 21.1-21.5, 36.2-37.2 (one row 14-18); bfloat16 9 rows 12.7-13.6 -> 11.0-11.9.
+// w8's int8 rows stay at 2 x 4: 2 x 10 took 9 rows from 10.7-14.1 to 14.3-18.3 (best of 21).
+#ifndef LLMCHAT_TILE_W  // other shapes to compare: LLMCHAT_KERNEL_CFLAGS="-DLLMCHAT_TILE_W=4 ..."
+#define LLMCHAT_TILE_W 2
+#endif
+#ifndef LLMCHAT_TILE_X
+#if defined(__AVX512F__)
+#define LLMCHAT_TILE_X 10
+#else
+#define LLMCHAT_TILE_X 4
+#endif
+#endif
+constexpr int kTileW = LLMCHAT_TILE_W, kFloatTileX = LLMCHAT_TILE_X;
+
 // How one kind of row is multiplied, kStep weights at a time: Weights (kStep weights in a
-// register), XV (kStep of x's values), Sum (a tile entry's partial sums), and their total.
+// register), XV (kStep of x's values), Sum (a tile entry's partial sums), and their total; kTileX,
+// the most rows of x a tile takes.
 #if defined(LLMCHAT_FMA_ROWS)
 template <typename W>
 struct FloatProducts {  // float32, bfloat16, float16 or int8 rows widened in a register; float32 x
@@ -26,6 +48,7 @@ struct FloatProducts {  // float32, bfloat16, float16 or int8 rows widened in a 
   using Weights = Lanes::V;
   using XV = Lanes::V;
   static constexpr int64_t kStep = Lanes::kWidth;
+  static constexpr int kTileX = kFloatTileX;
   static Sum zero() { return Lanes::zero(); }
   static Weights weights(const W* p) { return Lanes::load(p); }
   static XV xs(const X* p) { return Lanes::xs(p); }
@@ -41,6 +64,7 @@ struct Bf16Products {  // bfloat16 rows and x, in pairs into float32
   using Weights = __m512bh;
   using XV = __m512bh;
   static constexpr int64_t kStep = 32;
+  static constexpr int kTileX = kFloatTileX;
   static Sum zero() { return _mm512_setzero_ps(); }
   static Weights weights(const at::BFloat16* p) { return load_bh(p); }
   static XV xs(const X* p) { return load_bh(p); }
@@ -57,6 +81,7 @@ struct Int8Products {  // int8 rows widened to int16, x's 16-bit values, pairs s
   using Weights = __m512i;
   using XV = __m512i;
   static constexpr int64_t kStep = 32;
+  static constexpr int kTileX = 4;  // wider tiles were slower (see kFloatTileX)
   static Sum zero() { return _mm512_setzero_si512(); }
   static Weights weights(const int8_t* p) { return widen32(p); }
   static XV xs(const X* p) { return _mm512_loadu_si512(p); }
@@ -70,6 +95,7 @@ struct Int8Products {
   using Weights = __m256i;
   using XV = __m256i;
   static constexpr int64_t kStep = 16;
+  static constexpr int kTileX = 4;
   static Sum zero() { return _mm256_setzero_si256(); }
   static Weights weights(const int8_t* p) { return widen16(p); }
   static XV xs(const X* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -80,15 +106,6 @@ struct Int8Products {
 // Each int32 lane sums 2 · in / kStep products of at most 32767 x 128 (< 2^22): 512 fit.
 constexpr int64_t kMaxIntRowsWidth = 256 * Int8Products::kStep;
 #endif
-
-// The tile: kTileW x kTileX sums, plus the weights and one x vector, in registers (11 of AVX2's
-// 16). Two weight rows beat one by 9-14% at 9-16 rows of x and lose 4% at 5 (four: 6-10% slower
-// than two; int8 rows from memory, one core of the AVX-512 EPYC): the products, not the loads,
-// set the pace.
-#ifndef LLMCHAT_TILE_W  // another width to compare: LLMCHAT_KERNEL_CFLAGS=-DLLMCHAT_TILE_W=4
-#define LLMCHAT_TILE_W 2
-#endif
-constexpr int kTileW = LLMCHAT_TILE_W, kTileX = 4;
 
 // What a tile writes: x row j's sum for W's row r, times x row j's step where x was rounded to
 // integers (`step`, else nullptr), in out's type.
@@ -137,20 +154,29 @@ inline void tile(const typename P::X* x, const W* block, const Outputs<O>& to, i
   }
 }
 
-// R rows of W (from `block`) times all n rows of x: tiles of kTileX rows of x, then the rest.
-template <typename P, int R, typename W, typename O>
-void rows_times_x(const typename P::X* x, int64_t n, const W* block, const Outputs<O>& to, int64_t in, int64_t r) {
-  int64_t j = 0;
-  for (; j + kTileX <= n; j += kTileX) tile<P, R, kTileX>(x, block, to, in, r, j, j == 0);
-  const bool first = j == 0;
-  switch (n - j) {
-    case 1: tile<P, R, 1>(x, block, to, in, r, j, first); break;
-    case 2: tile<P, R, 2>(x, block, to, in, r, j, first); break;
-    case 3: tile<P, R, 3>(x, block, to, in, r, j, first); break;
-    default: break;
+// A tile of g rows of x (1 <= g <= P::kTileX), g chosen at run time.
+template <typename P, int R, int G = 1, typename W, typename O>
+inline void tile_of(int64_t g, const typename P::X* x, const W* block, const Outputs<O>& to, int64_t in, int64_t r,
+                    int64_t j, bool first) {
+  if constexpr (G <= P::kTileX) {
+    if (g == G) return tile<P, R, G>(x, block, to, in, r, j, first);
+    tile_of<P, R, G + 1>(g, x, block, to, in, r, j, first);
   }
 }
-static_assert(kTileX == 4, "rows_times_x's switch takes what is left after tiles of 4");
+
+// R rows of W (from `block`) times all n rows of x, in as few tiles as hold them, as equal as they
+// come: 5 rows of int8 tiles as 3 + 2 (6.9-8.2 ms, the model's matrices, best of 31, 4 rounds
+// alternating) rather than 4 + 1 (7.4-9.3), 12 rows of bfloat16 as 6 + 6 (14.8-15.7) rather than
+// 10 + 2 (16.9-17.8).
+template <typename P, int R, typename W, typename O>
+void rows_times_x(const typename P::X* x, int64_t n, const W* block, const Outputs<O>& to, int64_t in, int64_t r) {
+  const int64_t tiles = (n + P::kTileX - 1) / P::kTileX;
+  for (int64_t t = 0, j = 0; t < tiles; ++t) {
+    const int64_t g = n / tiles + (t < n % tiles ? 1 : 0);
+    tile_of<P, R>(g, x, block, to, in, r, j, t == 0);
+    j += g;
+  }
+}
 
 // W's rows begin..end times x's n rows, kTileW weight rows at a time.
 template <typename P, typename W, typename O>
