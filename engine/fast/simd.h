@@ -53,9 +53,10 @@ inline __m512 load16(const int8_t* p) {
 }  // namespace llmchat
 #endif
 
-// Eight of a row's elements as float32 in one AVX2 register, for CPUs without AVX-512 (most
-// laptops' and desktops', AMD's before Zen 4): matvec.cpp's rows_fma and matvec_rows.h's tiles.
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// Eight of a row's elements as float32 in one AVX2 register: matvec.cpp's rows_fma and
+// matvec_rows.h's tiles on CPUs without AVX-512 (most laptops' and desktops', AMD's before Zen 4);
+// decode_attention.cpp's register tiles on every CPU with AVX2.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LLMCHAT_AVX2_FLOATS 1
 #include <immintrin.h>
 
