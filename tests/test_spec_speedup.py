@@ -200,6 +200,22 @@ def test_bench_speculative_reports_a_plain_step_beside_the_verify_round(tiny_loa
         assert row["speedup"] == pytest.approx(row["tok_s"] / row["plain_tok_s"], abs=2e-3)
 
 
+def test_bench_says_beside_its_speculative_table_whether_the_answers_were_the_plain_ones():
+    """`identical` was in --json only: the table's speed-ups read the same whether or not the
+    speculative answers matched the plain ones."""
+    from tui.cli.bench_table import speculative_identity
+
+    said = speculative_identity([
+        {"precision": "fp32", "speculative": {"identical": True}},
+        {"precision": "w8", "speculative": {"identical": False}},
+        {"precision": "bf16", "speculative": {}},
+    ])  # fmt: skip
+    assert said.splitlines() == [
+        "  fp32: every speculative answer equals the plain one",
+        "  w8: speculative answers DIFFER from the plain ones: greedy decoding must not (a bug)",
+    ]
+
+
 def test_bench_speculative_puts_speculation_against_the_compiled_step_from_its_first_answer(tiny_loaded):
     """With compile on, every plain answer decodes on the compiled step: each answer's session
     used to start while the step was still loading, so its first tokens ran eager (on SmolLM2 the

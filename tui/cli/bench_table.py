@@ -37,6 +37,7 @@ def _print_optional_tables(console: Console, result: dict) -> None:
         print_figures(console, _long_context(results))
     if any(r.get("speculative") for r in results):
         print_figures(console, _speculative(results))
+        console.print(speculative_identity(results))
     if any(r.get("kv_cache") for r in results):
         print_kv_cache_table(console, result)
 
@@ -199,6 +200,21 @@ def _speculative(results: list[dict]) -> Table:
             for name, row in [("all", s), *s["prompts"].items()]:
                 table.add_row(r["precision"], name, *_speculative_cells(row))
     return table
+
+
+def speculative_identity(results: list[dict]) -> str:
+    """Whether each precision's speculative answers were the plain ones, as greedy decoding must
+    give them (the table's speed-ups mean nothing otherwise)."""
+    lines = []
+    for r in results:
+        if s := r.get("speculative"):
+            said = (
+                "every speculative answer equals the plain one"
+                if s["identical"]
+                else "speculative answers DIFFER from the plain ones: greedy decoding must not (a bug)"
+            )
+            lines.append(f"  {r['precision']}: {said}")
+    return "\n".join(lines)
 
 
 def _speculative_cells(row: dict) -> tuple[str, ...]:
