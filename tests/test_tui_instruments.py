@@ -31,7 +31,7 @@ from engine.events import (
     TokenSampled,
     TurnFinished,
 )
-from engine.fast import fused, kernels, matvec
+from engine.fast import attention, fused, kernels, matvec
 from engine.instruments import phases, precision_compare
 from engine.instruments.attention import existing_probe
 from engine.instruments.explain import explain
@@ -796,11 +796,13 @@ def test_snapshot_attention_matrix(snap_compare, tiny_model_dir, tmp_path, size)
 def test_snapshot_precision_compare(snap_compare, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(precision_compare, "time", FakeClock())
     monkeypatch.setattr(precision_compare, "ContentionMeter", SteadyMeter)
-    # The KL digits come from bf16 prefill upcast to fp32 and decode by aten's matmuls; a CPU
-    # with native bf16 matmuls (engine/fast/fused.py), or the matvec kernel where an earlier
-    # test loaded it (engine/fast/matvec.py), would print others.
+    # The KL digits come from bf16 prefill upcast to fp32 and decode by aten's matmuls and SDPA; a
+    # CPU with native bf16 matmuls (engine/fast/fused.py), or the step's kernels where an earlier
+    # test loaded them (engine/fast/matvec.py, attention.py: sums in another order), would print
+    # others (0.00035 for 0.00034 nats on a Zen 4 once float32 rows took the attention's tiles).
     monkeypatch.setattr(fused, "cpu_matmul_native", lambda dtype: False)
     monkeypatch.setattr(matvec, "enabled", False)
+    monkeypatch.setattr(attention, "can_attend", lambda keys: False)
 
     async def before(pilot):
         await answered(pilot, recorder_of(pilot))
