@@ -109,13 +109,19 @@ class BatchedForward:
             index, mask = plan.decode_context
             rows = plan.decode_rows
             qd = q[0][:, rows].transpose(0, 1)[:, :, None]  # [B, heads, 1, d]
-            kd, vd = (x[index].transpose(1, 2) for x in (keys, values))  # [B, kv_heads, L, d]
+            kd, vd = (_rows(x, index).transpose(1, 2) for x in (keys, values))  # [B, kv_heads, L, d]
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=True)
             out[0][:, rows] = od[:, :, 0].transpose(0, 1)
         for first, n, context, causal in plan.prefills:
             qp = q[:, :, first : first + n]
-            kp, vp = (x[context].transpose(0, 1)[None] for x in (keys, values))  # [1, kv_heads, C, d]
+            kp, vp = (_rows(x, context).transpose(0, 1)[None] for x in (keys, values))  # [1, kv_heads, C, d]
             out[:, :, first : first + n] = F.scaled_dot_product_attention(
                 qp, kp, vp, attn_mask=causal, enable_gqa=True
             )
         return out
+
+
+def _rows(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """pool[slots] for slots of any shape: `index_select` over the flattened slots, where advanced
+    indexing took 6x as long for B=8 sequences' 48 slots (69 -> 11 us a gather, 60 a step)."""
+    return pool.index_select(0, slots.reshape(-1)).view(*slots.shape, *pool.shape[1:])
