@@ -103,10 +103,10 @@ void block_values_avx512(const float* scores, int64_t G, int64_t D, const T* val
 
 #if defined(LLMCHAT_AVX2_FLOATS)
 // With AVX2 (a Zen 1, most laptops; float32 rows where there is AVX-512 too), a block's scores and
-// outputs as small matrix products whose sums stay in registers: 2 query heads x 4 keys a tile for the scores (one
-// horizontal sum per 4 dot products, where the plain loop made one per product and waited on
-// each product's chain of FMAs), 2 query heads x 32 of D for the outputs over kRun rows (the
-// plain loop loaded and stored each output row once per key). Rows other than float32 are widened
+// outputs as small matrix products whose sums stay in registers: 2 query heads x 4 keys a tile
+// for the scores (one horizontal sum per 4 dot products, where the plain loop made one per
+// product and waited on each product's chain of FMAs), 2 query heads x 32 of D for the outputs
+// over kRun rows (the plain loop loaded and stored each output row once per key). Rows other than float32 are widened
 // once into `buffer` (kRun x D floats), times their int8 scale, for all G query heads. Zen 1,
 // SmolLM2's heads at 2,000 positions: a verify's 5 tokens 1.4-2.6 -> 0.6-1.1 ms a layer, one
 // token over a bf16 cache 0.39-0.42 -> 0.26-0.39 (float32 rows: as fast, memory-bound);
