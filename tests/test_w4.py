@@ -86,8 +86,9 @@ def test_w4_is_a_cpu_precision_with_a_note():
     assert "Q4_0" in cpu_note("w4")
 
 
-# Widths: one block, an odd count, SmolLM2's hidden and MLP widths (not all multiples of 16 blocks).
-@pytest.mark.parametrize("rows, width", [(7, 32), (65, 96), (3072, 576), (5, 1536)])
+# Widths: one block, odd counts (3, 5, 7: the kernel's steps of 4 and 2 blocks and a last one),
+# SmolLM2's hidden and MLP widths (not all multiples of 16 blocks).
+@pytest.mark.parametrize("rows, width", [(7, 32), (65, 96), (9, 160), (9, 224), (3072, 576), (5, 1536)])
 @pytest.mark.parametrize("n", [1, 2, 5, 16])
 def test_kernel_streams_q4_0_blocks_as_the_dequantized_matrix_multiplies(kernel, rows, width, n):
     torch.manual_seed(rows * n)

@@ -455,6 +455,46 @@ inline q4_lanes q4_block(const uint8_t* p, const int16_t* x) {
   const __m512i xs = _mm512_loadu_si512(x);
   return _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_cvtepi8_epi16(values), xs));
 }
+
+// Two blocks a step (their 32 bytes in one load): both blocks' low halves in one register, their
+// high halves in another, x in the matching order (`paired_x`); lanes 0-7 sum block one's products,
+// 8-15 block two's, so one conversion and one FMA (against `pair_scales`) serve both: about 13
+// instructions for two blocks where q4_block takes 9 for one.
+inline __m512 q4_pair(const uint8_t* p, const int16_t* x) {
+  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i mask = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
+  const __m256i low = _mm256_sub_epi8(_mm256_and_si256(packed, mask), eight);
+  const __m256i high = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(packed, 4), mask), eight);
+  const __m512i sums = _mm512_madd_epi16(_mm512_cvtepi8_epi16(low), _mm512_loadu_si512(x));
+#if defined(__AVX512VNNI__)
+  return _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(sums, _mm512_cvtepi8_epi16(high), _mm512_loadu_si512(x + 32)));
+#else
+  const __m512i more = _mm512_madd_epi16(_mm512_cvtepi8_epi16(high), _mm512_loadu_si512(x + 32));
+  return _mm512_cvtepi32_ps(_mm512_add_epi32(sums, more));
+#endif
+}
+
+// Two blocks' float16 scales as float32: s[0] in lanes 0-7, s[1] in lanes 8-15.
+inline __m512 pair_scales(const at::Half* s) {
+  int32_t bits;
+  std::memcpy(&bits, s, sizeof bits);
+  const __m128 two = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+  return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                               _mm512_castps128_ps512(two));
+}
+
+// x's 16-bit values in q4_pair's order: for each two blocks, the first 16 of one, of the other,
+// then the last 16 of each; a last odd block as it is (q4_block's order).
+std::vector<int16_t> paired_x(const int16_t* x, int64_t in) {
+  std::vector<int16_t> out(x, x + in);
+  for (int64_t b = 0; b + 2 <= in / kBlock; b += 2) {
+    const int16_t* from = x + b * kBlock;
+    int16_t* to = out.data() + b * kBlock;
+    std::copy(from + 16, from + 32, to + 32);  // block one's last 16
+    std::copy(from + 32, from + 48, to + 16);  // block two's first 16
+  }
+  return out;
+}
 #else
 using q4_lanes = __m256;
 inline q4_lanes q4_zero() { return _mm256_setzero_ps(); }
@@ -491,9 +531,31 @@ inline void widen_scales(const at::Half* scale, int64_t n, float* out) {
   for (; b < n; ++b) out[b] = static_cast<float>(scale[b]);
 }
 
-void rows_q4_int(const XQuantized& x, Q4 w, float* out, int64_t in, int64_t begin, int64_t end) {
+// xq: x's 16-bit values (in paired_x's order with AVX-512), x ≈ step · xq.
+// With AVX-512, two blocks a step, their scales converted in registers, and no read-ahead (these
+// rows go slowly enough for the CPU's own prefetching; asking 8 KiB ahead cost ~15% here): the
+// model's w4 matrices (72 MiB, two threads, a Zen 4, three rounds alternating) 4.3-4.8 ms block by
+// block with the read-ahead, 3.5-3.8 ms (20-21.5 GB/s) now.
+void rows_q4_int(const int16_t* xq, float step, Q4 w, float* out, int64_t in, int64_t begin, int64_t end) {
   const int64_t blocks = in / kBlock;
-  const int16_t* xq = x.q.data();
+#if defined(__AVX512BW__)
+  for (int64_t r = begin; r < end; ++r) {
+    const uint8_t* q = w.q + r * (in / 2);
+    const at::Half* scale = w.scale + r * blocks;
+    __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= blocks; b += 4) {
+      even = _mm512_fmadd_ps(q4_pair(q + b * 16, xq + b * kBlock), pair_scales(scale + b), even);
+      odd = _mm512_fmadd_ps(q4_pair(q + b * 16 + 32, xq + b * kBlock + 2 * kBlock), pair_scales(scale + b + 2), odd);
+    }
+    if (b + 2 <= blocks) {
+      even = _mm512_fmadd_ps(q4_pair(q + b * 16, xq + b * kBlock), pair_scales(scale + b), even);
+      b += 2;
+    }
+    if (b < blocks) even = q4_scaled(q4_block(q + b * 16, xq + b * kBlock), static_cast<float>(scale[b]), even);
+    out[r] = q4_total(_mm512_add_ps(even, odd)) * step;
+  }
+#else
   std::vector<float> scales(blocks);
   for (int64_t r = begin; r < end; ++r) {
     const uint8_t* q = w.q + r * (in / 2);
@@ -506,16 +568,22 @@ void rows_q4_int(const XQuantized& x, Q4 w, float* out, int64_t in, int64_t begi
       odd = q4_scaled(q4_block(q + b * 16 + 16, xq + b * kBlock + kBlock), scales[b + 1], odd);
     }
     if (b < blocks) even = q4_scaled(q4_block(q + b * 16, xq + b * kBlock), scales[b], even);
-    out[r] = (q4_total(even) + q4_total(odd)) * x.step;
+    out[r] = (q4_total(even) + q4_total(odd)) * step;
   }
+#endif
 }
 
 // One row of x against Q4_0 blocks in integers, where x can be rounded (finite); false otherwise.
 bool q4_rows_int(const float* x, Q4 w, float* out, int64_t rows, int64_t in) {
   XQuantized xq;
   if (!quantize_x(x, in, xq)) return false;
+#if defined(__AVX512BW__)
+  const std::vector<int16_t> ordered = paired_x(xq.q.data(), in);
+#else
+  const std::vector<int16_t>& ordered = xq.q;
+#endif
   at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
-    rows_q4_int(xq, w, out, in, begin, end);
+    rows_q4_int(ordered.data(), xq.step, w, out, in, begin, end);
   });
   return true;
 }
