@@ -63,8 +63,8 @@ using llmchat::load16;  // sixteen elements of a 16-bit or int8 cache row as flo
 // block_scores and block_values (below) for 16-bit and int8 rows, D a multiple of 16: each row is
 // widened once into registers and shared by the G query heads (the plain loops spent ~28 ns a
 // row widening it through a buffer). float32 rows take the register tiles below, as with AVX2
-// only (a Zen 4, SmolLM2's heads at 2,000 positions, a verify's 5 tokens: 377-380 us a layer in
-// this path's plain loops, 227-291 in the tiles; 16-bit rows here 273-282, in the tiles 246-309).
+// only (a Zen 4, SmolLM2's heads at 2,000 positions, a verify's 5 tokens, us a layer cold: 386-396
+// in the plain loops, 331-342 in the tiles; 16-bit rows: 273-282 here, 246-309 in the tiles).
 template <typename T>
 void block_scores_avx512(const float* queries, int64_t G, int64_t D, const T* keys, const float* key_scales,
                          float scale, int64_t n, float* scores) {
@@ -106,11 +106,11 @@ void block_values_avx512(const float* scores, int64_t G, int64_t D, const T* val
 // outputs as small matrix products whose sums stay in registers: 2 query heads x 4 keys a tile
 // for the scores (one horizontal sum per 4 dot products, where the plain loop made one per
 // product and waited on each product's chain of FMAs), 2 query heads x 32 of D for the outputs
-// over kRun rows (the plain loop loaded and stored each output row once per key). Rows other than float32 are widened
-// once into `buffer` (kRun x D floats), times their int8 scale, for all G query heads. Zen 1,
-// SmolLM2's heads at 2,000 positions: a verify's 5 tokens 1.4-2.6 -> 0.6-1.1 ms a layer, one
-// token over a bf16 cache 0.39-0.42 -> 0.26-0.39 (float32 rows: as fast, memory-bound);
-// BENCHMARKS.md, "Attention over the cache".
+// over kRun rows (the plain loop loaded and stored each output row once per key). Rows other
+// than float32 are widened once into `buffer` (kRun x D floats), times their int8 scale, for all
+// G query heads. Zen 1, SmolLM2's heads at 2,000 positions: a verify's 5 tokens 1.4-2.6 -> 0.6-1.1
+// ms a layer, one token over a bf16 cache 0.39-0.42 -> 0.26-0.39 (float32 rows: as fast,
+// memory-bound); BENCHMARKS.md, "Attention over the cache".
 constexpr int64_t kRun = 16;
 
 // kRun (or fewer) rows as float32, times each row's scale where given: float32 rows in place.
