@@ -37,7 +37,7 @@ def _print_optional_tables(console: Console, result: dict) -> None:
         print_figures(console, _long_context(results))
     if any(r.get("speculative") for r in results):
         print_figures(console, _speculative(results))
-        console.print(speculative_identity(results))
+        console.print(plain_text(speculative_identity(results)))
     if any(r.get("kv_cache") for r in results):
         print_kv_cache_table(console, result)
 
