@@ -262,8 +262,8 @@ def load(
     """Load a model spec at a precision; raises ModelError or PrecisionError with a one-line reason.
 
     `fast_only`: the caller runs only the fast path (no reference forward, no attention hooks, no
-    bitsandbytes), so a Llama checkpoint on a CPU is read without transformers where
-    engine/fast/checkpoint.py covers it (~2 s sooner); anything else loads as usual.
+    bitsandbytes), so a checkpoint of the fast path's families on a CPU is read without
+    transformers where engine/fast/checkpoint.py covers it (~2 s sooner); anything else loads as usual.
     `chat`: the model must have a chat template (False for `--raw`, where a base model is fine);
     `chat_template`: one to use instead of the model's own (engine/chat_templates.py);
     `tokenizer=False`: the caller uses the weights alone (the compile child), so transformers'
@@ -319,7 +319,7 @@ def _load(
     with pages.each_block_mapped():
         parts = None
         if fast_only and source.kind != "hub":
-            parts = _read_for_fast_path(Path(directory), prec, device, progress)
+            parts = _read_for_fast_path(Path(directory), prec, device, progress, with_tokenizer)
         model, tokenizer = parts or _load_with_transformers(
             spec, source, directory, prec, device, progress, with_tokenizer
         )
@@ -393,18 +393,23 @@ def _safetensors_elements(file: Path) -> int:
     return sum(math.prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
 
 
-def _read_for_fast_path(directory: Path, prec: Precision, device: str, progress: Progress):
+def _read_for_fast_path(
+    directory: Path, prec: Precision, device: str, progress: Progress, with_tokenizer: bool = True
+):
     """(model, tokenizer) read without transformers (engine/fast/checkpoint.py,
-    engine/chat_tokenizer.py), or None where those do not cover the checkpoint."""
+    engine/chat_tokenizer.py), or None where those do not cover the checkpoint; the tokenizer
+    None without `with_tokenizer` (the compile child's weights alone)."""
     if device != "cpu" or not KINDS[prec.name].reads_checkpoint:
         return None
     from engine.chat_tokenizer import ChatTokenizer
     from engine.fast import checkpoint
 
-    progress("loading tokenizer", 0.7)
-    tokenizer = ChatTokenizer.from_dir(directory)
-    if tokenizer is None:
-        return None
+    tokenizer = None
+    if with_tokenizer:
+        progress("loading tokenizer", 0.7)
+        tokenizer = ChatTokenizer.from_dir(directory)
+        if tokenizer is None:
+            return None
     progress(f"loading weights at {prec.name} on {device}", 0.75)
     model = checkpoint.load(directory)
     if model is None or any(p.dtype not in (torch.float32, prec.dtype) for p in model.parameters()):

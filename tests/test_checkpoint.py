@@ -14,6 +14,7 @@ import torch
 from engine import models
 from engine.fast import checkpoint, fused
 from engine.kvcache import KVCache
+from tests.tiny import build_tiny_model
 
 PROMPT = [1, 5, 9, 42, 7, 300, 12, 3]
 
@@ -34,8 +35,8 @@ def _logits(loaded: models.LoadedModel) -> list[torch.Tensor]:
 def test_a_checkpoint_read_without_transformers_computes_what_transformers_loads(tiny_model_dir, precision):
     direct = models.load(str(tiny_model_dir), precision, "cpu", fast_only=True)
     through = models.load(str(tiny_model_dir), precision, "cpu")
-    assert isinstance(direct.model, checkpoint.LlamaWeights)
-    assert not isinstance(through.model, checkpoint.LlamaWeights)
+    assert isinstance(direct.model, checkpoint.CheckpointModel)
+    assert not isinstance(through.model, checkpoint.CheckpointModel)
     # What the panels show: parameters, weight bytes, shapes, context.
     assert dataclasses.replace(direct.info, load_s=0) == dataclasses.replace(through.info, load_s=0)
     torch.testing.assert_close(
@@ -43,6 +44,39 @@ def test_a_checkpoint_read_without_transformers_computes_what_transformers_loads
     )
     for mine, theirs in zip(_logits(direct), _logits(through)):
         assert torch.equal(mine, theirs)
+
+
+@pytest.fixture(scope="module", params=["mistral", "qwen2", "qwen3", "gemma3_text"])
+def family_dir(request, tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp(request.param), family=request.param)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "w8"])
+def test_each_family_read_without_transformers_computes_what_transformers_loads(family_dir, precision):
+    """What the compile child reads (the weights alone): Qwen2's q/k/v biases, Qwen3's and Gemma 3's
+    q/k norms, Gemma's sandwich norms, scaled embeddings and RoPE base per kind of layer."""
+    direct = models.load(str(family_dir), precision, "cpu", fast_only=True, chat=False, tokenizer=False)
+    through = models.load(str(family_dir), precision, "cpu", chat=False, tokenizer=False)
+    assert isinstance(direct.model, checkpoint.CheckpointModel)
+    assert dataclasses.replace(direct.info, load_s=0) == dataclasses.replace(through.info, load_s=0)
+    for mine, theirs in zip(_logits(direct), _logits(through)):
+        assert torch.equal(mine, theirs)
+
+
+def test_a_family_config_that_leaves_its_defaults_to_transformers_is_left_to_it(tmp_path):
+    """An older config (no list of layer kinds: transformers fills it in), a Qwen sliding window,
+    Phi-3's fused projections: read by transformers, as before."""
+    gemma = build_tiny_model(tmp_path / "gemma", family="gemma3_text")
+    assert checkpoint.load(gemma) is not None
+    older = json.loads((gemma / "config.json").read_text())
+    del older["layer_types"]
+    (gemma / "config.json").write_text(json.dumps(older))
+    assert checkpoint.load(gemma) is None
+    qwen = build_tiny_model(tmp_path / "qwen", family="qwen2")
+    windowed = json.loads((qwen / "config.json").read_text()) | {"use_sliding_window": True}
+    (qwen / "config.json").write_text(json.dumps(windowed))
+    assert checkpoint.load(qwen) is None
+    assert checkpoint.load(build_tiny_model(tmp_path / "phi3", family="phi3")) is None
 
 
 @pytest.mark.real_model
@@ -89,7 +123,7 @@ def test_a_weights_file_that_does_not_match_the_config_is_left_to_transformers(t
     wider = _variant(tiny_model_dir, tmp_path, intermediate_size=256)
     assert checkpoint.load(wider) is None
     loaded = models.load(str(tiny_model_dir), "fp32", "cpu", fast_only=True)
-    assert isinstance(loaded.model, checkpoint.LlamaWeights)
+    assert isinstance(loaded.model, checkpoint.CheckpointModel)
     with pytest.raises(RuntimeError, match="fast path only"):
         loaded.model(torch.tensor([PROMPT]))
 
