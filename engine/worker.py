@@ -29,10 +29,11 @@ from engine.events import (
     PhaseChanged,
     SamplingResolved,
 )
+from engine.fast.compiled import start_early
 from engine.fast.step_path import decode_step
-from engine.kvcache import cache_precision_of, cache_precision_problem
+from engine.kvcache import CACHE_DTYPES, cache_precision_of, cache_precision_problem
 from engine.model_sampling import chosen_fields, resolved
-from engine.quant.precision import PrecisionError, cpu_note
+from engine.quant.precision import PrecisionError, cpu_note, precision_for, resolve_device
 from engine.remote.cancel import CancelEvent  # plain threading: the openai package loads only for a server
 from engine.sampling import SamplingSettings
 from engine.saved.chat import SavedChat
@@ -420,20 +421,40 @@ class InferenceWorker:
         yield ModelReady(session.info)
         yield session.cache_event()  # the server-wide cache fill, before the first turn
 
+    def _compile_early(self, command: Load) -> None:
+        """Start compiling the model's decode step while it loads (engine/fast/compiled.py
+        `start_early`), where the session will want it: on a CPU, the precision's own KV cache or
+        the one chosen. A spec or precision the load refuses is left to the load to say so."""
+        if not self.compile:
+            return
+        try:
+            if resolve_device(command.device) != "cpu":
+                return
+            precision = precision_for(command.precision, "cpu")
+        except (PrecisionError, ValueError):
+            return
+        cache_dtype = CACHE_DTYPES[self.kv_cache] if self.kv_cache else precision.cache_dtype
+        start_early(command.spec, precision.name, cache_dtype)
+
+    def _read_model(self, command: Load) -> models.LoadedModel:
+        """`command`'s model, its decode step compiling meanwhile (`_compile_early`)."""
+        self._compile_early(command)
+        return models.load(
+            command.spec,
+            command.precision,
+            command.device,
+            # Loading runs on this thread, so progress can go straight out.
+            progress=lambda stage, fraction: self.emit(ModelLoading(stage, fraction)),
+            chat=not command.raw,
+            chat_template=command.chat_template,
+        )
+
     def _load(self, command: Load) -> Iterator[Event]:
         if self.session is not None and not self.session.capabilities.has_weights:
             yield Failed("the server decides the model's precision; restart without --server to run one here")
             return
         try:
-            loaded = models.load(
-                command.spec,
-                command.precision,
-                command.device,
-                # Loading runs on this thread, so progress can go straight out.
-                progress=lambda stage, fraction: self.emit(ModelLoading(stage, fraction)),
-                chat=not command.raw,
-                chat_template=command.chat_template,
-            )
+            loaded = self._read_model(command)
         except (models.ModelError, PrecisionError, ValueError) as e:
             yield Failed(str(e))
             return

@@ -10,7 +10,8 @@ it saved (engine/fast/steps.py). This measures, on the built-in model or --model
   again: what the app paid in-process on every start before the steps were saved);
 - loading the saved step in a fresh process, to its first token (what the app pays now);
 - the app's own timeline, each in a fresh process: when the regional step is ready and when the
-  whole one took over, from the session's start (background child, save, load), cold and
+  whole one took over, from the session's start (background child, save, load) and from the
+  model's load (where the app starts the child: --no-early starts it after the load), cold and
   cached, and the speed of an answer asked the moment the session starts, on a cached start:
   it decodes while the steps are made ready in the app's process;
 - decode tok/s of the regional step, the whole step with guards (the app before this round)
@@ -35,6 +36,9 @@ VARIANTS = ("regional", "whole", "whole-no-guards")
 MODEL = "smollm2-135m"
 """The model measured (--model: any spec the app takes; a child is told the same)."""
 QUESTION = "Tell me about the history of Paris."
+EARLY = True
+"""The app's timeline with the step's compile started as the model loads, as the app does (the
+hidden --no-early: after the load, as before)."""
 
 
 def say(line: str) -> None:
@@ -107,6 +111,12 @@ def app_ready(precision: str) -> dict:
     from engine.sampling import SamplingSettings
     from engine.session import ChatSession
 
+    from engine.fast.compiled import start_early
+    from engine.quant.precision import precision_for
+
+    load_started = time.monotonic()
+    if EARLY:  # as the app's worker does: the step's compile child starts as the model loads
+        start_early(MODEL, precision, precision_for(precision, "cpu").cache_dtype)
     loaded = models.load(MODEL, precision, "cpu", chat=False)
     base = not getattr(loaded.tokenizer, "chat_template", None)  # a base model continues the text
     session = ChatSession(
@@ -121,6 +131,7 @@ def app_ready(precision: str) -> dict:
     build.wait_settled(900)
     return {
         "regional": round(ready, 1),
+        "regional_from_load": round(build.started + ready - load_started, 1),
         "whole": round(build.whole_s, 1),
         "kind": build.kind,
         "answer_tok_s": round(tokens / answer_s, 1),
@@ -173,7 +184,7 @@ def _in_a_fresh_process(args: list[str], cache_dir: str) -> dict:
 
 
 def main() -> None:
-    global MODEL
+    global MODEL, EARLY
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--model", default=MODEL, help="a model spec: alias, HF directory, .gguf")
@@ -184,8 +195,9 @@ def main() -> None:
     parser.add_argument("--load", action="store_true", help=argparse.SUPPRESS)  # a child's load
     parser.add_argument("--speeds", action="store_true", help=argparse.SUPPRESS)  # a child's decode
     parser.add_argument("--app", action="store_true", help=argparse.SUPPRESS)  # a child's session
+    parser.add_argument("--no-early", action="store_true", help=argparse.SUPPRESS)  # compile after the load
     args = parser.parse_args()
-    MODEL = args.model
+    MODEL, EARLY = args.model, not args.no_early
     if args.compile or args.load:
         print(json.dumps((compile_time if args.compile else load_time)(args.precision, args.kind)))
         return
@@ -211,7 +223,7 @@ def main() -> None:
             }
         say("the app's timeline: a session's background build, with an empty cache, then again")
         app = os.path.join(scratch, "app")
-        session = ["--app", "--precision", args.precision]
+        session = ["--app", "--precision", args.precision, *([] if EARLY else ["--no-early"])]
         result["app_ready_s"] = {run: _in_a_fresh_process(session, app) for run in ("cold", "cached")}
         say(f"decode tok/s: {args.windows} alternating windows of the three steps in one process")
         speeds = ["--speeds", "--precision", args.precision, "--windows", str(args.windows)]
@@ -230,7 +242,8 @@ def main() -> None:
         )
     for run, ready in result["app_ready_s"].items():
         print(
-            f"  app, {run:>6}: regional step ready after {ready['regional']:5.1f} s, whole after "
+            f"  app, {run:>6}: regional step ready after {ready['regional']:5.1f} s "
+            f"({ready['regional_from_load']:4.1f} s from the model's load), whole after "
             f"{ready['whole']:5.1f} s; an answer asked at once: {ready['answer_tok_s']:5.1f} tok/s"
         )
     for variant, speed in decode.items():

@@ -16,6 +16,7 @@ from engine.fast import compiled, fused, gemm, matvec, steps
 from engine.kvcache_layers import PreallocatedLayer
 from engine.sampling import SamplingSettings
 from engine.session import ChatSession
+from tests.tiny import build_tiny_model
 
 QUESTION = "How does inference work?"
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,6 +153,63 @@ def test_a_step_saved_before_is_loaded_without_the_child_and_without_tracing(
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == traced
     assert len(list((tmp_path / "inductor" / "llmchat-steps").glob("*.step"))) == 2
     assert answers[0] == answers[1] == _greedy(ChatSession(loaded, settings, compile=False))
+
+
+def test_the_app_starts_the_compile_child_as_it_loads_the_model_and_the_session_takes_it_over(
+    tiny_model_dir, monkeypatch, tmp_path
+):
+    # The child waited for the app's own load of the model (Gemma 3 270M through transformers:
+    # ~5 s) before it started: the step was ready ~17 s after the load began, ~13 s now.
+    import queue
+
+    from engine.events import ModelReady
+    from engine.worker import InferenceWorker
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    started = []
+    start = compiled._start_child
+    monkeypatch.setattr(compiled, "_start_child", lambda key: (started.append(key), start(key))[1])
+    loading = models.load
+    monkeypatch.setattr(
+        models, "load", lambda *a, **k: (started.append("the app's load"), loading(*a, **k))[1]
+    )
+    events: queue.Queue = queue.Queue()
+    worker = InferenceWorker(events.put, SamplingSettings(temperature=0.0, max_new_tokens=8), compile=True)
+    regional = (str(tiny_model_dir), "fp32", "regional", "float32")
+    try:
+        worker.load(str(tiny_model_dir), "fp32", "cpu")
+        while not isinstance(events.get(timeout=120), ModelReady):
+            pass
+        session = worker.session
+        assert session.compiled.wait_settled(600) and session.compiled.kind == "whole"
+        # The regional step's child before the app's load, taken over by the session's build.
+        assert started == [regional, "the app's load", regional[:2] + ("whole", "float32")]
+        assert _greedy(session) == _greedy(ChatSession(session.loaded, worker.sampling, compile=False))
+    finally:
+        worker.shutdown()
+    # A later start: the step is saved (noted by the child), so nothing starts before the load.
+    assert steps.made_before(*regional)
+    compiled.start_early(str(tiny_model_dir), "fp32", torch.float32)
+    assert len(started) == 3 and not compiled._early
+
+
+def test_an_early_child_for_another_setting_is_stopped_and_one_with_nothing_to_compile_noted(
+    tiny_model_dir, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    compiled.start_early(str(tiny_model_dir), "bf16", torch.bfloat16)
+    (early,) = compiled._early.values()
+    # The session wants another step (the user chose a KV cache of their own): the early child stops.
+    assert not compiled._compile_in_a_subprocess(str(tiny_model_dir), "fp32", "regional", torch.float32)
+    assert early.poll() is not None and not compiled._early
+    # A model the fast path does not run: its child notes that there is nothing to compile, and
+    # later starts start none for it.
+    capped = build_tiny_model(
+        tmp_path / "capped", family="gemma3_text", config={"attn_logit_softcapping": 50.0}
+    )
+    assert not compiled._compile_in_a_subprocess(str(capped), "fp32", "regional", torch.float32)
+    assert steps.made_before(str(capped), "fp32", "regional", "float32")
+    assert not steps.made_before(str(capped), "bf16", "regional", "bfloat16")
 
 
 def test_the_child_compiles_while_the_kernel_builds_and_the_app_loads_what_it_saved(

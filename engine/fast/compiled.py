@@ -274,10 +274,14 @@ class CompiledDecode:
         fast = self._fast()
         saved = steps.saved_path(fast, self.cache_dtype, kind) if fast is not None else None
         del fast  # held weakly: a switch may drop the model while the child compiles
-        if self.source is not None and not self._stopped and not (saved and saved.exists()):
-            # best effort: on failure we compile here
-            if _compile_in_a_subprocess(*self.source, kind, self.cache_dtype, self._child_started):
-                return None, None, True
+        wanted = self.source is not None and not self._stopped and not (saved and saved.exists())
+        # best effort: on failure we compile here
+        timed_out = wanted and _compile_in_a_subprocess(
+            *self.source, kind, self.cache_dtype, self._child_started
+        )
+        stop_early()  # a child started as the model loaded and not taken over would only compete
+        if timed_out:
+            return None, None, True
         if self._stopped:
             return None, None, False
         self.kernel_error = kernels.load("step")  # first: the step calls it
@@ -470,9 +474,65 @@ CHILD_TIMEOUT_S = 900
 """The compile child is killed past this (a first whole-step compile takes ~30 s; more on busy cores)."""
 
 
-def _child_command(spec: str, precision: str, kind: str, cache_dtype: torch.dtype) -> list[str]:
-    cache = str(cache_dtype).removeprefix("torch.")
-    return [sys.executable, "-m", "engine.fast.compiled", spec, precision, kind, cache]
+def _child_command(spec: str, precision: str, kind: str, cache_dtype: str) -> list[str]:
+    return [sys.executable, "-m", "engine.fast.compiled", spec, precision, kind, cache_dtype]
+
+
+def _start_child(key: tuple[str, str, str, str]) -> subprocess.Popen | None:
+    """A compile child for `key` (spec, precision, kind, cache dtype), at the lowest priority;
+    None where it cannot start."""
+    try:
+        # Not preexec_fn: it runs Python's at-fork hooks in the forking thread, and logging's
+        # waits for its lock; with another thread inside logging (the kernel build's imports)
+        # the start hung for good. The child is made lowest-priority once it exists.
+        quiet = subprocess.DEVNULL
+        child = child_sessions.start(_child_command(*key), stdout=quiet, stderr=quiet)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError, AttributeError):  # no setpriority: it runs at ours
+        os.setpriority(os.PRIO_PROCESS, child.pid, 19)
+    _children.append(child)
+    return child
+
+
+_early: dict[tuple[str, str, str, str], subprocess.Popen] = {}
+"""Compile children started before their model was loaded (`start_early`), by their key."""
+_early_lock = threading.Lock()
+
+
+def start_early(spec: str, precision: str, cache_dtype: torch.dtype) -> None:
+    """Start the regional step's compile child as the app starts loading the model, not once it
+    has: the child reads the weights alone (engine/fast/checkpoint.py) and compiles while the app
+    loads the model through transformers (Gemma 3 270M: ~5 s, SmolLM2: ~3 s), and the session's
+    build takes it over (`_compile`). Not where an earlier start made this step, or found nothing
+    to compile (`steps.made_before`): the child would load the model to learn just that."""
+    key = (spec, precision, steps.REGIONAL, str(cache_dtype).removeprefix("torch."))
+    if key in _early:
+        return
+    stop_early()  # one for a model no longer being loaded would only compete
+    if steps.made_before(*key):
+        return
+    child = _start_child(key)
+    if child is not None:
+        with _early_lock:
+            _early[key] = child
+
+
+def _take_early(key: tuple[str, str, str, str] | None) -> subprocess.Popen | None:
+    """The child `start_early` started for `key`, if any; any other is killed (it would only
+    compete for the cores)."""
+    with _early_lock:
+        child = _early.pop(key, None)
+        for other in list(_early):
+            other_child = _early.pop(other)
+            _kill(other_child)
+            _children.remove(other_child)
+    return child
+
+
+def stop_early() -> None:
+    """Kill every child `start_early` started that no build took over."""
+    _take_early(None)
 
 
 def _compile_in_a_subprocess(
@@ -484,23 +544,13 @@ def _compile_in_a_subprocess(
 ) -> bool:
     """Compile in another process at the lowest priority: a first compile there never competes
     with the chat for the GIL (in-process it slows an answer several-fold while it runs), and
-    it saves the step for the app to load (`steps.saved_path`). Killed if llmchat exits first or
-    it runs past CHILD_TIMEOUT_S; `started(child)` may kill it sooner. Returns whether it was
-    killed for running past CHILD_TIMEOUT_S."""
-    try:
-        # Not preexec_fn: it runs Python's at-fork hooks in the forking thread, and logging's
-        # waits for its lock; with another thread inside logging (the kernel build's imports)
-        # the start hung for good. The child is made lowest-priority once it exists.
-        child = child_sessions.start(
-            _child_command(spec, precision, kind, cache_dtype),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    except OSError:
+    it saves the step for the app to load (`steps.saved_path`). One `start_early` started is
+    taken over. Killed if llmchat exits first or it runs past CHILD_TIMEOUT_S; `started(child)`
+    may kill it sooner. Returns whether it was killed for running past CHILD_TIMEOUT_S."""
+    key = (spec, precision, kind, str(cache_dtype).removeprefix("torch."))
+    child = _take_early(key) or _start_child(key)
+    if child is None:
         return False
-    with contextlib.suppress(OSError, AttributeError):  # no setpriority: it runs at ours
-        os.setpriority(os.PRIO_PROCESS, child.pid, 19)
-    _children.append(child)
     try:
         if started is not None:
             started(child)
@@ -602,14 +652,14 @@ def main(spec: str, precision: str, kind: str, cache_dtype: str) -> None:
     loaded = models.load(spec, precision, "cpu", fast_only=True, chat=False, tokenizer=False)
     fast = fused.for_model(loaded.model, compiled=True)
     torch.set_num_threads(threads)
-    if supports(fast, getattr(torch, cache_dtype)) is None:
+    dtype = getattr(torch, cache_dtype)
+    saved = steps.saved_path(fast, dtype, kind) if supports(fast, dtype) is None else None
+    if saved is not None and not saved.exists():  # None: nothing to compile, or nowhere to save it
         # The app builds the step's kernel meanwhile (and says what went wrong, if anything);
         # this step is traced calling it, as the app's will be once it has loaded it.
         kernels.stand_in()
-        dtype = getattr(torch, cache_dtype)
-        saved = steps.saved_path(fast, dtype, kind)
-        if saved is not None:  # nowhere to save it: the app compiles it itself
-            steps.save(steps.compile_here(kind, fast, dtype), saved)
+        steps.save(steps.compile_here(kind, fast, dtype), saved)
+    steps.note_made(spec, precision, kind, cache_dtype, saved)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ code depends on (`saved_path`): nothing a guard would catch changes between call
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -39,7 +40,8 @@ from engine.fast.fused import FastLlama
 from engine.kvcache_layers import SCALE_DTYPE, PreallocatedLayer
 from engine.threads import configured as configured_threads
 
-KINDS = ("regional", "whole")
+REGIONAL = "regional"
+KINDS = (REGIONAL, "whole")
 """In the order the background build makes them: quick to compile first, fastest second."""
 VERIFY = "verify"
 """The third kind, built once a speculative answer asks for it: the regional step for a verify's
@@ -293,3 +295,46 @@ def saved_path(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | N
         + _CODE_DIGEST
     ).hexdigest()[:32]
     return Path(root) / "llmchat-steps" / f"{key}.step"
+
+
+NOTHING = "-"
+"""A note's content where the child found nothing to compile (no fast path for the model)."""
+
+
+def _note_path(spec: str, precision: str, kind: str, cache_dtype: str) -> Path | None:
+    """Where a compile child notes what it made for a model as the app names it (`note_made`).
+    Keyed by what is known before the model is loaded: the spec (and its file's size and time),
+    the precision, kind and cache dtype, and what `saved_path` keys beside the model."""
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not root:
+        return None
+    try:
+        stat = os.stat(spec)
+        source = (spec, stat.st_size, stat.st_mtime_ns)
+    except OSError:  # a hub id, or an alias
+        source = (spec,)
+    isa, threads = torch.backends.cpu.get_cpu_capability(), configured_threads()
+    described = repr((source, precision, kind, cache_dtype, torch.__version__, sys.version, isa, threads))
+    key = hashlib.sha256(described.encode() + repr(matvec.enabled).encode() + _CODE_DIGEST).hexdigest()[:32]
+    return Path(root) / "llmchat-steps" / "made" / key
+
+
+def note_made(spec: str, precision: str, kind: str, cache_dtype: str, saved: Path | None) -> None:
+    """Note for later starts that the step for this model is saved at `saved` (None: nothing to
+    compile), so that they start no compile child before loading the model (`made_before`)."""
+    note = _note_path(spec, precision, kind, cache_dtype)
+    if note is not None:
+        with contextlib.suppress(OSError):  # only a hint: without it the next start's child looks again
+            note.parent.mkdir(parents=True, exist_ok=True)
+            note.write_text(NOTHING if saved is None else str(saved))
+
+
+def made_before(spec: str, precision: str, kind: str, cache_dtype: str) -> bool:
+    """Whether an earlier start's child saved this model's step (still there) or found nothing to
+    compile for it."""
+    note = _note_path(spec, precision, kind, cache_dtype)
+    try:
+        made = note.read_text() if note is not None else ""
+    except OSError:
+        return False
+    return made == NOTHING or (bool(made) and Path(made).exists())
