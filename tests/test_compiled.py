@@ -193,20 +193,32 @@ def test_the_app_starts_the_compile_child_as_it_loads_the_model_and_the_session_
     assert len(started) == 3 and not compiled._early
 
 
-def test_an_early_child_for_another_setting_is_stopped_and_one_with_nothing_to_compile_noted(
+def test_an_early_child_no_session_takes_over_is_stopped_and_one_with_nothing_to_compile_noted(
     tiny_model_dir, monkeypatch, tmp_path
 ):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    compiled.start_early(str(tiny_model_dir), "bf16", torch.bfloat16)
+    spec = str(tiny_model_dir)
+    # The user switched to another precision while the first still loaded: its child stops.
+    compiled.start_early(spec, "bf16", torch.bfloat16)
+    (stale,) = compiled._early.values()
+    compiled.start_early(spec, "fp32", torch.float32)
+    assert stale.poll() is not None and list(compiled._early) == [(spec, "fp32", "regional", "float32")]
+    # The step was saved already (its note lost): the session loads it and the early child stops.
+    compiled.stop_early()
+    assert not compiled._compile_in_a_subprocess(spec, "fp32", "regional", torch.float32)
+    next((tmp_path / "inductor" / "llmchat-steps" / "made").iterdir()).unlink()
+    compiled.start_early(spec, "fp32", torch.float32)
     (early,) = compiled._early.values()
-    # The session wants another step (the user chose a KV cache of their own): the early child stops.
-    assert not compiled._compile_in_a_subprocess(str(tiny_model_dir), "fp32", "regional", torch.float32)
-    assert early.poll() is not None and not compiled._early
+    session = ChatSession(models.load(spec, "fp32", "cpu"), SamplingSettings(), compile=True)
+    try:
+        assert session.compiled.ready.wait(120)
+        assert early.poll() is not None and not compiled._early
+    finally:
+        session.compiled.stop()
     # A model the fast path does not run: its child notes that there is nothing to compile, and
     # later starts start none for it.
-    capped = build_tiny_model(
-        tmp_path / "capped", family="gemma3_text", config={"attn_logit_softcapping": 50.0}
-    )
+    capping = {"attn_logit_softcapping": 50.0}
+    capped = build_tiny_model(tmp_path / "capped", family="gemma3_text", config=capping)
     assert not compiled._compile_in_a_subprocess(str(capped), "fp32", "regional", torch.float32)
     assert steps.made_before(str(capped), "fp32", "regional", "float32")
     assert not steps.made_before(str(capped), "bf16", "regional", "bfloat16")

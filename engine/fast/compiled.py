@@ -279,7 +279,8 @@ class CompiledDecode:
         timed_out = wanted and _compile_in_a_subprocess(
             *self.source, kind, self.cache_dtype, self._child_started
         )
-        stop_early()  # a child started as the model loaded and not taken over would only compete
+        if kind == steps.REGIONAL:  # what a child started as the model loaded made, or had to
+            stop_early(self.source)
         if timed_out:
             return None, None, True
         if self._stopped:
@@ -518,21 +519,22 @@ def start_early(spec: str, precision: str, cache_dtype: torch.dtype) -> None:
             _early[key] = child
 
 
-def _take_early(key: tuple[str, str, str, str] | None) -> subprocess.Popen | None:
-    """The child `start_early` started for `key`, if any; any other is killed (it would only
-    compete for the cores)."""
+def _take_early(key: tuple[str, str, str, str]) -> subprocess.Popen | None:
+    """The child `start_early` started for `key`, if any, now the caller's to wait for."""
     with _early_lock:
-        child = _early.pop(key, None)
-        for other in list(_early):
-            other_child = _early.pop(other)
-            _kill(other_child)
-            _children.remove(other_child)
-    return child
+        return _early.pop(key, None)
 
 
-def stop_early() -> None:
-    """Kill every child `start_early` started that no build took over."""
-    _take_early(None)
+def stop_early(source: tuple[str, str] | None = None) -> None:
+    """Kill the children `start_early` started that no build took over: for the model `source`
+    (spec, precision; None: for any). Its session wanted another step (a KV cache of the user's
+    choice), or found it saved: they would only compete for the cores."""
+    with _early_lock:
+        stale = [key for key in _early if source is None or key[:2] == source]
+        children = [_early.pop(key) for key in stale]
+    for child in children:
+        _kill(child)
+        _children.remove(child)
 
 
 def _compile_in_a_subprocess(
