@@ -170,11 +170,14 @@ def _gguf_parsed_once():
     """transformers parses the GGUF three times (tokenizer, config, weights), each time walking
     its 49k-entry vocabulary in Python, and builds gguf's tensor-name map once per module (~400
     times): half of a first start's conversion. Within one, each file is parsed once and each map
-    built once. transformers imports both from `gguf` at each call, so the module's names serve."""
+    built once; and its metadata arrays are read in bulk (engine/gguf_arrays.py). transformers
+    imports both from `gguf` at each call, so the module's names serve."""
     import gguf
 
+    from engine.gguf_arrays import BulkArrayReader
+
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    gguf.GGUFReader = functools.lru_cache(maxsize=2)(reader)  # read-only: one parse serves all three
+    gguf.GGUFReader = functools.lru_cache(maxsize=2)(BulkArrayReader)  # read-only: one parse serves all
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
     try:
         yield

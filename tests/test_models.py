@@ -317,10 +317,12 @@ def test_a_model_keeps_transformers_own_layers_and_fetches_no_hub_kernels(tiny_m
 def test_a_load_for_the_weights_alone_skips_the_tokenizer_unless_quantizing_needs_it(tmp_path, precision):
     """The compile child wants the weights alone: transformers' tokenizer for Gemma 3's 262k entries
     took ~2.6 s of its cold start. w8a8 calibrates on text, so it still reads one."""
-    directory = build_tiny_model(tmp_path, family="gemma3_text")  # loads through transformers
+    directory = build_tiny_model(tmp_path, family="gemma3_text")  # its tokenizer: transformers'
     alone = models.load(str(directory), precision, "cpu", fast_only=True, chat=False, tokenizer=False)
     whole = models.load(str(directory), precision, "cpu", fast_only=True, chat=False)
     assert (alone.tokenizer is None) == (precision != "w8a8")
     assert whole.tokenizer is not None
-    for mine, theirs in zip(alone.model.state_dict().values(), whole.model.state_dict().values()):
-        assert torch.equal(mine, theirs)
+    mine, theirs = alone.model.state_dict(), whole.model.state_dict()
+    assert mine.keys() == theirs.keys()
+    for name, tensor in mine.items():
+        assert torch.equal(tensor, theirs[name]), name
