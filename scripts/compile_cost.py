@@ -108,11 +108,10 @@ def app_ready(precision: str) -> dict:
     and the speed of an answer asked at once, while the steps are made ready."""
     from engine import models
     from engine.events import TokenSampled
-    from engine.sampling import SamplingSettings
-    from engine.session import ChatSession
-
     from engine.fast.compiled import start_early
     from engine.quant.precision import precision_for
+    from engine.sampling import SamplingSettings
+    from engine.session import ChatSession
 
     load_started = time.monotonic()
     if EARLY:  # as the app's worker does: the step's compile child starts as the model loads
