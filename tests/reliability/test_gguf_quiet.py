@@ -18,9 +18,9 @@ def test_the_first_conversion_reads_the_gguf_once_and_draws_no_progress_bar(tmp_
     # transformers parsed the file three times (tokenizer, config, weights): ~25 s of a ~50 s first start
     env = private_env(tmp_path) | {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     code = (
-        "from pathlib import Path; import gguf; from engine import models\n"
-        "parses, reader = [], gguf.GGUFReader\n"
-        "gguf.GGUFReader = lambda *a, **k: (parses.append(a), reader(*a, **k))[1]\n"
+        "from pathlib import Path; from engine import gguf_arrays, models\n"
+        "parses, reader = [], gguf_arrays.BulkArrayReader\n"
+        "gguf_arrays.BulkArrayReader = lambda *a, **k: (parses.append(a), reader(*a, **k))[1]\n"
         "models.convert_gguf(Path(models.resolve('smollm2-135m').location), lambda *a: None)\n"
         "print(len(parses))"
     )
