@@ -33,7 +33,7 @@ from engine.fast.compiled import start_early
 from engine.fast.step_path import decode_step
 from engine.kvcache import CACHE_DTYPES, cache_precision_of, cache_precision_problem
 from engine.model_sampling import chosen_fields, resolved
-from engine.quant.precision import PrecisionError, cpu_note, precision_for, resolve_device
+from engine.quant.precision import KINDS, PrecisionError, cpu_note, precision_for, resolve_device
 from engine.remote.cancel import CancelEvent  # plain threading: the openai package loads only for a server
 from engine.sampling import SamplingSettings
 from engine.saved.chat import SavedChat
@@ -423,8 +423,9 @@ class InferenceWorker:
 
     def _compile_early(self, command: Load) -> None:
         """Start compiling the model's decode step while it loads (engine/fast/compiled.py
-        `start_early`), where the session will want it: on a CPU, the precision's own KV cache or
-        the one chosen. A spec or precision the load refuses is left to the load to say so."""
+        `start_early`), where the session will want it: on a CPU, at a precision whose weights the
+        child reads alone (fp32, 16-bit, w8, w4: those whose step compiles), over the precision's
+        own KV cache or the one chosen. A spec or precision the load refuses is left to it to say so."""
         if not self.compile:
             return
         try:
@@ -432,6 +433,8 @@ class InferenceWorker:
                 return
             precision = precision_for(command.precision, "cpu")
         except (PrecisionError, ValueError):
+            return
+        if not KINDS[precision.name].reads_checkpoint:  # w8a8, bitsandbytes: no compiled step here
             return
         cache_dtype = CACHE_DTYPES[self.kv_cache] if self.kv_cache else precision.cache_dtype
         start_early(command.spec, precision.name, cache_dtype)
