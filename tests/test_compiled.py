@@ -193,6 +193,30 @@ def test_the_app_starts_the_compile_child_as_it_loads_the_model_and_the_session_
     assert len(started) == 3 and not compiled._early
 
 
+def test_the_early_child_starts_only_where_a_step_compiles_here(monkeypatch):
+    """On a CPU at fp32, 16-bit, w8 and w4 (over the KV cache chosen), not at w8a8 (its weights are
+    opaque to the compiler), on a GPU (a CUDA graph, nothing to compile) or without --compile."""
+    from engine import worker as worker_module
+    from engine.quant.precision import precision_for
+    from engine.worker import InferenceWorker, Load
+
+    started = []
+    monkeypatch.setattr(worker_module, "start_early", lambda *args: started.append(args))
+    worker = InferenceWorker(lambda event: None, compile=True)
+    try:
+        for precision in ("fp32", "bf16", "w8", "w4", "w8a8"):
+            worker._compile_early(Load("m", precision, "cpu"))
+        worker._compile_early(Load("m", "fp32", "cuda"))
+        worker.kv_cache = "int8"
+        worker._compile_early(Load("m", "fp32", "cpu"))
+        worker.compile = False
+        worker._compile_early(Load("m", "fp32", "cpu"))
+    finally:
+        worker.shutdown()
+    own = [("m", name, precision_for(name, "cpu").cache_dtype) for name in ("fp32", "bf16", "w8", "w4")]
+    assert started == [*own, ("m", "fp32", torch.int8)]
+
+
 def test_an_early_child_no_session_takes_over_is_stopped_and_one_with_nothing_to_compile_noted(
     tiny_model_dir, monkeypatch, tmp_path
 ):
