@@ -46,10 +46,11 @@ class BulkArrayReader(GGUFReader):
         return offs - orig_offs, [raw_itype, length, *elements], list(range(2, 2 + count)), types
 
     def _strings(self, offs: int, count: int) -> tuple[list[_Text], int]:
-        """`count` strings (each a little-endian u64 length, then its bytes) from `offs`."""
+        """`count` strings from `offs`, each a u64 length (the file's byte order, this machine's
+        here) then its bytes."""
         view, texts = memoryview(self.data), []
         for _ in range(count):
-            (size,) = struct.unpack_from("<Q", view, offs)
+            (size,) = struct.unpack_from("=Q", view, offs)
             texts.append(_Text(view[offs + 8 : offs + 8 + size]))
             offs += 8 + size
         return texts, offs
