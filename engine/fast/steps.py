@@ -288,13 +288,20 @@ def saved_path(fast: FastLlama, cache_dtype: torch.dtype, kind: str) -> Path | N
     )
     model += tuple((layer.rope, layer.window) for layer in fast.layers)
     ropes = [(inv_freq.tolist(), scale) for inv_freq, scale in fast.ropes]
-    isa, threads = torch.backends.cpu.get_cpu_capability(), configured_threads()
     key = hashlib.sha256(
-        repr((torch.__version__, sys.version, isa, threads, model, fast.transposed, matvec.enabled)).encode()
+        repr((*_this_build(), model, fast.transposed)).encode()
         + repr((shapes, str(fast.act_dtype), str(cache_dtype), ropes)).encode()
         + _CODE_DIGEST
     ).hexdigest()[:32]
     return Path(root) / "llmchat-steps" / f"{key}.step"
+
+
+def _this_build() -> tuple:
+    """What a compiled step depends on beside the model and llmchat's code: this torch and Python,
+    the CPU's vector ISA, the thread count Inductor writes into its loops, whether it calls the
+    matvec kernel."""
+    isa, threads = torch.backends.cpu.get_cpu_capability(), configured_threads()
+    return (torch.__version__, sys.version, isa, threads, matvec.enabled)
 
 
 NOTHING = "-"
@@ -313,9 +320,8 @@ def _note_path(spec: str, precision: str, kind: str, cache_dtype: str) -> Path |
         source = (spec, stat.st_size, stat.st_mtime_ns)
     except OSError:  # a hub id, or an alias
         source = (spec,)
-    isa, threads = torch.backends.cpu.get_cpu_capability(), configured_threads()
-    described = repr((source, precision, kind, cache_dtype, torch.__version__, sys.version, isa, threads))
-    key = hashlib.sha256(described.encode() + repr(matvec.enabled).encode() + _CODE_DIGEST).hexdigest()[:32]
+    described = repr((source, precision, kind, cache_dtype, *_this_build()))
+    key = hashlib.sha256(described.encode() + _CODE_DIGEST).hexdigest()[:32]
     return Path(root) / "llmchat-steps" / "made" / key
 
 
