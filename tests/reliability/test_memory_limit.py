@@ -58,3 +58,17 @@ def test_each_memory_limit_ends_in_one_line_that_says_what_the_model_needs(model
         pytest.fail(f"no answer even under {LIMITS_MIB[-1]} MiB")
     wanted = f"not enough memory for this model at this precision (needs ~{needs} MiB)"
     assert any(wanted in line for line in said), said
+
+
+def test_an_import_that_cannot_list_its_folder_is_out_of_memory_too():
+    """Under ~560 MiB an import can fail listing its package's folder (OSError ENOMEM, not
+    MemoryError): this printed a traceback; it is the same one line as any other shortage."""
+    raised = "import errno, tui.cli as cli\n"
+    raised += "def listing(): raise OSError(errno.ENOMEM, 'Cannot allocate memory', 'site-packages/tqdm')\n"
+    raised += "cli.app = listing\ncli.run()\n"
+    done = subprocess.run(
+        [sys.executable, "-c", raised], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    said = done.stderr.strip().splitlines()
+    assert done.returncode == 1
+    assert said == ["llmchat: not enough memory to start (raise the limit: ulimit -v)"], done.stderr

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import atexit
+import errno
 import os
 import sys
 import threading
@@ -13,10 +14,17 @@ from tui.cli.main import app
 __all__ = ["app", "run"]
 
 
-def _out_of_memory(error: BaseException) -> bool:
-    """Python's MemoryError, a library that could not map itself, or C++'s std::bad_alloc (torch's
-    import registering its ops under a tight limit: which of these comes first varies run to run)."""
-    return isinstance(error, MemoryError) or "failed to map" in str(error) or "bad_alloc" in str(error)
+def _out_of_memory(error: BaseException | None) -> bool:
+    """Python's MemoryError, an import that could not list its folder (ENOMEM), a library that could
+    not map itself, or C++'s std::bad_alloc (torch's import registering its ops under a tight limit):
+    which comes first varies run to run, and any of them may be the cause of the error raised."""
+    while error is not None:
+        if isinstance(error, MemoryError) or (isinstance(error, OSError) and error.errno == errno.ENOMEM):
+            return True
+        if "failed to map" in str(error) or "bad_alloc" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def run() -> None:
@@ -29,7 +37,7 @@ def run() -> None:
         code: int | str | None = 0
     except SystemExit as e:
         code = e.code
-    except (MemoryError, ImportError, RuntimeError) as e:  # `ulimit -v` below what even the imports need
+    except Exception as e:  # `ulimit -v` below what even the imports need
         if not _out_of_memory(e):
             raise
         print("llmchat: not enough memory to start (raise the limit: ulimit -v)", file=sys.stderr)
