@@ -72,3 +72,26 @@ def test_an_import_that_cannot_list_its_folder_is_out_of_memory_too():
     said = done.stderr.strip().splitlines()
     assert done.returncode == 1
     assert said == ["llmchat: not enough memory to start (raise the limit: ulimit -v)"], done.stderr
+
+
+@pytest.mark.parametrize("limited", [True, False])
+def test_an_error_at_the_memory_limit_is_a_shortage_and_elsewhere_a_traceback(limited):
+    """At the limit's edge CPython can lose the MemoryError of a failed import and raise
+    "SystemError: error return without exception set": one line there, a traceback anywhere else."""
+    raised = "import os, resource, tui.cli as cli\n"
+    if limited:
+        raised += "mapped = int(open('/proc/self/statm').read().split()[0]) * os.sysconf('SC_PAGE_SIZE')\n"
+        raised += "resource.setrlimit(resource.RLIMIT_AS, (mapped + 64 * 2**20, resource.RLIM_INFINITY))\n"
+    raised += "def importing(): raise SystemError('error return without exception set')\n"
+    raised += "cli.app = importing\ncli.run()\n"
+    done = subprocess.run(
+        [sys.executable, "-c", raised], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    said = done.stderr.strip().splitlines()
+    assert done.returncode == 1
+    if limited:
+        assert said == ["llmchat: not enough memory to start (raise the limit: ulimit -v)"], done.stderr
+    else:
+        assert said[0] == "Traceback (most recent call last):" and said[-1].startswith("SystemError"), (
+            done.stderr
+        )

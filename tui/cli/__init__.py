@@ -11,6 +11,11 @@ import threading
 
 from tui.cli.main import app
 
+try:  # imported now: at the memory limit's edge an import is what fails
+    import resource
+except ImportError:  # not on Windows
+    resource = None
+
 __all__ = ["app", "run"]
 
 
@@ -27,6 +32,22 @@ def _out_of_memory(error: BaseException | None) -> bool:
     return False
 
 
+def _at_the_memory_limit(margin: int = 256 * 2**20) -> bool:
+    """Within `margin` bytes of an address-space limit (`ulimit -v`): there an import can also fail
+    as a SystemError or an error with no cause (CPython losing its MemoryError), not a bug to show."""
+    if resource is None:
+        return False
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except MemoryError:  # even this read
+        return True
+    except (OSError, ValueError):  # no /proc (macOS)
+        return False
+    return limit != resource.RLIM_INFINITY and limit - mapped < margin
+
+
 def run() -> None:
     """The `llmchat` command. Once a command that loaded torch is done, the process ends
     without Python's teardown of torch's and transformers' modules, ~1 s on this project's CPU
@@ -38,7 +59,7 @@ def run() -> None:
     except SystemExit as e:
         code = e.code
     except Exception as e:  # `ulimit -v` below what even the imports need
-        if not _out_of_memory(e):
+        if not (_out_of_memory(e) or _at_the_memory_limit()):
             raise
         print("llmchat: not enough memory to start (raise the limit: ulimit -v)", file=sys.stderr)
         code = 1
