@@ -5,15 +5,18 @@
 jinja2 the way transformers 5 does, so ids, text and special tokens come out identical to
 `AutoTokenizer.from_pretrained(directory)`.
 
-It reproduces one load only: the plain `TokenizersBackend` built from `tokenizer.json`. Where
-transformers would take another road (a model-specific tokenizer class, remote code, legacy files,
-several templates), `ChatTokenizer.from_dir` returns None and the caller loads with transformers.
+It reproduces two loads: the plain `TokenizersBackend` built from `tokenizer.json`, and a class that
+rebuilds that file's pipeline around its vocabulary (`RebuiltBy`: Gemma's) where the file already
+holds what the class would build. Where transformers would take another road (another class, remote
+code, legacy files, several templates), `ChatTokenizer.from_dir` returns None and the caller loads
+with transformers.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from typing import Any
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Tokenizer, processors
+from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 
 NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 """The named special tokens in transformers' order, which `all_special_tokens` keeps."""
@@ -30,6 +33,51 @@ PLAIN_MODEL_TYPES = frozenset({"llama", "smollm3"})
 `TokenizersBackend` loads as exactly that. Others (qwen2, gemma, mistral...) may be routed to a
 model-specific class that rebuilds the tokenizer, so they are left to transformers."""
 PLAIN_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+
+
+@dataclass(frozen=True)
+class RebuiltBy:
+    """A transformers 5.25 tokenizer class that builds its own pipeline around tokenizer.json's
+    vocabulary and merges (its `__init__`). Read without it where the file's pipeline is the one the
+    class builds (a file transformers wrote, as our GGUF conversions are): then the backends match."""
+
+    model_types: frozenset[str]
+    """Model types AutoTokenizer maps to this class, so a config naming it is not re-routed."""
+    named_defaults: dict[str, str]
+    """The named special tokens the class's `__init__` gives where the config names none."""
+    pipeline: tuple[Any, Any, Any]
+    """(normalizer, pre-tokenizer, decoder) as the class sets them."""
+    bpe: dict[str, Any] = field(default_factory=dict)
+    """Its BPE model's settings beside the vocabulary (the unk token: the named one)."""
+
+
+GEMMA_PIPELINE = (
+    normalizers.Replace(" ", "▁"),
+    pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False),
+    decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]),
+)
+REBUILT_BY = {
+    "GemmaTokenizer": RebuiltBy(
+        model_types=frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"}),
+        named_defaults={
+            "unk_token": "<unk>",
+            "bos_token": "<bos>",
+            "eos_token": "<eos>",
+            "pad_token": "<pad>",
+            "mask_token": "<mask>",
+        },
+        pipeline=GEMMA_PIPELINE,
+        bpe={
+            "dropout": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": True,
+            "byte_fallback": True,
+            "ignore_merges": False,
+        },
+    ),
+}
+"""Tokenizer classes (without "Fast") read here although they rebuild the file's pipeline."""
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 """The encoding fields `__call__` can return, in transformers' order."""
 UNSUPPORTED_TEMPLATE_ARGS = frozenset(
@@ -58,10 +106,9 @@ class Unsupported(Exception):
 class ChatTokenizer:
     """The subset of a transformers 5 tokenizer the engine calls, with the same results."""
 
-    def __init__(self, backend: Tokenizer, config: dict, template: str, directory: Path):
+    def __init__(self, backend: Tokenizer, config: dict, template: str | None, directory: Path):
         self.backend_tokenizer = backend
         self.name_or_path = str(directory)
-        self.chat_template = template
         self.split_special_tokens = bool(config.get("split_special_tokens", False))
         self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
         self._clean_up_bpe = bool(
@@ -78,7 +125,18 @@ class ChatTokenizer:
         """Named special tokens as strings, as transformers' `special_tokens_map` (the template sees them)."""
         self.all_special_tokens = list(dict.fromkeys([*self.special_tokens_map.values(), *map(str, extras)]))
         self.all_special_ids = self.convert_tokens_to_ids(self.all_special_tokens)
-        self._template = compile_template(template)
+        self.chat_template = template
+
+    @property
+    def chat_template(self) -> str | None:
+        """The Jinja source `apply_chat_template` renders; None for a model that ships none (a base
+        model); set to use another (`--chat-template`)."""
+        return self._source
+
+    @chat_template.setter
+    def chat_template(self, source: str | None) -> None:
+        self._template = None if source is None else compile_template(source)
+        self._source = source
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> ChatTokenizer | None:
@@ -86,9 +144,12 @@ class ChatTokenizer:
         directory = Path(directory)
         try:
             config = _read_json(directory / "tokenizer_config.json")
-            _check_route(directory, config)
+            rebuilt = _check_route(directory, config)
             template = _chat_template(directory, config)
             backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
+            if rebuilt is not None:
+                config = {**rebuilt.named_defaults, **config}
+                _check_rebuilt(backend, rebuilt, config)
             return cls(backend, config, template, directory)
         except Exception:  # whatever this cannot read, transformers reads or reports in its own words
             return None
@@ -198,6 +259,8 @@ class ChatTokenizer:
         unsupported = UNSUPPORTED_TEMPLATE_ARGS & kwargs.keys()
         if unsupported:
             raise NotImplementedError(f"ChatTokenizer does not take {', '.join(sorted(unsupported))}")
+        if self._template is None:
+            raise ValueError(f"{self.name_or_path} has no chat template (a base model): set chat_template")
         text = self._template.render(
             messages=_chat_messages(conversation),
             tools=None,
@@ -218,12 +281,16 @@ def _read_json(path: Path) -> dict:
         return json.load(handle)
 
 
-def _check_route(directory: Path, config: dict) -> None:
-    """Raise Unsupported unless AutoTokenizer would build a TokenizersBackend straight from tokenizer.json."""
+def _check_route(directory: Path, config: dict) -> RebuiltBy | None:
+    """Raise Unsupported unless AutoTokenizer would build a TokenizersBackend straight from
+    tokenizer.json (None), or a class of REBUILT_BY for its own model types (that class's record)."""
     model_type = _read_json(directory / "config.json").get("model_type")
-    if model_type not in PLAIN_MODEL_TYPES:
+    rebuilt = REBUILT_BY.get(str(config.get("tokenizer_class")).removesuffix("Fast"))
+    if rebuilt is None and model_type not in PLAIN_MODEL_TYPES:
         raise Unsupported(f"model type {model_type!r}")
-    _check_config(config)
+    if rebuilt is not None and model_type not in rebuilt.model_types:
+        raise Unsupported(f"{config['tokenizer_class']} for model type {model_type!r}")
+    _check_config(config, plain=rebuilt is None)
     if not (directory / "tokenizer.json").is_file() or (directory / "additional_chat_templates").is_dir():
         raise Unsupported("no tokenizer.json, or several chat templates")
     # Without added_tokens_decoder in the config, transformers merges these legacy files in
@@ -233,21 +300,43 @@ def _check_route(directory: Path, config: dict) -> None:
     for side in ("padding_side", "truncation_side"):
         if config.get(side, "right") not in ("right", "left"):
             raise Unsupported(side)
+    return rebuilt
 
 
-def _check_config(config: dict) -> None:
-    """Raise Unsupported for a tokenizer class or setting the plain route does not read."""
-    if config.get("tokenizer_class") not in PLAIN_TOKENIZER_CLASSES:
+def _check_config(config: dict, plain: bool) -> None:
+    """Raise Unsupported for a tokenizer class or setting this does not read."""
+    if plain and config.get("tokenizer_class") not in PLAIN_TOKENIZER_CLASSES:
         raise Unsupported(f"tokenizer class {config.get('tokenizer_class')!r}")
     for key in ("auto_map", "fast_tokenizer_files", "fix_mistral_regex", "model_specific_special_tokens"):
         if key in config:
             raise Unsupported(key)
 
 
-def _chat_template(directory: Path, config: dict) -> str:
-    """chat_template.jinja (the transformers 5 layout), else the config's; one template, as a string."""
+def _check_rebuilt(backend: Tokenizer, rebuilt: RebuiltBy, config: dict) -> None:
+    """Raise Unsupported unless the file's pipeline is the one `rebuilt`'s class would build around
+    its vocabulary, so that loading it as it is gives the class's backend."""
+    file_has = (backend.normalizer, backend.pre_tokenizer, backend.decoder)
+    if [_state(piece) for piece in file_has] != [_state(piece) for piece in rebuilt.pipeline]:
+        raise Unsupported("a pipeline other than the class builds")
+    model = backend.model
+    unk = config.get("unk_token")
+    settings = {**rebuilt.bpe, "unk_token": None if unk is None else str(_added_token(unk))}
+    if type(model).__name__ != "BPE" or any(getattr(model, k) != v for k, v in settings.items()):
+        raise Unsupported("a BPE model other than the class builds")
+
+
+def _state(piece: Any) -> Any:
+    """A pipeline piece as tokenizers serializes it (None for none)."""
+    return None if piece is None else json.loads(piece.__getstate__())
+
+
+def _chat_template(directory: Path, config: dict) -> str | None:
+    """chat_template.jinja (the transformers 5 layout), else the config's; one template, as a
+    string; None where there is none (a base model)."""
     path = directory / "chat_template.jinja"
     template = path.read_text(encoding="utf-8") if path.is_file() else config.get("chat_template")
+    if template is None:
+        return None
     if not isinstance(template, str) or not template:
         raise Unsupported("no single chat template")
     return template

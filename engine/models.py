@@ -278,7 +278,6 @@ def load(
     source = resolve(spec)
     if device == "cuda":
         _attention_without_per_shape_plans()
-    fast_only = fast_only and chat_template is None
     with_tokenizer = tokenizer or KINDS[prec.name].calibrates
     try:
         loaded = _load(spec, source, prec, device, progress, fast_only, with_tokenizer)

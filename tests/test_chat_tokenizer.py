@@ -81,13 +81,17 @@ def assert_same(ours: ChatTokenizer, theirs) -> None:
     assert ours.all_special_ids == theirs.all_special_ids
     assert ours.special_tokens_map == theirs.special_tokens_map
     assert ours.chat_template == theirs.chat_template
+    if theirs.chat_template is None:  # a base model: neither renders a chat
+        for tokenizer in (ours, theirs):
+            with pytest.raises(ValueError):
+                tokenizer.apply_chat_template(CHATS[0], tokenize=False)
     assert len(ours) == len(theirs) and ours.vocab_size == theirs.vocab_size
     for text in TEXTS:
         for add in (False, True):
             assert ours(text, add_special_tokens=add) == dict(theirs(text, add_special_tokens=add)), text
             assert ours.encode(text, add_special_tokens=add) == theirs.encode(text, add_special_tokens=add)
         assert_same_decoding(ours, theirs, theirs(text, add_special_tokens=False)["input_ids"])
-    for chat in CHATS:
+    for chat in CHATS if theirs.chat_template is not None else []:
         for prompt in (False, True):
             text = ours.apply_chat_template(chat, add_generation_prompt=prompt, tokenize=False)
             assert text == theirs.apply_chat_template(chat, add_generation_prompt=prompt, tokenize=False)
@@ -229,6 +233,75 @@ def test_added_tokens_in_the_config_and_tokens_not_in_the_vocab(tmp_path):
     )
 
 
+# -- a class that rebuilds the file's pipeline (Gemma's) ----------------------------
+def gemma_dir(directory: Path, template_file: str | None = None) -> Path:
+    """A directory as transformers' GemmaTokenizer writes it: SentencePiece-style BPE pieces, byte
+    fallback, Gemma's named tokens (config.json says gemma3_text)."""
+    from transformers import GemmaTokenizer
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+    pieces = [
+        "▁",
+        "h",
+        "e",
+        "l",
+        "o",
+        "w",
+        "r",
+        "d",
+        "he",
+        "ll",
+        "hell",
+        "hello",
+        "▁hello",
+        "▁w",
+        "or",
+        "▁wor",
+    ]
+    vocab = {token: i for i, token in enumerate([*specials, *(f"<0x{b:02X}>" for b in range(256)), *pieces])}
+    merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("▁", "hello"), ("▁", "w"), ("o", "r")]
+    merges.append(("▁w", "or"))
+    tokenizer = GemmaTokenizer(vocab=vocab, merges=merges)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    tokenizer.save_pretrained(str(directory))
+    (directory / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}), encoding="utf-8")
+    if template_file is not None:
+        (directory / "chat_template.jinja").write_text(template_file, encoding="utf-8")
+    return directory
+
+
+@pytest.mark.parametrize("template", [None, CHATML])
+def test_a_gemma_tokenizer_matches_transformers(tmp_path, template):
+    """Gemma's class rebuilds tokenizer.json's pipeline; a file that holds that pipeline (one
+    transformers wrote: our GGUF conversions) reads without it to the same tokenizer."""
+    ours = compare_dir(gemma_dir(tmp_path / "gemma", template))
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path / "gemma"))
+    assert type(theirs).__name__ == "GemmaTokenizer"
+    ids = ours("".join(TEXTS) + "<start_of_turn>user hello<end_of_turn>", add_special_tokens=False)[
+        "input_ids"
+    ]
+    assert ours.convert_tokens_to_ids("<end_of_turn>") in ids
+    assert_same_pieces_and_stream(ours, theirs, ids + list(range(len(ours))))
+
+
+def test_a_gemma_file_with_another_pipeline_is_left_to_transformers(tmp_path):
+    """A tokenizer.json whose pre-tokenizer is not Gemma's: transformers replaces it (so reading the
+    file as it is would split text otherwise), and this leaves it to transformers."""
+    directory = gemma_dir(tmp_path / "gemma")
+    backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.save(str(directory / "tokenizer.json"))
+    theirs = AutoTokenizer.from_pretrained(str(directory))
+    assert backend_state(theirs)["pre_tokenizer"] != json.loads(backend.to_str())["pre_tokenizer"]
+    assert ChatTokenizer.from_dir(directory) is None
+
+
+def test_a_gemma_tokenizer_named_for_another_model_type_is_left_to_transformers(tmp_path):
+    directory = gemma_dir(tmp_path / "gemma")
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert ChatTokenizer.from_dir(directory) is None
+
+
 # -- where only transformers can be sure ------------------------------------------
 @pytest.fixture
 def plain_dir(tmp_path) -> Path:
@@ -254,9 +327,18 @@ def test_no_tokenizer_json(plain_dir):
     assert ChatTokenizer.from_dir(plain_dir) is None
 
 
-def test_no_chat_template(plain_dir):
+def test_no_chat_template_is_a_base_model_and_another_can_be_set(plain_dir):
+    """A model that ships no template (a base model, `--raw`) loads as transformers loads it, and
+    `--chat-template` sets one on it."""
     (plain_dir / "chat_template.jinja").unlink()
-    assert ChatTokenizer.from_dir(plain_dir) is None
+    ours = compare_dir(plain_dir)
+    ours.chat_template = CHATML
+    theirs = AutoTokenizer.from_pretrained(str(plain_dir))
+    theirs.chat_template = CHATML
+    for prompt in (False, True):
+        assert ours.apply_chat_template(CHATS[1], add_generation_prompt=prompt) == dict(
+            theirs.apply_chat_template(CHATS[1], add_generation_prompt=prompt)
+        )
 
 
 def test_named_templates(plain_dir):

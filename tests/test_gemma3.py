@@ -4,6 +4,10 @@ text with transformers' own greedy tokens, and without it a user is told how to 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -15,6 +19,7 @@ from engine.sampling import SamplingSettings
 from engine.session import ChatSession
 from tui.cli import app
 
+ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "The capital of France is"
 pytestmark = pytest.mark.real_model
 
@@ -90,3 +95,40 @@ def test_the_compile_child_reads_it_without_transformers(gemma_gguf, gemma):
             picked[name] = (tokens, logits)
     assert picked["direct"][0] == picked["transformers"][0]
     torch.testing.assert_close(picked["direct"][1], picked["transformers"][1], atol=1e-4, rtol=1e-4)
+
+
+def test_ask_reads_it_without_transformers_and_tokenizes_as_transformers_does(gemma_gguf, gemma):
+    """`ask`'s load (fast_only): Gemma's tokenizer read from the converted tokenizer.json (its class
+    would rebuild the same pipeline), so `ask` never imports transformers (~3.5 s of its first byte);
+    ids, specials and the `--chat-template gemma` prompt as transformers' tokenizer gives them."""
+    from engine.chat_tokenizer import ChatTokenizer
+    from engine.fast import checkpoint
+
+    direct = models.load(str(gemma_gguf), "fp32", "cpu", fast_only=True, chat_template=template_text("gemma"))
+    ours, theirs = direct.tokenizer, gemma.tokenizer
+    assert isinstance(ours, ChatTokenizer) and isinstance(direct.model, checkpoint.CheckpointModel)
+    assert ours.all_special_ids == theirs.all_special_ids and len(ours) == len(theirs)
+    text = "Paris ☕ 巴黎 <start_of_turn>user\n  x² <end_of_turn>\n<unused7>"
+    assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    theirs.chat_template = template_text("gemma")
+    try:
+        assert ours.apply_chat_template(chat, add_generation_prompt=True, return_dict=False) == (
+            theirs.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+        )
+    finally:
+        theirs.chat_template = None
+    argv = ["llmchat", "ask", "--no-save", "--raw", "-t", "0", "-n", "8", "-m", str(gemma_gguf), PROMPT]
+    script = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('transformers', 'transformers' in sys.modules, file=sys.stderr))\n"
+        "from tui.cli import run\n"
+        f"sys.argv = {argv!r}\n"
+        "run()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-800:]
+    assert done.stdout.startswith(" the capital of the country of France")
+    assert "transformers False" in done.stderr
