@@ -5,18 +5,18 @@
 jinja2 the way transformers 5 does, so ids, text and special tokens come out identical to
 `AutoTokenizer.from_pretrained(directory)`.
 
-It reproduces two loads: the plain `TokenizersBackend` built from `tokenizer.json`, and a class that
-rebuilds that file's pipeline around its vocabulary (`RebuiltBy`: Gemma's) where the file already
-holds what the class would build. Where transformers would take another road (another class, remote
-code, legacy files, several templates), `ChatTokenizer.from_dir` returns None and the caller loads
-with transformers.
+It reproduces the plain `TokenizersBackend` built from `tokenizer.json`, and the classes that rebuild
+that file's pipeline around its vocabulary (engine/tokenizer_classes.py: Gemma's, Qwen2's) by setting
+the same pipeline on it. Where transformers would take another road (another class, remote code,
+legacy files, several templates), `ChatTokenizer.from_dir` returns None and the caller loads with
+transformers.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,10 @@ from typing import Any
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers import AddedToken, Tokenizer, processors
+
+from engine import tokenizer_classes
+from engine.tokenizer_classes import TokenizerClass
 
 NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 """The named special tokens in transformers' order, which `all_special_tokens` keeps."""
@@ -35,56 +38,12 @@ model-specific class that rebuilds the tokenizer, so they are left to transforme
 PLAIN_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
 
 
-@dataclass(frozen=True)
-class RebuiltBy:
-    """A transformers 5.25 tokenizer class that builds its own pipeline around tokenizer.json's
-    vocabulary and merges (its `__init__`). Read without it where the file's pipeline is the one the
-    class builds (a file transformers wrote, as our GGUF conversions are): then the backends match."""
-
-    model_types: frozenset[str]
-    """Model types AutoTokenizer maps to this class, so a config naming it is not re-routed."""
-    named_defaults: dict[str, str]
-    """The named special tokens the class's `__init__` gives where the config names none."""
-    pipeline: tuple[Any, Any, Any]
-    """(normalizer, pre-tokenizer, decoder) as the class sets them."""
-    bpe: dict[str, Any] = field(default_factory=dict)
-    """Its BPE model's settings beside the vocabulary (the unk token: the named one)."""
-
-
-GEMMA_PIPELINE = (
-    normalizers.Replace(" ", "▁"),
-    pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False),
-    decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]),
-)
-REBUILT_BY = {
-    "GemmaTokenizer": RebuiltBy(
-        model_types=frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"}),
-        named_defaults={
-            "unk_token": "<unk>",
-            "bos_token": "<bos>",
-            "eos_token": "<eos>",
-            "pad_token": "<pad>",
-            "mask_token": "<mask>",
-        },
-        pipeline=GEMMA_PIPELINE,
-        bpe={
-            "dropout": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": True,
-            "byte_fallback": True,
-            "ignore_merges": False,
-        },
-    ),
-}
-"""Tokenizer classes (without "Fast") read here although they rebuild the file's pipeline."""
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 """The encoding fields `__call__` can return, in transformers' order."""
 UNSUPPORTED_TEMPLATE_ARGS = frozenset(
     {
         "tools",
         "documents",
-        "chat_template",
         "continue_final_message",
         "sanitize_control_tokens",
         "padding",
@@ -106,7 +65,14 @@ class Unsupported(Exception):
 class ChatTokenizer:
     """The subset of a transformers 5 tokenizer the engine calls, with the same results."""
 
-    def __init__(self, backend: Tokenizer, config: dict, template: str | None, directory: Path):
+    def __init__(
+        self,
+        backend: Tokenizer,
+        config: dict,
+        template: str | None,
+        directory: Path,
+        rebuilt: TokenizerClass | None = None,
+    ):
         self.backend_tokenizer = backend
         self.name_or_path = str(directory)
         self.split_special_tokens = bool(config.get("split_special_tokens", False))
@@ -124,19 +90,12 @@ class ChatTokenizer:
         self.special_tokens_map = {name: str(token) for name, token in named.items() if token is not None}
         """Named special tokens as strings, as transformers' `special_tokens_map` (the template sees them)."""
         self.all_special_tokens = list(dict.fromkeys([*self.special_tokens_map.values(), *map(str, extras)]))
+        if rebuilt is not None and rebuilt.adds_named_again:
+            backend.add_tokens([AddedToken(token, special=True) for token in self.all_special_tokens])
         self.all_special_ids = self.convert_tokens_to_ids(self.all_special_tokens)
         self.chat_template = template
-
-    @property
-    def chat_template(self) -> str | None:
         """The Jinja source `apply_chat_template` renders; None for a model that ships none (a base
         model); set to use another (`--chat-template`)."""
-        return self._source
-
-    @chat_template.setter
-    def chat_template(self, source: str | None) -> None:
-        self._template = None if source is None else compile_template(source)
-        self._source = source
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> ChatTokenizer | None:
@@ -146,11 +105,13 @@ class ChatTokenizer:
             config = _read_json(directory / "tokenizer_config.json")
             rebuilt = _check_route(directory, config)
             template = _chat_template(directory, config)
+            if template is not None:
+                compiled_template(template)  # a template Jinja cannot read is left to transformers
             backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
             if rebuilt is not None:
                 config = {**rebuilt.named_defaults, **config}
-                _check_rebuilt(backend, rebuilt, config)
-            return cls(backend, config, template, directory)
+                _rebuild(backend, rebuilt, config)
+            return cls(backend, config, template, directory, rebuilt)
         except Exception:  # whatever this cannot read, transformers reads or reports in its own words
             return None
 
@@ -259,9 +220,10 @@ class ChatTokenizer:
         unsupported = UNSUPPORTED_TEMPLATE_ARGS & kwargs.keys()
         if unsupported:
             raise NotImplementedError(f"ChatTokenizer does not take {', '.join(sorted(unsupported))}")
-        if self._template is None:
+        source = kwargs.pop("chat_template", None) or self.chat_template
+        if source is None:
             raise ValueError(f"{self.name_or_path} has no chat template (a base model): set chat_template")
-        text = self._template.render(
+        text = compiled_template(source).render(
             messages=_chat_messages(conversation),
             tools=None,
             documents=None,
@@ -281,11 +243,11 @@ def _read_json(path: Path) -> dict:
         return json.load(handle)
 
 
-def _check_route(directory: Path, config: dict) -> RebuiltBy | None:
+def _check_route(directory: Path, config: dict) -> TokenizerClass | None:
     """Raise Unsupported unless AutoTokenizer would build a TokenizersBackend straight from
-    tokenizer.json (None), or a class of REBUILT_BY for its own model types (that class's record)."""
+    tokenizer.json (None), or a class of engine/tokenizer_classes.py for its own model types (its record)."""
     model_type = _read_json(directory / "config.json").get("model_type")
-    rebuilt = REBUILT_BY.get(str(config.get("tokenizer_class")).removesuffix("Fast"))
+    rebuilt = tokenizer_classes.named(config.get("tokenizer_class"))
     if rebuilt is None and model_type not in PLAIN_MODEL_TYPES:
         raise Unsupported(f"model type {model_type!r}")
     if rebuilt is not None and model_type not in rebuilt.model_types:
@@ -312,17 +274,31 @@ def _check_config(config: dict, plain: bool) -> None:
             raise Unsupported(key)
 
 
-def _check_rebuilt(backend: Tokenizer, rebuilt: RebuiltBy, config: dict) -> None:
-    """Raise Unsupported unless the file's pipeline is the one `rebuilt`'s class would build around
-    its vocabulary, so that loading it as it is gives the class's backend."""
-    file_has = (backend.normalizer, backend.pre_tokenizer, backend.decoder)
-    if [_state(piece) for piece in file_has] != [_state(piece) for piece in rebuilt.pipeline]:
-        raise Unsupported("a pipeline other than the class builds")
-    model = backend.model
+def _rebuild(backend: Tokenizer, rebuilt: TokenizerClass, config: dict) -> None:
+    """Set `rebuilt`'s pipeline on the file's backend, as its `__init__` sets it around the file's
+    vocabulary and merges. Raise Unsupported where that would not end the same: a model other than
+    BPE, added tokens matched after normalizing under another normalizer than the class's (found
+    with the file's), or added tokens the config's added_tokens_decoder leaves out (transformers
+    keeps only the config's)."""
+    added = backend.get_added_tokens_decoder()
+    if type(backend.model).__name__ != "BPE":
+        raise Unsupported("a model other than BPE")
+    if "added_tokens_decoder" in config and not {str(i) for i in added} <= set(
+        config["added_tokens_decoder"]
+    ):
+        raise Unsupported("tokenizer.json adds tokens the config does not")
     unk = config.get("unk_token")
-    settings = {**rebuilt.bpe, "unk_token": None if unk is None else str(_added_token(unk))}
-    if type(model).__name__ != "BPE" or any(getattr(model, k) != v for k, v in settings.items()):
-        raise Unsupported("a BPE model other than the class builds")
+    pipeline = rebuilt.pipeline(
+        None if unk is None else str(_added_token(unk)), bool(config.get("add_prefix_space"))
+    )
+    normalized = any(token.normalized for token in added.values())
+    if normalized and _state(backend.normalizer) != _state(pipeline.normalizer):
+        raise Unsupported("normalized added tokens under another normalizer")
+    backend.normalizer = pipeline.normalizer
+    backend.pre_tokenizer = pipeline.pre_tokenizer
+    backend.decoder = pipeline.decoder
+    for name, value in pipeline.bpe.items():
+        setattr(backend.model, name, value)
 
 
 def _state(piece: Any) -> Any:
@@ -485,6 +461,12 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent=None, separators=None, so
 
 def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
+
+
+@functools.lru_cache(maxsize=8)
+def compiled_template(source: str) -> jinja2.Template:
+    """`compile_template`, once per template's text."""
+    return compile_template(source)
 
 
 def compile_template(source: str) -> jinja2.Template:

@@ -323,13 +323,29 @@ def _load(
         if fast_only and source.kind != "hub":
             parts = _read_for_fast_path(Path(directory), prec, device, progress, with_tokenizer)
         model, tokenizer = parts or _load_with_transformers(
-            spec, source, directory, prec, device, progress, with_tokenizer
+            spec, source, directory, prec, device, progress, with_tokenizer and source.kind == "hub"
         )
+        if parts is None and with_tokenizer and source.kind != "hub":
+            tokenizer = _local_tokenizer(directory, progress)
         _quantize(model, tokenizer, prec, progress)
     model.eval()
     progress("ready", 1.0)
     info = describe(model, spec, display_name(source), prec, device, time.perf_counter() - started)
     return LoadedModel(model, tokenizer, info, prec)
+
+
+def _local_tokenizer(directory: str, progress: Progress):
+    """A local directory's tokenizer: engine/chat_tokenizer.py's where it reproduces transformers'
+    (Gemma's 262k entries: ~1.0 s, not ~2.5), else transformers'."""
+    from engine.chat_tokenizer import ChatTokenizer
+
+    progress("loading tokenizer", 0.9)
+    tokenizer = ChatTokenizer.from_dir(directory)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    return tokenizer
 
 
 def _hf_directory(source: ModelSource, progress: Progress) -> str:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer
 
 from engine.chat_tokenizer import PLAIN_MODEL_TYPES, ChatTokenizer
@@ -284,16 +284,17 @@ def test_a_gemma_tokenizer_matches_transformers(tmp_path, template):
     assert_same_pieces_and_stream(ours, theirs, ids + list(range(len(ours))))
 
 
-def test_a_gemma_file_with_another_pipeline_is_left_to_transformers(tmp_path):
-    """A tokenizer.json whose pre-tokenizer is not Gemma's: transformers replaces it (so reading the
-    file as it is would split text otherwise), and this leaves it to transformers."""
+def test_a_gemma_file_with_another_pipeline_reads_as_the_class_rebuilds_it(tmp_path):
+    """A tokenizer.json whose pre-tokenizer is not Gemma's: transformers' class replaces it with its
+    own, and so does this (reading the file as it is would split text otherwise)."""
     directory = gemma_dir(tmp_path / "gemma")
     backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     backend.save(str(directory / "tokenizer.json"))
-    theirs = AutoTokenizer.from_pretrained(str(directory))
-    assert backend_state(theirs)["pre_tokenizer"] != json.loads(backend.to_str())["pre_tokenizer"]
-    assert ChatTokenizer.from_dir(directory) is None
+    assert (
+        backend_state(compare_dir(directory))["pre_tokenizer"]
+        != json.loads(backend.to_str())["pre_tokenizer"]
+    )
 
 
 def test_a_gemma_tokenizer_named_for_another_model_type_is_left_to_transformers(tmp_path):
@@ -399,3 +400,67 @@ def test_importing_it_does_not_import_transformers():
     script = "import sys, engine.chat_tokenizer; assert 'transformers' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-500:]
+
+
+def qwen_dir(directory: Path, hub_like: bool = False) -> Path:
+    """A directory as transformers' Qwen2Tokenizer writes it (byte-level BPE, NFC, Qwen's split);
+    `hub_like`: tokenizer.json and its config as Qwen's published ones are written (other ByteLevel
+    flags, no subword affixes, bos and unk null, every added token in the config), which the class
+    replaces with its own pipeline."""
+    from transformers import Qwen2Tokenizer
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    pieces = ["he", "ll", "hell", "hello", "Ġhello", "Ġw", "or", "Ġwor", "ld", "Ġworld"]
+    vocab = {token: i for i, token in enumerate([*alphabet, *pieces, "<|endoftext|>"])}
+    merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("Ġ", "hello"), ("Ġ", "w"), ("o", "r")]
+    merges += [("Ġw", "or"), ("l", "d"), ("Ġwor", "ld")]
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.add_tokens([AddedToken("<think>", normalized=False), AddedToken("</think>", normalized=False)])
+    tokenizer.save_pretrained(str(directory))
+    (directory / "config.json").write_text(json.dumps({"model_type": "qwen3"}), encoding="utf-8")
+    (directory / "chat_template.jinja").write_text(CHATML, encoding="utf-8")
+    if hub_like:
+        state = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+        flags = {"add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+        state["decoder"] = {"type": "ByteLevel", **flags}
+        state["pre_tokenizer"]["pretokenizers"][1] = {"type": "ByteLevel", **flags}
+        state["model"].update(continuing_subword_prefix=None, end_of_word_suffix=None)
+        (directory / "tokenizer.json").write_text(json.dumps(state), encoding="utf-8")
+        added = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in state["added_tokens"]}
+        edit_config(
+            directory,
+            add_prefix_space=False,
+            added_tokens_decoder=added,
+            bos_token=None,
+            unk_token=None,
+            eos_token="<|im_end|>",
+            pad_token="<|endoftext|>",
+            errors="replace",
+        )
+    return directory
+
+
+@pytest.mark.parametrize("hub_like", [False, True])
+def test_a_qwen_tokenizer_matches_transformers(tmp_path, hub_like):
+    """Qwen2's class (Qwen2 and Qwen3) rebuilds the file's pipeline and adds its special tokens once
+    more: set on the file's backend here, it ends as transformers' does, whatever the file held."""
+    ours = compare_dir(qwen_dir(tmp_path / "qwen", hub_like))
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path / "qwen"))
+    assert type(theirs).__name__ == "Qwen2Tokenizer"
+    ids = ours("".join(TEXTS) + "<|im_start|>user hello<think>x</think><|im_end|>", add_special_tokens=False)
+    assert ours.convert_tokens_to_ids("<think>") in ids["input_ids"]
+    assert_same_pieces_and_stream(ours, theirs, ids["input_ids"] + list(range(len(ours))))
+
+
+def test_a_qwen_file_with_normalized_added_tokens_under_another_normalizer_is_left_to_transformers(tmp_path):
+    """An added token matched after normalizing was found with the file's normalizer: where the
+    class sets another, left to transformers rather than guessed; under the same one, read."""
+    directory = qwen_dir(tmp_path / "qwen")
+    backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    backend.add_tokens([AddedToken("hello world", normalized=True)])
+    backend.save(str(directory / "tokenizer.json"))
+    compare_dir(directory)
+    backend.normalizer = normalizers.NFKC()
+    backend.save(str(directory / "tokenizer.json"))
+    assert ChatTokenizer.from_dir(directory) is None

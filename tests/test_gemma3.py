@@ -39,7 +39,7 @@ def gemma(gemma_gguf):
 def test_raw_continues_a_text_with_transformers_greedy_tokens(gemma):
     session = ChatSession(gemma, SamplingSettings(temperature=0.0, max_new_tokens=12), raw=True)
     tokens = [e.id for e in session.send(PROMPT) if isinstance(e, TokenSampled)]
-    ids = gemma.tokenizer(PROMPT, return_tensors="pt").input_ids
+    ids = torch.tensor([gemma.tokenizer(PROMPT)["input_ids"]])
     assert ids[0, 0] == gemma.tokenizer.bos_token_id  # the text goes as it is, after Gemma's <bos>
     with torch.inference_mode():
         expected = gemma.model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :]
@@ -101,23 +101,23 @@ def test_ask_reads_it_without_transformers_and_tokenizes_as_transformers_does(ge
     """`ask`'s load (fast_only): Gemma's tokenizer read from the converted tokenizer.json (its class
     would rebuild the same pipeline), so `ask` never imports transformers (~3.5 s of its first byte);
     ids, specials and the `--chat-template gemma` prompt as transformers' tokenizer gives them."""
+    from transformers import AutoTokenizer
+
     from engine.chat_tokenizer import ChatTokenizer
     from engine.fast import checkpoint
 
     direct = models.load(str(gemma_gguf), "fp32", "cpu", fast_only=True, chat_template=template_text("gemma"))
-    ours, theirs = direct.tokenizer, gemma.tokenizer
+    ours, theirs = direct.tokenizer, AutoTokenizer.from_pretrained(direct.tokenizer.name_or_path)
     assert isinstance(ours, ChatTokenizer) and isinstance(direct.model, checkpoint.CheckpointModel)
+    assert isinstance(gemma.tokenizer, ChatTokenizer)  # the app's load too, beside transformers' model
     assert ours.all_special_ids == theirs.all_special_ids and len(ours) == len(theirs)
     text = "Paris ☕ 巴黎 <start_of_turn>user\n  x² <end_of_turn>\n<unused7>"
     assert ours(text)["input_ids"] == theirs(text)["input_ids"]
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     theirs.chat_template = template_text("gemma")
-    try:
-        assert ours.apply_chat_template(chat, add_generation_prompt=True, return_dict=False) == (
-            theirs.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
-        )
-    finally:
-        theirs.chat_template = None
+    assert ours.apply_chat_template(chat, add_generation_prompt=True, return_dict=False) == (
+        theirs.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+    )
     argv = ["llmchat", "ask", "--no-save", "--raw", "-t", "0", "-n", "8", "-m", str(gemma_gguf), PROMPT]
     script = (
         "import atexit, sys\n"
