@@ -2,13 +2,15 @@
 
     .venv/bin/python scripts/ask_time.py [--runs 5] [--llmchat PATH] [-- extra ask options]
     .venv/bin/python scripts/ask_time.py --stages [--runs 3]
+    .venv/bin/python scripts/ask_time.py --app-load MODEL [--runs 3]
 
 Each run is a fresh process (caches warm: the model converted, the Python files compiled), as a
 person typing the command meets it. The first byte is read from the command's stdout as it
 arrives, so it includes the imports, the load, the prefill and the first token's decode.
 `--stages` splits that time: a fresh process takes `ask`'s steps one at a time (fp32, the
 built-in model) and stamps each; the interpreter's own start is what the parent saw before
-the child's first stamp.
+the child's first stamp. `--app-load` times the app's own load of MODEL instead (fp32 on the CPU,
+through transformers, as the worker loads it), imports included, in fresh processes.
 """
 
 from __future__ import annotations
@@ -100,6 +102,27 @@ def stages(runs: int) -> None:
     print(f"{'to the first token':28} {total:5.2f} s")
 
 
+def app_load_child(model: str) -> None:
+    """In a fresh process: the app's load of `model`, imports included; JSON on stdout."""
+    started = time.perf_counter()
+    from engine import models
+
+    loaded = models.load(model, "fp32", "cpu", chat=False)
+    print(json.dumps([time.perf_counter() - started, type(loaded.tokenizer).__name__]))
+
+
+def app_load(model: str, runs: int) -> None:
+    seconds = []
+    for _ in range(runs + 1):  # the first unmeasured, as above
+        command = [sys.executable, __file__, "--app-load-child", model]
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        took, tokenizer = json.loads(out.splitlines()[-1])
+        seconds.append(took)
+    taken = seconds[1:]
+    print(f"app's load of {model} (tokenizer: {tokenizer})")
+    print(f"median {statistics.median(taken):.2f} s (min {min(taken):.2f}, max {max(taken):.2f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -110,12 +133,18 @@ def main() -> None:
     )
     parser.add_argument("--stages", action="store_true", help="where the time goes, stage by stage")
     parser.add_argument("--stages-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--app-load", metavar="MODEL", help="the app's load of MODEL, imports included")
+    parser.add_argument("--app-load-child", help=argparse.SUPPRESS)
     parser.add_argument("extra", nargs="*", help="more `ask` options, after --")
     args = parser.parse_args()
     if args.stages_child:
         return stages_child(args.stages_child)
     if args.stages:
         return stages(args.runs)
+    if args.app_load_child:
+        return app_load_child(args.app_load_child)
+    if args.app_load:
+        return app_load(args.app_load, args.runs)
     command = [args.llmchat, "ask", "--no-save", "-t", "0", "--max-new-tokens", "8", *args.extra, QUESTION]
     one_run(command)  # unmeasured: the first start converts the model and compiles the .pyc files
     runs = [one_run(command) for _ in range(args.runs)]
