@@ -34,10 +34,9 @@ NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
 PLAIN_MODEL_TYPES = frozenset({"llama", "smollm3"})
 """Model types with no tokenizer class of their own in transformers 5.24: a directory that names
 `TokenizersBackend` loads as exactly that. Others (qwen2, gemma, mistral...) may be routed to a
-model-specific class that rebuilds the tokenizer, so they are left to transformers."""
+model-specific class that rebuilds the tokenizer: read here where the config names one of
+engine/tokenizer_classes.py's, else left to transformers."""
 PLAIN_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
-
-
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 """The encoding fields `__call__` can return, in transformers' order."""
 UNSUPPORTED_TEMPLATE_ARGS = frozenset(

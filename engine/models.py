@@ -323,10 +323,8 @@ def _load(
         if fast_only and source.kind != "hub":
             parts = _read_for_fast_path(Path(directory), prec, device, progress, with_tokenizer)
         model, tokenizer = parts or _load_with_transformers(
-            spec, source, directory, prec, device, progress, with_tokenizer and source.kind == "hub"
+            spec, source, directory, prec, device, progress, with_tokenizer
         )
-        if parts is None and with_tokenizer and source.kind != "hub":
-            tokenizer = _local_tokenizer(directory, progress)
         _quantize(model, tokenizer, prec, progress)
     model.eval()
     progress("ready", 1.0)
@@ -334,18 +332,12 @@ def _load(
     return LoadedModel(model, tokenizer, info, prec)
 
 
-def _local_tokenizer(directory: str, progress: Progress):
-    """A local directory's tokenizer: engine/chat_tokenizer.py's where it reproduces transformers'
-    (Gemma's 262k entries: ~1.0 s, not ~2.5), else transformers'."""
+def _local_tokenizer(directory: str):
+    """A local directory's tokenizer read by engine/chat_tokenizer.py, where that gives transformers'
+    own (Gemma's 262k entries: ~1.0 s, not ~2.5 s); None where only transformers can."""
     from engine.chat_tokenizer import ChatTokenizer
 
-    progress("loading tokenizer", 0.9)
-    tokenizer = ChatTokenizer.from_dir(directory)
-    if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(directory)
-    return tokenizer
+    return ChatTokenizer.from_dir(directory)
 
 
 def _hf_directory(source: ModelSource, progress: Progress) -> str:
@@ -458,7 +450,8 @@ def _load_with_transformers(
         tokenizer = None
         if with_tokenizer:
             progress("loading tokenizer", 0.7)
-            tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=offline)
+            tokenizer = _local_tokenizer(directory) if source.kind != "hub" else None
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(directory, local_files_only=offline)
         progress(f"loading weights at {prec.name} on {device}", 0.75)
         kwargs, quant, narrow_later = _weights_kwargs(directory, prec, device)
         model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=offline, **kwargs)

@@ -91,6 +91,18 @@ def test_model_without_chat_template(tiny_model_dir, tmp_path):
     assert given.tokenizer.chat_template == NAMED["chatml"]
 
 
+@pytest.mark.parametrize("fast_only", [False, True])
+def test_a_corrupt_tokenizer_is_one_line(tiny_model_dir, tmp_path, fast_only):
+    """A tokenizer.json cut short: neither engine/chat_tokenizer.py nor transformers reads it, and
+    the app's load (and `ask`'s) says so in one line."""
+    broken = shutil.copytree(tiny_model_dir, tmp_path / "broken-tokenizer")
+    text = (broken / "tokenizer.json").read_text()
+    (broken / "tokenizer.json").write_text(text[: len(text) // 2])
+    with pytest.raises(ModelError) as error:
+        models.load(str(broken), "fp32", "cpu", fast_only=fast_only)
+    assert one_line(error.value).startswith(f"cannot load {broken} at fp32: ")
+
+
 def test_hub_id_offline_fails_with_alternatives(tmp_path):
     """Through the CLI a user sees one line on stderr and a non-zero exit, not a traceback."""
     env = {
