@@ -31,11 +31,14 @@ from engine.tokenizer_classes import TokenizerClass
 
 NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 """The named special tokens in transformers' order, which `all_special_tokens` keeps."""
-PLAIN_MODEL_TYPES = frozenset({"llama", "smollm3"})
-"""Model types with no tokenizer class of their own in transformers 5.24: a directory that names
-`TokenizersBackend` loads as exactly that. Others (qwen2, gemma, mistral...) may be routed to a
-model-specific class that rebuilds the tokenizer: read here where the config names one of
-engine/tokenizer_classes.py's, else left to transformers."""
+PLAIN_MODEL_TYPES = frozenset(
+    {"llama", "smollm3", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "phi3"}
+)
+"""Model types whose directory, when it names `TokenizersBackend`, loads as exactly that in
+transformers 5.25 (llama and smollm3 have no class of their own; for the rest AutoTokenizer trusts
+the config's class). Others are re-routed to a model-specific class that rebuilds the tokenizer
+(qwen2, which AutoTokenizer distrusts) or may be patched (mistral), so they are left to
+transformers; a config that names a class of engine/tokenizer_classes.py is read as that class."""
 PLAIN_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
 INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
 """The encoding fields `__call__` can return, in transformers' order."""

@@ -374,8 +374,11 @@ def test_configs_left_to_transformers(plain_dir, changes):
     assert ChatTokenizer.from_dir(plain_dir) is None
 
 
-def test_model_types_with_their_own_tokenizer_class(plain_dir):
-    (plain_dir / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+@pytest.mark.parametrize("model_type", ["qwen2", "mistral"])
+def test_model_types_with_their_own_tokenizer_class(plain_dir, model_type):
+    """qwen2: AutoTokenizer loads Qwen2Tokenizer whatever the config names; mistral: it may take
+    Mistral's own backend or patch the split."""
+    (plain_dir / "config.json").write_text(json.dumps({"model_type": model_type}))
     assert ChatTokenizer.from_dir(plain_dir) is None
 
 
