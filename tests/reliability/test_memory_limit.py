@@ -60,38 +60,38 @@ def test_each_memory_limit_ends_in_one_line_that_says_what_the_model_needs(model
     assert any(wanted in line for line in said), said
 
 
+SHORTAGE = "llmchat: not enough memory to start (raise the limit: ulimit -v)"
+
+
+def _run_raising(error: str, limit_above_mapped_mib: int | None = None) -> tuple[int, list[str]]:
+    """`llmchat` whose command raises `error` (Python source), under an address-space limit that
+    many MiB above what the process has mapped (None: no limit): (exit status, stderr's lines)."""
+    script = "import errno, os, resource, tui.cli as cli\n"
+    if limit_above_mapped_mib is not None:
+        script += "mapped = int(open('/proc/self/statm').read().split()[0]) * os.sysconf('SC_PAGE_SIZE')\n"
+        script += f"limit = mapped + {limit_above_mapped_mib} * 2**20\n"
+        script += "resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))\n"
+    script += f"def command(): raise {error}\ncli.app = command\ncli.run()\n"
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    return done.returncode, done.stderr.strip().splitlines()
+
+
 def test_an_import_that_cannot_list_its_folder_is_out_of_memory_too():
     """Under ~560 MiB an import can fail listing its package's folder (OSError ENOMEM, not
     MemoryError): this printed a traceback; it is the same one line as any other shortage."""
-    raised = "import errno, tui.cli as cli\n"
-    raised += "def listing(): raise OSError(errno.ENOMEM, 'Cannot allocate memory', 'site-packages/tqdm')\n"
-    raised += "cli.app = listing\ncli.run()\n"
-    done = subprocess.run(
-        [sys.executable, "-c", raised], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    said = done.stderr.strip().splitlines()
-    assert done.returncode == 1
-    assert said == ["llmchat: not enough memory to start (raise the limit: ulimit -v)"], done.stderr
+    code, said = _run_raising("OSError(errno.ENOMEM, 'Cannot allocate memory', 'site-packages/tqdm')")
+    assert code == 1 and said == [SHORTAGE], said
 
 
 @pytest.mark.parametrize("limited", [True, False])
 def test_an_error_at_the_memory_limit_is_a_shortage_and_elsewhere_a_traceback(limited):
     """At the limit's edge CPython can lose the MemoryError of a failed import and raise
     "SystemError: error return without exception set": one line there, a traceback anywhere else."""
-    raised = "import os, resource, tui.cli as cli\n"
+    code, said = _run_raising("SystemError('error return without exception set')", 64 if limited else None)
+    assert code == 1
     if limited:
-        raised += "mapped = int(open('/proc/self/statm').read().split()[0]) * os.sysconf('SC_PAGE_SIZE')\n"
-        raised += "resource.setrlimit(resource.RLIMIT_AS, (mapped + 64 * 2**20, resource.RLIM_INFINITY))\n"
-    raised += "def importing(): raise SystemError('error return without exception set')\n"
-    raised += "cli.app = importing\ncli.run()\n"
-    done = subprocess.run(
-        [sys.executable, "-c", raised], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    said = done.stderr.strip().splitlines()
-    assert done.returncode == 1
-    if limited:
-        assert said == ["llmchat: not enough memory to start (raise the limit: ulimit -v)"], done.stderr
+        assert said == [SHORTAGE], said
     else:
-        assert said[0] == "Traceback (most recent call last):" and said[-1].startswith("SystemError"), (
-            done.stderr
-        )
+        assert said[0] == "Traceback (most recent call last):" and said[-1].startswith("SystemError"), said
