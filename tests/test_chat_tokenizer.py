@@ -240,24 +240,7 @@ def gemma_dir(directory: Path, template_file: str | None = None) -> Path:
     from transformers import GemmaTokenizer
 
     specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
-    pieces = [
-        "▁",
-        "h",
-        "e",
-        "l",
-        "o",
-        "w",
-        "r",
-        "d",
-        "he",
-        "ll",
-        "hell",
-        "hello",
-        "▁hello",
-        "▁w",
-        "or",
-        "▁wor",
-    ]
+    pieces = "▁ h e l o w r d he ll hell hello ▁hello ▁w or ▁wor".split()
     vocab = {token: i for i, token in enumerate([*specials, *(f"<0x{b:02X}>" for b in range(256)), *pieces])}
     merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("▁", "hello"), ("▁", "w"), ("o", "r")]
     merges.append(("▁w", "or"))
@@ -272,8 +255,8 @@ def gemma_dir(directory: Path, template_file: str | None = None) -> Path:
 
 @pytest.mark.parametrize("template", [None, CHATML])
 def test_a_gemma_tokenizer_matches_transformers(tmp_path, template):
-    """Gemma's class rebuilds tokenizer.json's pipeline; a file that holds that pipeline (one
-    transformers wrote: our GGUF conversions) reads without it to the same tokenizer."""
+    """Gemma's class rebuilds tokenizer.json's pipeline around its vocabulary (our GGUF conversions
+    write such a file); read without transformers, the same tokenizer."""
     ours = compare_dir(gemma_dir(tmp_path / "gemma", template))
     theirs = AutoTokenizer.from_pretrained(str(tmp_path / "gemma"))
     assert type(theirs).__name__ == "GemmaTokenizer"
