@@ -37,3 +37,18 @@ def test_every_instrument_record_has_its_screen_its_explanation_and_its_help_row
             module, name = SCREENS[instrument.name]
             assert hasattr(importlib.import_module(module), name)
     assert REMOTE == {"inspector", "tokenizer"}
+
+
+def test_each_command_is_one_line_in_llmchat_help():
+    """`llmchat --help` lists each command by its docstring's first paragraph; it kept the
+    docstring's line breaks there, so a wide terminal showed `lecture` over two lines broken at "the"."""
+    app = importlib.import_module("tui.cli").app
+    listed = {}
+    for group in ("", "conversations", "lab"):
+        shown = CliRunner().invoke(app, [*group.split(), "--help"], env={"COLUMNS": "400"}).output
+        panel = shown[shown.index("─ Commands ─") :].split("╰")[0]
+        rows = [row.strip("│ ") for row in panel.splitlines()[1:]]
+        listed[group] = [row.split()[0] for row in rows]  # a row that continues a line has no name
+    assert listed[""] == ["lecture", "demo", "web", "ask", "bench", "top", "conversations", "lab"]
+    assert listed["conversations"] == ["list", "show", "export", "rename", "delete"]
+    assert listed["lab"] == ["batching"]

@@ -6,6 +6,7 @@ Textual is imported only when the app starts, so headless commands stay light.
 
 from __future__ import annotations
 
+import inspect
 import os
 from functools import partial
 from typing import Any, Optional
@@ -281,6 +282,17 @@ def top(
 
     watch(TopFlags(**flags))
 
+
+def _summaries_on_one_line(*typers: typer.Typer) -> None:
+    """The list of commands shows each one's first paragraph with the docstring's line breaks
+    (rich help keeps them there, not on the command's own page): give it that paragraph as one line."""
+    for commands in typers:
+        for info in commands.registered_commands:
+            first = (inspect.getdoc(info.callback) or "").split("\n\n")[0]
+            info.short_help = info.short_help or " ".join(first.split())
+
+
+_summaries_on_one_line(app, conversations_app, lab_app)
 
 if __name__ == "__main__":
     app()
