@@ -363,6 +363,7 @@ class TurnStats:
     itl_p90_s: float
     prefill_tok_s: float
     decode_tok_s: float
+    """The ITLs and decode rate are 0 where there was no gap to time (an answer of one token)."""
     stop: StopReason
     server: ServerTimings | None = None
     """A remote server's own figures for this turn."""
@@ -614,14 +615,15 @@ def _turn_json(event: TurnFinished) -> dict[str, Any]:
 
 
 def _turn_times(stats: TurnStats) -> dict[str, Any]:
+    gaps = stats.generated_tokens > 1  # one token has no gap to time: null, not 0
     return {
         "ttft_ms": _ms(stats.ttft_s),
         "first_thought_ms": None if stats.first_thought_s is None else _ms(stats.first_thought_s),
         "first_answer_ms": None if stats.first_answer_s is None else _ms(stats.first_answer_s),
-        "itl_ms_p50": _ms(stats.itl_p50_s),
-        "itl_ms_p90": _ms(stats.itl_p90_s),
+        "itl_ms_p50": _ms(stats.itl_p50_s) if gaps else None,
+        "itl_ms_p90": _ms(stats.itl_p90_s) if gaps else None,
         "prefill_tok_s": round(stats.prefill_tok_s, 2),
-        "decode_tok_s": round(stats.decode_tok_s, 2),
+        "decode_tok_s": round(stats.decode_tok_s, 2) if gaps else None,
         "stop": stats.stop,
     }
 

@@ -362,6 +362,23 @@ def test_ask_saves_and_continues_a_conversation(cli):
         assert not store.cache_path(1).exists()
 
 
+def test_an_answer_of_one_token_shows_no_rate_it_did_not_measure(cli):
+    """One token has no gap to time: its line read 'ITL p50 0.0 ms p90 0.0 ms | ... | decode 0.0
+    tok/s | 1 tokens', --json gave 0.0 for each, the saved record '0.0 tok/s · 1 tokens'."""
+    said = cli("ask", "-m", cli.model, "-t", "0", "-n", "1", "hello")
+    assert said.exit_code == 0, said.output
+    line = next(line for line in said.output.splitlines() if line.startswith("[") and "TTFT" in line)
+    assert "ITL p50 – p90 – |" in line and "| decode – |" in line and "| 1 token |" in line, line
+    assert "– tok/s · 1 token ·" in cli("conversations", "show", "last").output
+    events = json_events(cli("ask", "-m", cli.model, "-t", "0", "-n", "1", "--json", "--no-save", "hi").output)
+    figures = next(e for e in events if e["event"] == "turn")
+    assert figures["generated_tokens"] == 1 and figures["ttft_ms"] > 0
+    assert figures["decode_tok_s"] is figures["itl_ms_p50"] is figures["itl_ms_p90"] is None
+    events = json_events(cli("ask", "-m", cli.model, "-t", "0", "-n", "3", "--json", "--no-save", "hi").output)
+    figures = next(e for e in events if e["event"] == "turn")
+    assert figures["decode_tok_s"] > 0 and figures["itl_ms_p90"] >= figures["itl_ms_p50"] > 0
+
+
 def test_ask_no_save_and_bad_references(cli):
     result = cli("ask", "-m", cli.model, "-t", "0", "-n", "4", "--no-save", "hello")
     assert result.exit_code == 0 and "saved as" not in result.output

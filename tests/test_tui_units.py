@@ -289,6 +289,8 @@ def test_a_turn_on_a_slower_step_says_which_beside_its_speed():
     assert "18.2 tok/s (HF forward) · done" in turn_summary(stats("reference"))
     assert "18.2 tok/s · done" in turn_summary(stats("compiled"))  # the usual step: nothing to say
     assert "18.2 tok/s · done" in turn_summary(stats(None))  # a server's answer
+    one_token = TurnStats(20, 0, 20, 1, 0.12, 0.0, 0.0, 150.0, 0.0, "eos", step_path="fused")
+    assert turn_summary(one_token) == "1 token · TTFT 120 ms · done"  # no gap timed: no rate (was 0.0 tok/s)
 
 
 def test_the_phase_panel_says_a_server_decodes_instead_of_not_known_yet():

@@ -48,6 +48,16 @@ def count(n: int, word: str, plural: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else plural or word + 's'}"
 
 
+def decode_rate(tok_s: float) -> str:
+    """'23.4 tok/s'; '–' where no gap between two tokens was measured (an answer of one token)."""
+    return f"{tok_s:.1f} tok/s" if tok_s > 0 else "–"
+
+
+def gap_ms(seconds: float) -> str:
+    """A time between two tokens, as `ms`; '–' where there was none (TurnStats holds 0 then)."""
+    return ms(seconds) if seconds > 0 else "–"
+
+
 def fixed(value: float, digits: int) -> str:
     """`value` to `digits` decimals, never '-0.00': a value that rounds to zero is shown as zero."""
     text = f"{value:.{digits}f}"

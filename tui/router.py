@@ -27,7 +27,7 @@ from engine.events import (
     TokenSampled,
     TurnStats,
 )
-from tui.fmt import SLOWER_STEPS, count, ms, thinking_part
+from tui.fmt import SLOWER_STEPS, count, decode_rate, ms, thinking_part
 from tui.widgets.chat_log import ChatLog
 from tui.widgets.kv_cache import KVCachePanel
 from tui.widgets.phase import PhasePanel
@@ -57,10 +57,9 @@ def turn_summary(stats: TurnStats, error: str = "") -> str:
     busy = f" · ⚠ {stats.contention.describe()}" if stats.contention and stats.contention.busy else ""
     step = f" ({SLOWER_STEPS[stats.step_path]})" if stats.step_path in SLOWER_STEPS else ""
     thought = f" · {thinking_part(stats)}" if stats.thought_tokens else ""
-    return (
-        f"{count(stats.generated_tokens, 'token')} · TTFT {ms(stats.ttft_s)}{own}{thought}"
-        f" · {stats.decode_tok_s:.1f} tok/s{step}{busy} · {stop}"
-    )
+    rate = f" · {decode_rate(stats.decode_tok_s)}{step}" if stats.decode_tok_s > 0 else ""  # one token: none
+    tokens = count(stats.generated_tokens, "token")
+    return f"{tokens} · TTFT {ms(stats.ttft_s)}{own}{thought}{rate}{busy} · {stop}"
 
 
 def prefill_note(event: PhaseChanged) -> str:

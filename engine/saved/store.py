@@ -798,11 +798,13 @@ def describe_record(record: AnswerRecord) -> str:
         f"speculative {record.speculative}" if record.speculative else "",
         f"forked at step {record.fork_step + 1}" if record.fork_step is not None else "",
     ]
+    rate = f"{record.decode_tok_s:.1f} tok/s" if record.decode_tok_s else "– tok/s"  # one token: no gap
+    tokens = "token" if record.tokens == 1 else "tokens"
     return " · ".join(
         [
             f"{record.model} · {record.precision} · {sampling}",
             *(part for part in how if part),
-            f"TTFT {record.ttft_s * 1000:.0f} ms · {record.decode_tok_s:.1f} tok/s · {record.tokens} tokens",
+            f"TTFT {record.ttft_s * 1000:.0f} ms · {rate} · {record.tokens} {tokens}",
             f"stop: {record.stop}",
         ]
     )

@@ -20,7 +20,16 @@ from engine import DEFAULT_MODEL
 from tui.cli import remote
 from tui.cli.checks import check_engine_flags, sampling_from, text_problem
 from tui.cli.exits import FAILED, USAGE, fail, refuse
-from tui.fmt import model_sampling_note, prefill_rate, system_default_note, thinking_part, visible_controls
+from tui.fmt import (
+    count,
+    decode_rate,
+    gap_ms,
+    model_sampling_note,
+    prefill_rate,
+    system_default_note,
+    thinking_part,
+    visible_controls,
+)
 from tui.options import system_or_default, thinking_wanted
 
 ASK_DECODES = "ask runs the eager step: a one-shot command does not wait for a compile"
@@ -351,10 +360,10 @@ def stats_line(stats) -> str:
     return (
         f"[{counted(stats.prompt_tokens, 'prompt tokens')}, {counted(stats.reused_tokens, 'reused')}, "
         f"{counted(stats.prefilled_tokens, 'prefilled')} | "
-        f"TTFT {stats.ttft_s * 1000:.0f} ms | ITL p50 {stats.itl_p50_s * 1000:.1f} ms "
-        f"p90 {stats.itl_p90_s * 1000:.1f} ms | "
-        f"prefill {prefill_rate(stats)} | decode {stats.decode_tok_s:.1f} tok/s | "
-        f"{stats.generated_tokens} tokens{thought_part(stats)} | stop: {stats.stop}"
+        f"TTFT {stats.ttft_s * 1000:.0f} ms | "
+        f"ITL p50 {gap_ms(stats.itl_p50_s)} p90 {gap_ms(stats.itl_p90_s)} | "
+        f"prefill {prefill_rate(stats)} | decode {decode_rate(stats.decode_tok_s)} | "
+        f"{count(stats.generated_tokens, 'token')}{thought_part(stats)} | stop: {stats.stop}"
         f"{remote.server_figures(stats.server)}{contention_part(stats.contention)}]"
     )
 

@@ -16,7 +16,7 @@ from textual.widget import Widget
 
 from engine.events import DecodeStep, DraftRound, PhaseChanged, PrefillProgress, TokenSampled, TurnStats
 from engine.speculative.speedup import SpeedUp
-from tui.fmt import count, ms, prefill_rate, sparkline
+from tui.fmt import count, decode_rate, ms, prefill_rate, sparkline
 
 BADGES = {
     "idle": ("IDLE", "$text-muted on $panel"),
@@ -239,7 +239,7 @@ class PhasePanel(Widget):
             itl,
             "\n",
             ("decode ", "bold"),
-            f"{self.decode_tok_s:.1f} tok/s",
+            decode_rate(self.decode_tok_s),
             "  ",
             ("prefill ", "bold"),
             prefill,
@@ -298,7 +298,7 @@ class PhasePanel(Widget):
     def _strip(self) -> Content:
         """The one-line form for small terminals."""
         label, style = BADGES[self.phase]
-        numbers = f"TTFT {ms(self.ttft_s)} · ITL {ms(self.median_itl)} · {self.decode_tok_s:.1f} tok/s"
+        numbers = f"TTFT {ms(self.ttft_s)} · ITL {ms(self.median_itl)} · {decode_rate(self.decode_tok_s)}"
         busy = self.final is not None and self.final.contention is not None and self.final.contention.busy
         head = Content.assemble((f" {label} ", style))
         tail = Content.assemble(
