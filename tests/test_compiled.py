@@ -561,3 +561,18 @@ def test_a_speculative_answer_verifies_on_the_compiled_step_once_built(tiny_mode
     assert first == second == plain and len(set(plain)) > 3
     assert verified and session.speculation.stats.drafted > 0
     assert session.decoded_by == ("lookup, K 4", "compiled")
+
+
+def test_a_compiled_step_that_fails_names_what_it_was_fed(tiny_model_dir):
+    """Inductor's own error names no input ("index out of bounds: 0 <= tmp7 < 399", seen once in a
+    test of a Qwen2 model and never reproduced): the step's error now says which ids went in, where."""
+    loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
+    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=2), compile=True)
+    assert session.compiled.wait_settled(600) and session.compiled.kind == "whole"
+    _greedy(session)
+    vocabulary, position = len(session.fast.embed), len(session.cache)
+    with pytest.raises(RuntimeError) as failed:
+        session.compiled.step(session.fast, vocabulary, session.cache)
+    fed = f"the compiled step failed (fed [{vocabulary}] at position {position} of "
+    assert str(failed.value).startswith(fed) and f"vocabulary {vocabulary}): " in str(failed.value)
+    assert len(session.cache) == position  # nothing advanced: the eager step may take the token again

@@ -431,7 +431,11 @@ def _feed(step: Callable, fast: FastLlama, ids: list[int], cache: KVCache) -> to
     """Run a compiled `step` on `ids` after the cache's positions, writing their K/V in place."""
     layers, n, start = cache.layers, len(ids), len(cache)
     buffers, offsets = steps.cache_buffers(layers, n), steps.cache_offsets(layers)
-    logits = step(fast, torch.tensor(ids), torch.arange(start, start + n), offsets, *buffers)
+    try:
+        logits = step(fast, torch.tensor(ids), torch.arange(start, start + n), offsets, *buffers)
+    except RuntimeError as e:  # Inductor's own words name no input ("index out of bounds: 0 <= tmp7 < 399")
+        fed = f"fed {ids} at position {start} of {len(buffers[0][0][0, 0])}, vocabulary {len(fast.embed)}"
+        raise RuntimeError(f"the compiled step failed ({fed}): {e}") from e
     for layer in layers:
         layer.advance(n)
     return logits
