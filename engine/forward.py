@@ -22,12 +22,15 @@ def forward(
     every: bool = False,
 ) -> torch.Tensor:
     """The last position's logits [vocab], or with `every` each position's [len(ids), vocab] (a
-    speculative verify scores every draft); `compiled` only where its step serves this cache now."""
+    speculative verify scores every draft); `compiled` only where its step serves this cache now.
+    A compiled step that fails serves no more (`CompiledDecode.failed`): the eager path takes the
+    same ids, which it left unfed."""
+    logits = None
     if len(ids) == 1 and len(cache) and compiled is not None and not every:
-        logits = compiled.step(fast, ids[0], cache)
+        logits = compiled.served(compiled.step, fast, ids[0], cache)
     elif every and len(cache) and compiled is not None and compiled.verifies(len(ids)):
-        logits = compiled.verify(fast, ids, cache)
-    else:
+        logits = compiled.served(compiled.verify, fast, ids, cache)
+    if logits is None:
         inputs = torch.tensor([ids], device=device)
         if fast is not None:
             logits = fast.forward(inputs, cache, every=every)

@@ -200,6 +200,8 @@ class ChatSession(Turns):
         if self.compile_wanted and self.compiled is None:
             why = supports_compiled(self.fast, getattr(torch, self.info.cache_dtype))
             return f"the eager fast path decodes ({why})"
+        if self.compiled is not None and self.compiled.error is not None:  # failed or given up: for good
+            return f"the eager fast path decodes (no compiled step: {self.compiled.error})"
         if self.compiled is not None and not self.compiled_serves:
             return f"the eager fast path decodes until the compiled step for the {cache} cache is ready"
         return "the fast path decodes"
@@ -581,6 +583,12 @@ class ChatSession(Turns):
             return self.speculation.label, "compiled" if verify_built else path
         return None, "compiled" if served else path
 
+    def _step_path(self) -> str:
+        """What decoded the turn: as it began, unless its compiled step failed on the way (the
+        eager path took the rest, `CompiledDecode.served`)."""
+        path = self.decoded_by[1]
+        return "fused" if path == "compiled" and not self.compiled_serves else path
+
     def _stats(
         self,
         ids: list[int],
@@ -607,7 +615,7 @@ class ChatSession(Turns):
             stop=stop,
             contention=self.meter.stop(self.paused_s) if measured else None,
             speculative=self.decoded_by[0] if latencies else None,
-            step_path=self.decoded_by[1] if latencies else None,
+            step_path=self._step_path() if latencies else None,
             thought_tokens=thinking.tokens,
             first_thought_s=thinking.first_thought_s,
             first_answer_s=thinking.first_answer_s,

@@ -526,10 +526,12 @@ class InferenceWorker:
         compiled.when_done(lambda c: self._compile_done(session, c))
         compiled.when_upgraded(lambda c: self._compile_done(session, c))
         compiled.when_verify_built(lambda c: self._verify_built(session, c))
+        compiled.when_failed(lambda c: self._compile_done(session, c))
 
     def _compile_done(self, session: ChatSession, build) -> None:
         """From the compiling thread: say what decodes now, once ready and again when the whole
-        step takes over (a stopped build says nothing)."""
+        step takes over (a stopped build says nothing); from the decoding thread, that a step
+        failed while serving and the eager path took over."""
         if session.compiled is build and build.state != "stopped":
             self.emit(decode_step(session))
             self.emit(Notice(build.describe()))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import models
-from engine.events import TokenSampled
+from engine.events import TokenSampled, TurnFinished
 from engine.fast import compiled, fused, gemm, matvec, steps
 from engine.kvcache_layers import PreallocatedLayer
 from engine.sampling import SamplingSettings
@@ -563,16 +563,43 @@ def test_a_speculative_answer_verifies_on_the_compiled_step_once_built(tiny_mode
     assert session.decoded_by == ("lookup, K 4", "compiled")
 
 
-def test_a_compiled_step_that_fails_names_what_it_was_fed(tiny_model_dir):
-    """Inductor's own error names no input ("index out of bounds: 0 <= tmp7 < 399", seen once in a
-    test of a Qwen2 model and never reproduced): the step's error now says which ids went in, where."""
+def test_a_compiled_step_that_fails_says_what_it_was_fed_and_the_eager_path_finishes_the_answer(
+    tiny_model_dir,
+):
+    """A step that raised while decoding stopped the answer, and so would every answer after it;
+    and Inductor's own words name no input ("index out of bounds: 0 <= tmp7 < 399", seen once in a
+    test of a Qwen2 model, never reproduced). Now the eager path takes that token and the rest,
+    the build says why it serves no more, and its error says what the step was fed."""
     loaded = models.load(str(tiny_model_dir), "fp32", "cpu")
-    session = ChatSession(loaded, SamplingSettings(temperature=0.0, max_new_tokens=2), compile=True)
-    assert session.compiled.wait_settled(600) and session.compiled.kind == "whole"
-    _greedy(session)
+    settings = SamplingSettings(temperature=0.0, max_new_tokens=12)
+    session = ChatSession(loaded, settings, compile=True)
+    build = session.compiled
+    assert build.wait_settled(600) and build.kind == "whole", build.describe()
+    first = _greedy(session)
     vocabulary, position = len(session.fast.embed), len(session.cache)
-    with pytest.raises(RuntimeError) as failed:
-        session.compiled.step(session.fast, vocabulary, session.cache)
-    fed = f"the compiled step failed (fed [{vocabulary}] at position {position} of "
-    assert str(failed.value).startswith(fed) and f"vocabulary {vocabulary}): " in str(failed.value)
-    assert len(session.cache) == position  # nothing advanced: the eager step may take the token again
+    with pytest.raises(RuntimeError) as failed:  # the real step, fed an id past the vocabulary
+        build.step(session.fast, vocabulary, session.cache)
+    assert str(failed.value).startswith(f"fed [{vocabulary}] at position {position} of ")
+    assert f"vocabulary {vocabulary}: " in str(failed.value) and len(session.cache) == position
+
+    real, calls, heard = build._step, [], []
+
+    def failing_at_the_fifth(*args):  # a fault that no input here provokes in the real step
+        calls.append(args[1])
+        if len(calls) == 5:
+            raise RuntimeError(f"fed {args[1].tolist()}: index out of bounds: 0 <= tmp7 < {vocabulary}")
+        return real(*args)
+
+    build._step = failing_at_the_fifth
+    build.when_failed(heard.append)
+    events = list(session.send("And then?"))
+    eager = ChatSession(loaded, settings, compile=False)
+    assert _greedy(eager) == first
+    second = _greedy(eager, "And then?")
+    assert [e.id for e in events if isinstance(e, TokenSampled)] == second and len(second) > 6
+    assert len(calls) == 5 and heard == [build] and build.state == "failed"
+    said = "the eager fast path decodes (no compiled step: the step failed while decoding, fed ["
+    assert not session.compiled_step_ready() and session.decode_path().startswith(said)
+    assert build.describe().startswith("compiled decode unavailable (the step failed while decoding, fed [")
+    assert next(e for e in events if isinstance(e, TurnFinished)).stats.step_path == "fused"
+    assert _greedy(session, "More?") and len(calls) == 5  # the next answer never calls it

@@ -273,7 +273,8 @@ def test_the_compiled_step_is_bypassed_for_another_cache_precision(tiny_loaded):
 
     ready = threading.Event()
     ready.set()
-    session.compiled = types.SimpleNamespace(ready=ready, step=refuse, cache_dtype=torch.float32)
+    fake = types.SimpleNamespace(ready=ready, step=refuse, cache_dtype=torch.float32, error=None)
+    session.compiled = fake
     assert not session.compiled_serves
     assert "eager fast path decodes" in session.decode_path()
     assert answers(session, QUESTIONS[:1])  # decoded eagerly

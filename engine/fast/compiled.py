@@ -127,6 +127,7 @@ class CompiledDecode:
         self._verify_thread: threading.Thread | None = None
         self._verify_done = threading.Event()
         self._verify_listeners: list[Callable[["CompiledDecode"], None]] = []
+        self._failure_listeners: list[Callable[["CompiledDecode"], None]] = []
         if cuda_graph:  # nothing to compile: the step's first call records it (engine/fast/graphed.py)
             self._step, self.kind = graphed.GraphedStep(steps.whole_step), "graph"
             for done in (self.ready, self._finished, self._settled):
@@ -192,12 +193,13 @@ class CompiledDecode:
         if step is not None:
             whole, error, timed_out = self._compile("whole")
             with self._lock:
-                if whole is not None and not self._stopped:
+                failed = self.error is not None  # the regional step failed while serving (`served`)
+                if whole is not None and not self._stopped and not failed:
                     self._step, self.kind = whole, "whole"
                     self.whole_s = time.perf_counter() - started
                 elif error or timed_out:
                     self.whole_error = f"the build ran past {CHILD_TIMEOUT_S:.0f} s" if timed_out else error
-                listeners, self._upgrade_listeners = self._upgrade_listeners, []
+                listeners, self._upgrade_listeners = ([] if failed else self._upgrade_listeners), []
             for listener in listeners:
                 listener(self)
         self._settled.set()
@@ -388,6 +390,28 @@ class CompiledDecode:
                 return
         listener(self)
 
+    def when_failed(self, listener: Callable[["CompiledDecode"], None]) -> None:
+        """Call `listener(self)` if a step that served fails while decoding (`served`)."""
+        with self._lock:
+            self._failure_listeners.append(listener)
+
+    def served(self, run: Callable[..., torch.Tensor], *args) -> torch.Tensor | None:
+        """`run(*args)` (`step` or `verify`); None where it raised: the compiled steps serve no
+        more, the eager path decodes (the cache was left as it was), and the listeners hear why.
+        A step that fails once would fail each token after it (seen once, in a test: an index
+        error inside Inductor's code)."""
+        try:
+            return run(*args)
+        except RuntimeError as e:
+            with self._lock:
+                self.ready.clear()
+                self.verify_ready.clear()
+                self.error = f"the step failed while decoding, {one_line(e, 240)}"
+                listeners, self._failure_listeners = self._failure_listeners, []
+            for listener in listeners:
+                listener(self)
+            return None
+
     def step(self, fast: FastLlama, token_id: int, cache: KVCache) -> torch.Tensor:
         """Feed one token after the cache's positions; the logits [vocab]. Needs `ready`."""
         return _feed(self._step, fast, [token_id], cache)
@@ -435,7 +459,7 @@ def _feed(step: Callable, fast: FastLlama, ids: list[int], cache: KVCache) -> to
         logits = step(fast, torch.tensor(ids), torch.arange(start, start + n), offsets, *buffers)
     except RuntimeError as e:  # Inductor's own words name no input ("index out of bounds: 0 <= tmp7 < 399")
         fed = f"fed {ids} at position {start} of {len(buffers[0][0][0, 0])}, vocabulary {len(fast.embed)}"
-        raise RuntimeError(f"the compiled step failed ({fed}): {e}") from e
+        raise RuntimeError(f"{fed}: {e}") from e
     for layer in layers:
         layer.advance(n)
     return logits
