@@ -370,12 +370,15 @@ def test_an_answer_of_one_token_shows_no_rate_it_did_not_measure(cli):
     line = next(line for line in said.output.splitlines() if line.startswith("[") and "TTFT" in line)
     assert "ITL p50 – p90 – |" in line and "| decode – |" in line and "| 1 token |" in line, line
     assert "– tok/s · 1 token ·" in cli("conversations", "show", "last").output
-    events = json_events(cli("ask", "-m", cli.model, "-t", "0", "-n", "1", "--json", "--no-save", "hi").output)
-    figures = next(e for e in events if e["event"] == "turn")
+
+    def turn_of(tokens: str) -> dict:
+        asked = cli("ask", "-m", cli.model, "-t", "0", "-n", tokens, "--json", "--no-save", "hi")
+        return next(e for e in json_events(asked.output) if e["event"] == "turn")
+
+    figures = turn_of("1")
     assert figures["generated_tokens"] == 1 and figures["ttft_ms"] > 0
     assert figures["decode_tok_s"] is figures["itl_ms_p50"] is figures["itl_ms_p90"] is None
-    events = json_events(cli("ask", "-m", cli.model, "-t", "0", "-n", "3", "--json", "--no-save", "hi").output)
-    figures = next(e for e in events if e["event"] == "turn")
+    figures = turn_of("3")
     assert figures["decode_tok_s"] > 0 and figures["itl_ms_p90"] >= figures["itl_ms_p50"] > 0
 
 
