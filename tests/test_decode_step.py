@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import session as session_module
-from engine.events import DecodeStep, ModelReady, to_json
+from engine.events import DecodeStep, ModelReady, Notice, TurnFinished, to_json
 from engine.fast import compiled, kernels, step_path, steps
 from engine.fast.step_path import COMPILE_OFF, decode_step
 from engine.sampling import SamplingSettings
@@ -189,5 +189,43 @@ def test_after_a_cache_switch_the_worker_says_building_then_compiled(tiny_model_
         worker.set_cache_precision("bf16")
         seen = steps_until("bfloat16")
         assert seen[0].compile in ("building", "ready"), seen  # said at once, then again once it serves
+    finally:
+        worker.shutdown()
+
+
+@pytest.mark.compile
+def test_the_worker_says_so_when_the_compiled_step_fails_while_decoding(tiny_model_dir):
+    """The user hears why the answer's speed changed: the Phase panel's step turns eager with the
+    reason, a notice says it, and the answer runs to its end (engine/fast/compiled.py `served`)."""
+    events: queue.Queue = queue.Queue()
+    worker = InferenceWorker(events.put, SamplingSettings(temperature=0, max_new_tokens=8), compile=True)
+    try:
+        worker.load(str(tiny_model_dir), "fp32", "cpu")
+        while not isinstance(events.get(timeout=120), ModelReady):
+            pass
+        build = worker.session.compiled
+        assert build.wait_settled(600) and build.kind == "whole", build.describe()
+        real, calls = build._step, []
+
+        def failing_at_the_third(*args):  # a fault no input here provokes in the real step
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("index out of bounds: 0 <= tmp7 < 399")
+            return real(*args)
+
+        build._step = failing_at_the_third
+        worker.send("hello")
+        seen = []
+        while not isinstance(seen[-1] if seen else None, TurnFinished):
+            seen.append(events.get(timeout=120))
+        steps_said = [e for e in seen if isinstance(e, DecodeStep)]
+        assert steps_said and (steps_said[-1].step, steps_said[-1].compile) == ("eager", "failed")
+        why = steps_said[-1].why
+        assert why.startswith("compile failed: the step failed while decoding, fed [")
+        assert why.endswith(": index out of bounds: 0 <= tmp7 < 399")
+        said = "compiled decode unavailable (the step failed while decoding"
+        assert any(e.message.startswith(said) for e in seen if isinstance(e, Notice))
+        stats = seen[-1].stats
+        assert stats.generated_tokens == 8 and stats.step_path == "fused" and len(calls) == 3
     finally:
         worker.shutdown()
