@@ -23,7 +23,7 @@ def forward(
 ) -> torch.Tensor:
     """The last position's logits [vocab], or with `every` each position's [len(ids), vocab] (a
     speculative verify scores every draft); `compiled` only where its step serves this cache now.
-    A compiled step that fails serves no more (`CompiledDecode.failed`): the eager path takes the
+    A compiled step that fails serves no more (`CompiledDecode.served`): the eager path takes the
     same ids, which it left unfed."""
     logits = None
     if len(ids) == 1 and len(cache) and compiled is not None and not every:

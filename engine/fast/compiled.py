@@ -398,8 +398,8 @@ class CompiledDecode:
     def served(self, run: Callable[..., torch.Tensor], *args) -> torch.Tensor | None:
         """`run(*args)` (`step` or `verify`); None where it raised: the compiled steps serve no
         more, the eager path decodes (the cache was left as it was), and the listeners hear why.
-        A step that fails once would fail each token after it (seen once, in a test: an index
-        error inside Inductor's code)."""
+        A step that fails once would fail each token after it (seen twice in tests on a tiny model:
+        a token id past the vocabulary reached Inductor's embedding lookup)."""
         try:
             return run(*args)
         except RuntimeError as e:
