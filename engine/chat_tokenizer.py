@@ -467,12 +467,8 @@ def _strftime_now(format: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def compiled_template(source: str) -> jinja2.Template:
-    """`compile_template`, once per template's text."""
-    return compile_template(source)
-
-
-def compile_template(source: str) -> jinja2.Template:
-    """A chat template compiled in transformers' sandbox, with its globals and filters."""
+    """A chat template compiled in transformers' sandbox, with its globals and filters (once per
+    template's text)."""
     if _version(jinja2.__version__) < (3, 1, 6):  # older ones have sandbox escapes; transformers refuses them
         raise ImportError(f"chat templates need jinja2>=3.1.6, not {jinja2.__version__}")
     env = ImmutableSandboxedEnvironment(
