@@ -30,6 +30,28 @@ def test_fast_and_reference_paths_pick_the_same_tokens(tiny_model_dir):
     assert len(set(reference)) > 3  # a real sequence, not one token repeated
 
 
+@pytest.mark.parametrize("precision, kv_cache", [("bf16", None), ("fp32", "bf16"), ("fp32", "int8")])
+def test_a_short_prompt_answers_while_the_attention_kernel_builds(
+    tiny_model_dir, precision, kv_cache, monkeypatch
+):
+    """A fresh machine builds the step's kernels for ~6 s after the model loads. A forward of a few
+    tokens meanwhile attends through SDPA, over the cache widened to the queries' float32 (a draft
+    of this round's change gave SDPA a bf16 cache beside float32 queries: the prompt failed)."""
+    from engine.fast import kernels
+
+    monkeypatch.setattr(kernels, "step_kernel_there", lambda: False)
+    session = ChatSession(
+        models.load(str(tiny_model_dir), precision, "cpu"), SamplingSettings(), kv_cache=kv_cache, fast=True
+    )
+    prompt = [10, 11, 12, 13, 14]
+    with torch.inference_mode():
+        together = session.forward(prompt)
+        session.cache.crop(0)
+        one_at_a_time = [session.forward([token]) for token in prompt][-1]
+    # One token's attention without the kernel runs in the cache's bf16 (`grouped.to(keys.dtype)`).
+    assert (together - one_at_a_time).abs().max() < 0.1
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_fast_logits_match_reference_logits(tiny_model_dir, precision):
     loaded = models.load(str(tiny_model_dir), precision, "cpu")
