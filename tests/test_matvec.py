@@ -155,7 +155,7 @@ def test_an_eager_verify_scores_each_token_as_the_one_token_steps_do(
     """A speculative verify (or a short prefill) of a 16-bit model rounds x to the weights' dtype as
     a one-token step does, and attends over the cache as stored through the attention kernel, the
     cache read once for all its tokens. Before, its rows went in as float32 against the widened
-    weights (bf16: 0.054 from the steps' logits, and 2.6x the steps' time a matrix) and its
+    weights (bf16: 0.054 from the steps' logits; the matrices took 1.6x as long) and its
     attention through SDPA over a float32 copy of the cache, made anew at each layer."""
     from engine import models
     from engine.sampling import SamplingSettings
