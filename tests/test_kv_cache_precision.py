@@ -18,7 +18,7 @@ from engine.fast import attention, kernels
 from engine.instruments import kv_budget
 from engine.instruments.precision_compare import compare_kv_cache
 from engine.kvcache import CACHE_PRECISIONS, KVCache
-from engine.kvcache_layers import QuantizedLayer, dequantize, quantize
+from engine.kvcache_layers import QuantizedKV, QuantizedLayer, dequantize, quantize
 from engine.sampling import SamplingSettings
 from engine.saved.cache_file import load_cache, save_cache
 from engine.session import ChatSession
@@ -200,13 +200,13 @@ def test_decoding_never_makes_a_dequantized_copy_of_the_int8_cache(tiny_loaded, 
     """Prefill may widen the cache once per chunk; a decode step must read it as stored."""
     session = greedy(tiny_loaded, "int8", tokens=12)
     copies = []
-    original = QuantizedLayer.dequantized
+    original = QuantizedKV.dequantized  # every widened copy of an int8 cache is made here
 
     def counted(self, dtype):
-        copies.append(self.length)
+        copies.append(self.keys.shape[2])
         return original(self, dtype)
 
-    monkeypatch.setattr(QuantizedLayer, "dequantized", counted)
+    monkeypatch.setattr(QuantizedKV, "dequantized", counted)
     events = list(session.send(QUESTIONS[0]))
     decoded = sum(1 for e in events if type(e).__name__ == "TokenSampled")
     assert decoded == 12

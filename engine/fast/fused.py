@@ -476,18 +476,15 @@ class FastLlama:
 
         def attend(cache_layer, window, q, k, v):
             # Stored in the cache's own precision (engine/kvcache.py); a few tokens' attention
-            # reads it as stored. A prefill chunk's n queries share one copy of the cache in their
-            # dtype. The cache's slot 0 holds position `cache_layer.start` (a sliding window drops
-            # the oldest).
+            # reads it as stored, a prefill chunk's queries a copy of it in their dtype
+            # (`attention`). The cache's slot 0 holds position `cache_layer.start` (a sliding
+            # window drops the oldest).
             stored = cache_layer.append(k, v)
             offset = cache_layer.start
-            if few:
-                slot, first = last, firsts[window]
-                if offset:
-                    slot, first = slot - offset, first - offset
-                return self.attention(q, *_pair(stored), masks.get(window, offset), slot, first)
-            keys, values = stored if stored[0].dtype == q.dtype else cache_layer.dequantized(q.dtype)
-            return self.attention(q, keys, values, masks.get(window, offset), last)
+            slot, first = (last, firsts[window]) if few else (None, None)
+            if few and offset:
+                slot, first = slot - offset, first - offset
+            return self.attention(q, *_pair(stored), masks.get(window, offset), slot, first)
 
         linear = functools.partial(self.linear, upcast=upcast)
         for layer, cache_layer in zip(self.layers, cache.layers):
