@@ -16,7 +16,8 @@
 --matrices-only stops after 1 (no compiling): with PYTHONPATH at another checkout (a git worktree)
 it measures that checkout's kernel, for a before and after. --rows 1,5,9,16 adds to 1 the kernel
 over the same matrices for n rows of x at once (a verify's tokens, the lab's batch: float32 x, a
-bf16 model's own bf16), best of --rounds, in ms and in one-row times. Not part of CI.
+bf16 model's own bf16), best of --rounds, in ms and in one-row times, and the floor under them:
+the products alone at the kernel's fastest rate. Not part of CI.
 """
 
 from __future__ import annotations
@@ -80,6 +81,28 @@ def rows_of_x(fast: fused.FastLlama, counts: list[int], rounds: int) -> None:
     one = ms.get(1)
     cells = (f"{n} rows {t:.2f} ms" + (f" ({t / one:.2f})" if one else "") for n, t in ms.items())
     print("  " + ", ".join(cells))
+    if not one:
+        return
+    # The floor under n rows, memory aside: the weights n times over at the products' fastest rate
+    # (from memory above, or from L2). Above a target, only faster products meet it: a CPU with
+    # more of them per byte of memory bandwidth, or narrower ones.
+    total = sum(w.numel() for w in weights)
+    fastest = max(max(n * total / t for n, t in ms.items()), cached_rate(weights[0], x_dtype, counts, rounds))
+    floors = ", ".join(f"{n} rows >= {n * total / fastest / one:.2f}" for n in counts if n > 1)
+    print(f"  products at their fastest {fastest / 1e6:.0f} GMAC/s: {floors} one-row times")
+
+
+def cached_rate(w: torch.Tensor, x_dtype: torch.dtype, counts: list[int], rounds: int) -> float:
+    """Products a millisecond at the best of `counts` rows of x against ~1 MB of `w` (half a
+    core's share), which stays in the cores' L2: the kernel's products with no memory to wait on."""
+    block = w[: max(2, (1 << 20) // (w.shape[1] * w.element_size()))].contiguous()
+    best, repeats = 0.0, 20
+    with torch.inference_mode():
+        for n in counts:
+            x = torch.randn(n, w.shape[1]).to(x_dtype)
+            ms = best_ms(lambda x=x: [matvec.multiply(x, block) for _ in range(repeats)], rounds) / repeats
+            best = max(best, n * block.numel() / ms)
+    return best
 
 
 def in_the_step(fast: fused.FastLlama, cache_dtype: torch.dtype, windows: int, tokens: int = 48) -> None:
