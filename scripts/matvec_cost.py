@@ -93,8 +93,8 @@ def rows_of_x(fast: fused.FastLlama, counts: list[int], rounds: int) -> None:
 
 
 def cached_rate(w: torch.Tensor, x_dtype: torch.dtype, counts: list[int], rounds: int) -> float:
-    """Products a millisecond at the best of `counts` rows of x against ~1 MB of `w` (half a
-    core's share), which stays in the cores' L2: the kernel's products with no memory to wait on."""
+    """Products a millisecond at the best of `counts` rows of x against ~1 MB of `w` (half of it
+    each core's), which stays in the cores' L2: the kernel's products with no memory to wait on."""
     block = w[: max(2, (1 << 20) // (w.shape[1] * w.element_size()))].contiguous()
     best, repeats = 0.0, 20
     with torch.inference_mode():
