@@ -470,8 +470,8 @@ class FastLlama:
         # A few new tokens (a step, a verify, a short prefill): each one's position, for the
         # attention kernel, which reads the cache once for all of them, as stored.
         few = n <= matvec.MAX_ROWS
-        last = torch.arange(start, start + n) if few else None
-        firsts = self.window_starts(last) if few else {}
+        positions = torch.arange(start, start + n) if few else None
+        firsts = self.window_starts(positions) if few else {}
         masks = _Masks(start, n, h.device)
 
         def attend(cache_layer, window, q, k, v):
@@ -481,7 +481,7 @@ class FastLlama:
             # window drops the oldest).
             stored = cache_layer.append(k, v)
             offset = cache_layer.start
-            slot, first = (last, firsts[window]) if few else (None, None)
+            slot, first = (positions, firsts[window]) if few else (None, None)
             if few and offset:
                 slot, first = slot - offset, first - offset
             return self.attention(q, *_pair(stored), masks.get(window, offset), slot, first)
