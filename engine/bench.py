@@ -23,7 +23,7 @@ from engine import models
 from engine.contention import ContentionMeter
 from engine.events import TokenSampled, TurnFinished, contention_json
 from engine.fast import compiled as compiled_module
-from engine.fast import fused, kernels, matvec
+from engine.fast import fused, huge_pages, kernels, matvec
 from engine.kv_windows import kv_read_bytes
 from engine.kvcache import CACHE_PRECISIONS, with_cache_precision
 from engine.models import LoadedModel, weights_read_per_token
@@ -567,19 +567,25 @@ def _agreement(steps: list, kl_digits: int) -> dict:
     }
 
 
-BANDWIDTH_READ = "best of torch.mv and the step's matvec kernel"
+BANDWIDTH_READ = "best of torch.mv and the step's matvec kernel, paged as the weights are"
 """How `measure_bandwidth` reads (saved with F6's calibration, which is measured again when this
 changes). A plain `sum` read ~20% slower than torch.mv on the AVX-512 Xeon (23 vs 29 GiB/s), and
 torch.mv alone read ~45% slower than the step's own kernel on an AVX-512 EPYC (16-18 vs 30-32 GB/s):
-decode steps then outran the roof (a Zen 5 `bench -p fp32`: roof 20.1 GB/s, decode 31 GB/s)."""
+decode steps then outran the roof (a Zen 5 `bench -p fp32`: roof 20.1 GB/s, decode 31 GB/s). So did
+Gemma 3's fp32 step once its weights were in huge pages and the buffer read was not (engine/fast/
+huge_pages.py): 32.2 tok/s against a roof of 29.1."""
 
 
 def measure_bandwidth(device: str, megabytes: int = 512) -> float:
     """Bytes/s for reading a large buffer once (the memory bound a decode step pays): the buffer
     as a matrix times a vector, a decode step's own read, on all of torch's threads, the best of
     five reads by each reader a step may use (torch's kernel; on a CPU also engine/fast/matvec.cpp,
-    built or loaded here, which the compiled and fused steps multiply with)."""
+    built or loaded here, which the compiled and fused steps multiply with). On a CPU the buffer is
+    moved into huge pages first, as the fast path's weights are."""
     matrix = torch.ones(megabytes * 2**20 // 4 // 2048, 2048, dtype=torch.float32, device=device)
+    settling = huge_pages.settle([matrix])
+    if settling is not None:
+        settling.join()
     vector = torch.ones(2048, dtype=torch.float32, device=device)
     readers = [lambda: torch.mv(matrix, vector)]
     if (
@@ -719,7 +725,9 @@ def _load_for_bench(
             config.model, precision, device, chat=not config.raw, chat_template=config.chat_template
         )
     if fused.supports(loaded.model) is None:
-        fused.for_model(loaded.model, compiled=config.compile)
+        fast = fused.for_model(loaded.model, compiled=config.compile)
+        if fast.settling is not None:  # timed in the pages the app's steps run on after their first seconds
+            fast.settling.join()
     return loaded, peak_is_own
 
 

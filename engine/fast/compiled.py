@@ -680,7 +680,7 @@ def main(spec: str, precision: str, kind: str, cache_dtype: str) -> None:
     # No transformers where the checkpoint allows (~2 s sooner), no tokenizer of transformers' (Gemma
     # 3's: ~2.6 s), no chat template: a base model (--raw) compiles too.
     loaded = models.load(spec, precision, "cpu", fast_only=True, chat=False, tokenizer=False)
-    fast = fused.for_model(loaded.model, compiled=True)
+    fast = fused.for_model(loaded.model, compiled=True, in_huge_pages=False)  # it only traces
     torch.set_num_threads(threads)
     dtype = getattr(torch, cache_dtype)
     saved = steps.saved_path(fast, dtype, kind) if supports(fast, dtype) is None else None

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.cpu_features import cpu_matmul_native
-from engine.fast import attention, gemm, matvec, norm, pages
+from engine.fast import attention, gemm, huge_pages, matvec, norm, pages
 from engine.fast.families import Family, covered, family_of, layer_facts
 from engine.kvcache import KVCache
 from engine.kvcache_layers import QuantizedKV, quantize
@@ -222,13 +222,17 @@ def _own_remaining_weights(model: nn.Module, fused: list[torch.Tensor]) -> None:
 _built: "weakref.WeakKeyDictionary[nn.Module, FastLlama]" = weakref.WeakKeyDictionary()
 
 
-def for_model(model: nn.Module, compiled: bool = False) -> "FastLlama":
+def for_model(model: nn.Module, compiled: bool = False, in_huge_pages: bool = True) -> "FastLlama":
     """The model's fast path, built (and its weights fused) once however many sessions use it;
-    `compiled` lays the weights out for the compiled step. The first build fixes the layout."""
+    `compiled` lays the weights out for the compiled step. The first build fixes the layout, and
+    starts moving the weights into huge pages (engine/fast/huge_pages.py) unless `in_huge_pages`
+    is false (the compile child, which only traces)."""
     fast = _built.get(model)
     if fast is None:
         with pages.each_block_mapped():
             fast = _built[model] = FastLlama(model, compiled)
+        if in_huge_pages:
+            fast.settling = huge_pages.settle(fast.weight_tensors())
     return fast
 
 
@@ -267,10 +271,7 @@ class FastLlama:
         ]
         self.windows = sorted({w for w in facts.windows if w})
         """The sliding windows the layers attend over (none, or one or two lengths)."""
-        matrices = [self.lm_head] + [
-            w for layer in self.layers for w in (layer.wqkv, layer.wo, layer.wgu, layer.wdown)
-        ]
-        _own_remaining_weights(model, [m for m in matrices if isinstance(m, torch.Tensor)])
+        _own_remaining_weights(model, [m for m in self.matrices() if isinstance(m, torch.Tensor)])
         self.ropes = [tables[kind] for kind in kinds]
         """(inverse frequencies, cos/sin scale) per RoPE table; one, or one per layer kind (Gemma 3)."""
         self.weight_dtype = self.embed.dtype
@@ -288,6 +289,20 @@ class FastLlama:
         scale = inner.embed_tokens.embed_scale if self.family.scaled_embedding else None
         self.embed_scale = None if scale is None else scale.detach().to(self.weight_dtype).clone()
         """Gemma's sqrt(hidden size), rounded to the weights' dtype as transformers rounds it."""
+        self.settling = None
+        """The thread moving the weights into huge pages (`for_model`), or None."""
+
+    def matrices(self) -> list:
+        """The LM head and every layer's matrices: tensors, or quantized modules holding theirs."""
+        per_layer = (w for layer in self.layers for w in (layer.wqkv, layer.wo, layer.wgu, layer.wdown))
+        return [self.lm_head, *per_layer]
+
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """The tensors a decode step streams (a quantized matrix's buffers)."""
+        tensors = []
+        for matrix in self.matrices():
+            tensors += [matrix] if isinstance(matrix, torch.Tensor) else list(matrix.buffers())
+        return tensors
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, upcast: bool) -> torch.Tensor:
         """x @ W.T for a weight stored [out, in] (or x @ W for one stored [in, out]). A forward of

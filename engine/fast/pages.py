@@ -55,9 +55,9 @@ def release(tensor: torch.Tensor, mappings: list[tuple[int, int]]) -> int:
         return 0
     page = mmap.PAGESIZE
     first, last = -(-start // page) * page, end // page * page
-    if last <= first or _libc() is None:
+    if last <= first or libc() is None:
         return 0
-    if _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_DONTNEED) != 0:
+    if libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_DONTNEED) != 0:
         return 0
     return last - first
 
@@ -114,8 +114,8 @@ def each_block_mapped() -> Iterator[None]:
 
 
 def _mallopt(parameter: int, value: int) -> None:
-    if _glibc() and _libc() is not None:
-        _libc().mallopt(ctypes.c_int(parameter), ctypes.c_int(value))
+    if _glibc() and libc() is not None:
+        libc().mallopt(ctypes.c_int(parameter), ctypes.c_int(value))
 
 
 def _glibc() -> bool:
@@ -128,7 +128,8 @@ def _glibc() -> bool:
 _LIBC: ctypes.CDLL | None = None
 
 
-def _libc() -> ctypes.CDLL | None:
+def libc() -> ctypes.CDLL | None:
+    """The C library, for `madvise` and `mallopt`; None where it cannot be found."""
     global _LIBC
     if _LIBC is None:
         name = ctypes.util.find_library("c")
