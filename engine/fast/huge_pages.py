@@ -46,13 +46,14 @@ def whole_pages(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
 def settle(tensors: list[torch.Tensor]) -> threading.Thread | None:
     """Start moving `tensors`' memory into huge pages; the thread doing it, or None where there is
     nothing to do (no whole huge page among them, not Linux, turned off)."""
-    ranges = whole_pages(tensors)
-    if not ranges or not sys.platform.startswith("linux") or libc() is None:
+    if os.environ.get("LLMCHAT_HUGE_PAGES") == "0" or not sys.platform.startswith("linux"):
         return None
-    if os.environ.get("LLMCHAT_HUGE_PAGES") == "0":
+    ranges = whole_pages(tensors)
+    if not ranges or libc() is None:
         return None
     # Addresses only, no references: a model dropped meanwhile (a precision switch) is freed at
-    # once, and advice for a range no longer mapped fails harmlessly.
+    # once. Advice for a range no longer mapped fails harmlessly, and a range mapped again for
+    # something else only has its pages rebuilt, its contents kept.
     thread = threading.Thread(target=_collapse, args=(ranges,), name="llmchat-huge-pages", daemon=True)
     thread.start()
     return thread
