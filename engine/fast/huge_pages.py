@@ -19,6 +19,7 @@ import ctypes
 import os
 import sys
 import threading
+import weakref
 
 import torch
 
@@ -28,19 +29,14 @@ SIZE = 2 << 20
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # Linux
 
 
-def whole_pages(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
-    """(start, length) of the 2 MiB pages lying wholly inside each tensor's bytes, for the CPU
-    tensors with any."""
-    ranges = []
-    for tensor in tensors:
-        if tensor.device.type != "cpu" or not tensor.is_contiguous():
-            continue
-        start = tensor.data_ptr()
-        end = start + tensor.numel() * tensor.element_size()
-        first, last = -(-start // SIZE) * SIZE, end // SIZE * SIZE
-        if last > first:
-            ranges.append((first, last - first))
-    return ranges
+def whole_pages(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """(start, length) of the 2 MiB pages lying wholly inside a CPU tensor's bytes; None if none do."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return None
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first, last = -(-start // SIZE) * SIZE, end // SIZE * SIZE
+    return (first, last - first) if last > first else None
 
 
 def settle(tensors: list[torch.Tensor]) -> threading.Thread | None:
@@ -48,19 +44,23 @@ def settle(tensors: list[torch.Tensor]) -> threading.Thread | None:
     nothing to do (no whole huge page among them, not Linux, turned off)."""
     if os.environ.get("LLMCHAT_HUGE_PAGES") == "0" or not sys.platform.startswith("linux"):
         return None
-    ranges = whole_pages(tensors)
-    if not ranges or libc() is None:
+    # Weak references: a model dropped meanwhile (a precision switch) is freed at once, and its
+    # tensors' addresses, which new memory may reuse, are skipped.
+    work = [(weakref.ref(t), pages) for t in tensors if (pages := whole_pages(t)) is not None]
+    if not work or libc() is None:
         return None
-    # Addresses only, no references: a model dropped meanwhile (a precision switch) is freed at
-    # once. Advice for a range no longer mapped fails harmlessly, and a range mapped again for
-    # something else only has its pages rebuilt, its contents kept.
-    thread = threading.Thread(target=_collapse, args=(ranges,), name="llmchat-huge-pages", daemon=True)
+    work.sort(key=lambda item: -item[1][1])  # the largest (the LM head) first
+    thread = threading.Thread(target=_collapse, args=(work,), name="llmchat-huge-pages", daemon=True)
     thread.start()
     return thread
 
 
-def _collapse(ranges: list[tuple[int, int]]) -> None:
-    for start, length in sorted(ranges, key=lambda r: -r[1]):  # the largest (the LM head) first
+def _collapse(work: list[tuple[weakref.ref, tuple[int, int]]]) -> None:
+    for tensor, (start, length) in work:
+        alive = tensor()  # held while its pages are rebuilt, then let go
+        if alive is None:
+            continue
         address, size = ctypes.c_void_p(start), ctypes.c_size_t(length)
         libc().madvise(address, size, MADV_HUGEPAGE)
         libc().madvise(address, size, MADV_COLLAPSE)
+        del alive
