@@ -1,6 +1,7 @@
 """The fast path's weights in huge pages (engine/fast/huge_pages.py): moved there in the background,
 their values untouched, and left alone where it is turned off."""
 
+import mmap
 import platform
 import sys
 import types
@@ -44,9 +45,24 @@ def huge_bytes(tensor: torch.Tensor) -> int:
     return total
 
 
+def fresh_tensor(megabytes: int) -> torch.Tensor:
+    """Random float32 values in a private mapping of their own, made here: in 4 KiB pages where THP
+    waits for advice (torch's own allocation may reuse memory an earlier test advised)."""
+    mapping = mmap.mmap(-1, megabytes << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(mapping, dtype=torch.float32).copy_(torch.randn(megabytes << 18))
+
+
+def advice_recorded(monkeypatch) -> list[tuple]:
+    """Every `madvise` call's arguments, recorded instead of made."""
+    advised = []
+    libc = types.SimpleNamespace(madvise=lambda *args: advised.append(args))
+    monkeypatch.setattr(huge_pages, "libc", lambda: libc)
+    return advised
+
+
 @needs_collapse
 def test_a_large_tensor_moves_into_huge_pages_with_its_values_unchanged():
-    tensor = torch.randn(16 << 20)  # 64 MiB: a mapping of its own
+    tensor = fresh_tensor(64)
     before = tensor.clone()
     assert huge_bytes(tensor) == 0 or not ON_ADVICE_ONLY
     settling = huge_pages.settle([tensor])
@@ -57,11 +73,11 @@ def test_a_large_tensor_moves_into_huge_pages_with_its_values_unchanged():
 
 
 def test_nothing_moves_where_it_is_turned_off_or_no_huge_page_fits(monkeypatch):
+    advised = advice_recorded(monkeypatch)
     assert huge_pages.settle([torch.randn(1000)]) is None  # 4 KB: no whole 2 MiB page inside
     monkeypatch.setenv("LLMCHAT_HUGE_PAGES", "0")
-    tensor = torch.randn(16 << 20)
-    assert huge_pages.settle([tensor]) is None
-    assert huge_bytes(tensor) == 0 or not ON_ADVICE_ONLY
+    assert huge_pages.settle([torch.randn(16 << 20)]) is None
+    assert advised == []
 
 
 def test_only_whole_pages_inside_a_tensor_are_named():
@@ -74,14 +90,12 @@ def test_only_whole_pages_inside_a_tensor_are_named():
 
 def test_a_tensor_freed_before_its_turn_is_skipped(monkeypatch):
     """Its addresses may hold new memory by then: only a live tensor's pages are advised."""
-    advised = []
-    libc = types.SimpleNamespace(madvise=lambda *args: advised.append(args))
-    monkeypatch.setattr(huge_pages, "libc", lambda: libc)
+    advised = advice_recorded(monkeypatch)
     kept, dropped = torch.empty(8 << 20, dtype=torch.uint8), torch.empty(8 << 20, dtype=torch.uint8)
     work = [(weakref.ref(t), huge_pages.whole_pages(t)) for t in (kept, dropped)]
     del dropped
     huge_pages._collapse(work)
-    assert {a[0].value for a in advised} == {work[0][1][0]}
+    assert {args[0].value for args in advised} == {work[0][1][0]}
 
 
 @needs_collapse
