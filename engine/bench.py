@@ -583,9 +583,7 @@ def measure_bandwidth(device: str, megabytes: int = 512) -> float:
     built or loaded here, which the compiled and fused steps multiply with). On a CPU the buffer is
     moved into huge pages first, as the fast path's weights are."""
     matrix = torch.ones(megabytes * 2**20 // 4 // 2048, 2048, dtype=torch.float32, device=device)
-    settling = huge_pages.settle([matrix])
-    if settling is not None:
-        settling.join()
+    huge_pages.move([matrix])
     vector = torch.ones(2048, dtype=torch.float32, device=device)
     readers = [lambda: torch.mv(matrix, vector)]
     if (

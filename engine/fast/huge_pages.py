@@ -23,6 +23,7 @@ import weakref
 
 import torch
 
+from engine.fast import pages
 from engine.fast.pages import libc
 
 SIZE = 2 << 20
@@ -31,36 +32,41 @@ MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # Linux
 
 def whole_pages(tensor: torch.Tensor) -> tuple[int, int] | None:
     """(start, length) of the 2 MiB pages lying wholly inside a CPU tensor's bytes; None if none do."""
-    if tensor.device.type != "cpu" or not tensor.is_contiguous():
-        return None
-    start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
-    first, last = -(-start // SIZE) * SIZE, end // SIZE * SIZE
-    return (first, last - first) if last > first else None
+    return pages.whole_pages(tensor, SIZE)
 
 
 def settle(tensors: list[torch.Tensor]) -> threading.Thread | None:
     """Start moving `tensors`' memory into huge pages; the thread doing it, or None where there is
     nothing to do (no whole huge page among them, not Linux, turned off)."""
-    if os.environ.get("LLMCHAT_HUGE_PAGES") == "0" or not sys.platform.startswith("linux"):
+    work = _work(tensors)
+    if not work:
         return None
-    # Weak references: a model dropped meanwhile (a precision switch) is freed at once, and its
-    # tensors' addresses, which new memory may reuse, are skipped.
-    work = [(weakref.ref(t), pages) for t in tensors if (pages := whole_pages(t)) is not None]
-    if not work or libc() is None:
-        return None
-    work.sort(key=lambda item: -item[1][1])  # the largest (the LM head) first
     thread = threading.Thread(target=_collapse, args=(work,), name="llmchat-huge-pages", daemon=True)
     thread.start()
     return thread
 
 
+def move(tensors: list[torch.Tensor]) -> None:
+    """Move `tensors`' memory into huge pages now, where `settle` would."""
+    _collapse(_work(tensors))
+
+
+def _work(tensors: list[torch.Tensor]) -> list[tuple[weakref.ref, tuple[int, int]]]:
+    """Each tensor with whole huge pages, by a weak reference, and those pages, the largest (the LM
+    head) first; empty where nothing is to be moved."""
+    if os.environ.get("LLMCHAT_HUGE_PAGES") == "0" or not sys.platform.startswith("linux") or libc() is None:
+        return []
+    # Weak references: a model dropped meanwhile (a precision switch) is freed at once, and its
+    # tensors' addresses, which new memory may reuse, are skipped.
+    work = [(weakref.ref(t), inside) for t in tensors if (inside := whole_pages(t)) is not None]
+    return sorted(work, key=lambda item: -item[1][1])
+
+
 def _collapse(work: list[tuple[weakref.ref, tuple[int, int]]]) -> None:
     for tensor, (start, length) in work:
-        alive = tensor()  # held while its pages are rebuilt, then let go
+        alive = tensor()  # held while its pages are rebuilt
         if alive is None:
             continue
         address, size = ctypes.c_void_p(start), ctypes.c_size_t(length)
         libc().madvise(address, size, MADV_HUGEPAGE)
         libc().madvise(address, size, MADV_COLLAPSE)
-        del alive

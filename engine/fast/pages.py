@@ -45,21 +45,30 @@ def mapped(tensor: torch.Tensor, mappings: list[tuple[int, int]]) -> bool:
     return any(low <= start < high for low, high in mappings)
 
 
+def whole_pages(tensor: torch.Tensor, page: int = mmap.PAGESIZE) -> tuple[int, int] | None:
+    """(start, length) of the pages of `page` bytes lying wholly inside a contiguous CPU tensor's
+    bytes; None if none do."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return None
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first, last = -(-start // page) * page, end // page * page
+    return (first, last - first) if last > first else None
+
+
 def release(tensor: torch.Tensor, mappings: list[tuple[int, int]]) -> int:
     """Drop the whole pages of `tensor` that lie in one of `mappings`; returns the bytes dropped."""
     start = tensor.data_ptr()
     end = start + tensor.numel() * tensor.element_size()
-    if tensor.device.type != "cpu" or not tensor.is_contiguous():
-        return 0
     if not any(low <= start and end <= high for low, high in mappings):
         return 0
-    page = mmap.PAGESIZE
-    first, last = -(-start // page) * page, end // page * page
-    if last <= first or libc() is None:
+    inside = whole_pages(tensor)
+    if inside is None or libc() is None:
         return 0
-    if libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_DONTNEED) != 0:
+    first, length = inside
+    if libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(length), MADV_DONTNEED) != 0:
         return 0
-    return last - first
+    return length
 
 
 def owned_copy(
